@@ -1,0 +1,55 @@
+# Two commands set up a fresh machine: `make demo` and `make test` (see README).
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+# torch/torchvision first, pinned (both lie on local disk here; an unpinned torch downloads GBs).
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+PYTEST_ARGS ?=
+
+export OMP_NUM_THREADS ?= 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test test-slow test-all parity bench lock clean help
+
+help:
+	@echo "make demo       create .venv, install, run the main job on the embedded default"
+	@echo "make test       install what the tests need and run the suite (what CI runs)"
+	@echo "make test-slow  the opt-in slow tier (full-size reward architectures, long runs)"
+	@echo "make parity     build the reference-package virtualenvs and regenerate parity fixtures"
+	@echo "make bench      run the CPU benchmarks in benchmarks/ (JSON + table)"
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q $(TORCH_PINS)
+	$(PIP) install -q -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(VENV)/bin/g2rpo demo
+
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-slow: install
+	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+test-all: install
+	$(PY) -m pytest -m "not gpu and not parity_env" $(PYTEST_ARGS)
+
+parity: install
+	bash parity/make_parity.sh
+
+bench: install
+	$(PY) -m benchmarks.run_all
+
+# Re-freeze the resolved environment after changing dependencies in pyproject.toml.
+lock:
+	$(PIP) freeze --exclude-editable | grep -v '^g2rpo' > constraints.txt
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

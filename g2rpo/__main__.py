@@ -1,0 +1,5 @@
+import sys
+
+from g2rpo.cli import main
+
+sys.exit(main())

@@ -1,0 +1,59 @@
+"""The ``g2rpo`` command line.
+
+Each area registers its own subcommands from a light module in :mod:`g2rpo.commands` (argument
+definitions only; heavy imports such as torch happen inside the handlers, so ``g2rpo --help`` is
+fast). A handler returns an exit code or None. A :class:`~g2rpo.errors.G2RPOError` is printed
+without a traceback and exits with status 2; anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from g2rpo import __version__
+from g2rpo.errors import G2RPOError
+
+# Modules that define ``add_commands(subparsers)``; one per area.
+COMMAND_MODULES: list[str] = [
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="g2rpo",
+        description=(
+            "G²RPO preference alignment for flow-matching text-to-image models (Flux.1-dev): "
+            "train, evaluate, register and promote checkpoints, and build the Kubeflow pipeline. "
+            "Run `g2rpo COMMAND --help` for each command."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"g2rpo {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is None:
+        parser.print_help()
+        return 0 if args.command is None else 2
+    try:
+        code = handler(args)
+    except G2RPOError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return int(code or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""Configuration as validated data.
+
+Every concern (algorithm, model, data, trainer, rewards, storage, ...) defines its own section as a
+frozen pydantic model deriving from :class:`Section`: each field carries help text
+(``Field(description=...)``), unknown keys are rejected, and cross-field checks live in one
+``model_validator`` per section. A run's config is a tree of sections.
+
+One loader serves all of them:
+
+- :func:`load_config` reads YAML (or starts from the defaults), applies ``key=value`` overrides
+  (``algorithm.group_size=8``; values are parsed as YAML, so ``[1,2]`` is a list and ``null`` is
+  None) and validates. Every problem is collected and raised at once as a :class:`ConfigError`
+  that names the field, the value and the fix. Nothing is silently corrected.
+- :func:`config_hash` hashes chosen sections (e.g. model + algorithm + data, not run length or
+  output paths) so that a resume can refuse a checkpoint made under another config.
+- :func:`describe` lists every field with its type, default and help (``g2rpo config describe``).
+
+Cross-field checks raise ``ValueError(problem(field, value, fix))`` (see :func:`g2rpo.errors.problem`)
+so the message already names the field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import types
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from g2rpo.errors import ConfigError, G2RPOError
+
+__all__ = [
+    "Section",
+    "ConfigError",
+    "load_config",
+    "parse_overrides",
+    "apply_overrides",
+    "config_hash",
+    "describe",
+    "to_yaml",
+]
+
+S = TypeVar("S", bound=BaseModel)
+
+
+class Section(BaseModel):
+    """Base of every config section: frozen, unknown keys rejected, defaults validated."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+# --------------------------------------------------------------------------- overrides
+
+
+def parse_overrides(items: typing.Iterable[str]) -> dict[str, Any]:
+    """Turn ``["a.b=3", "c=[1, 2]"]`` into ``{"a": {"b": 3}, "c": [1, 2]}``.
+
+    Values are parsed as YAML scalars/flow collections. A malformed item raises a ConfigError
+    naming it.
+    """
+    tree: dict[str, Any] = {}
+    bad: list[str] = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        key = key.strip()
+        if not sep or not key or any(not part for part in key.split(".")):
+            bad.append(f"override {item!r}: write overrides as dotted.key=value, e.g. algorithm.group_size=8")
+            continue
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError as exc:
+            bad.append(f"override {item!r}: the value is not valid YAML ({exc.__class__.__name__}); quote it")
+            continue
+        node = tree
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                bad.append(f"override {item!r}: {part!r} was already set to a value, not a section")
+                break
+            node = child
+        else:
+            node[parts[-1]] = value
+    if bad:
+        raise ConfigError(bad, source="command-line overrides")
+    return tree
+
+
+def apply_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``overrides`` into a copy of ``base`` (dicts merge, everything else replaces)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = apply_overrides(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        raise G2RPOError(f"config file {str(path)!r} does not exist: pass an existing YAML file to --config")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise G2RPOError(f"config file {str(path)!r} is not UTF-8 text ({exc.reason}): save it as UTF-8") from None
+    except yaml.YAMLError as exc:
+        raise G2RPOError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise G2RPOError(
+            f"config file {str(path)!r} holds a {type(data).__name__}, not a mapping of sections: "
+            "write it as `section:` blocks of `key: value`"
+        )
+    return data
+
+
+def _field_help(cls: type[BaseModel], loc: tuple[Any, ...]) -> tuple[str | None, list[str] | None]:
+    """Help text of the field at ``loc`` and, for an unknown key, the valid keys of its section."""
+    model: Any = cls
+    for i, part in enumerate(loc):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None, None
+        fields = model.model_fields
+        if part not in fields:
+            return None, sorted(fields) if i == len(loc) - 1 else None
+        info = fields[part]
+        if i == len(loc) - 1:
+            return info.description, None
+        model = _unwrap_model(info.annotation)
+    return None, None
+
+
+def _unwrap_model(annotation: Any) -> Any:
+    """The BaseModel inside ``Optional[X]`` / ``X | None`` annotations, else the annotation."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                return arg
+    return annotation
+
+
+def format_validation_error(cls: type[BaseModel], err: ValidationError) -> list[str]:
+    """One line per pydantic error: the dotted field, the value found, what is wrong, the fix."""
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        field = ".".join(str(p) for p in loc) or "<top level>"
+        kind = e["type"]
+        value = e.get("input")
+        if kind == "extra_forbidden":
+            _, valid = _field_help(cls, loc)
+            fix = "unknown key; remove it or fix the spelling"
+            if valid:
+                fix += f" (valid keys here: {', '.join(valid)})"
+            lines.append(f"{field}: {fix}")
+            continue
+        if kind == "value_error":
+            # Cross-field checks already phrase field, value and fix themselves.
+            msg = str(e["msg"]).removeprefix("Value error, ")
+            prefix = "" if not loc else f"{field}: "
+            lines.append(prefix + msg)
+            continue
+        help_text, _ = _field_help(cls, loc)
+        shown = repr(value)
+        if len(shown) > 120:
+            shown = shown[:117] + "..."
+        line = f"{field}={shown}: {e['msg']}"
+        if kind == "missing":
+            line = f"{field}: required but not set"
+        if help_text:
+            line += f" (expected: {help_text})"
+        lines.append(line)
+    return lines
+
+
+def load_config(
+    cls: type[S],
+    path: str | Path | None = None,
+    overrides: typing.Iterable[str] | dict[str, Any] = (),
+) -> S:
+    """Load ``cls`` from a YAML file (or its defaults), apply overrides, validate everything.
+
+    Raises :class:`ConfigError` listing every problem at once.
+    """
+    data = _read_yaml(Path(path)) if path is not None else {}
+    extra = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
+    data = apply_overrides(data, extra)
+    try:
+        return cls.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(cls, err), source=str(path) if path else None) from None
+
+
+# --------------------------------------------------------------------------- hashing, help
+
+
+def config_hash(config: BaseModel, sections: typing.Iterable[str] | None = None) -> str:
+    """sha256 (hex, 16 chars) of the chosen sections' canonical JSON; all sections if None."""
+    data = config.model_dump(mode="json")
+    if sections is not None:
+        data = {name: data[name] for name in sections}
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":")).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def to_yaml(config: BaseModel) -> str:
+    """The config as YAML, every default written out (what a run records next to its outputs)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def describe(cls: type[BaseModel], prefix: str = "") -> list[str]:
+    """``dotted.name (type, default): help`` for every field, recursing into sections."""
+    out = []
+    for name, info in cls.model_fields.items():
+        dotted = f"{prefix}{name}"
+        inner = _unwrap_model(info.annotation)
+        if isinstance(inner, type) and issubclass(inner, BaseModel):
+            out.append(f"{dotted}:  {info.description or ''}".rstrip())
+            out += describe(inner, prefix=dotted + ".")
+            continue
+        type_name = getattr(info.annotation, "__name__", None) or str(info.annotation).replace("typing.", "")
+        default = "required" if info.is_required() else repr(info.get_default(call_default_factory=True))
+        out.append(f"{dotted} ({type_name}, default {default}): {info.description or ''}".rstrip())
+    return out
