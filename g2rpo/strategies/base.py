@@ -1,0 +1,311 @@
+"""The interfaces between strategies, models and the trainer.
+
+Three contracts live here; the trainer, the model adapters and each strategy depend on them and on
+nothing of each other.
+
+**Velocity model** (:class:`VelocityModel`): ``model(x, sigma, cond) -> v`` with ``x`` the packed
+latents ``[B, L, C]`` float32, ``sigma`` a ``[B]`` float32 tensor (rows batched together may sit at
+different σ) and ``cond`` a :class:`Conditioning` of batch size B. It returns the velocity
+``[B, L, C]`` (float32; the adapter casts to and from its own dtype and rounds the timestep the way
+its pipeline does). σ follows the convention of ``g2rpo.core``: 1 is noise, 0 is data.
+
+**Conditioning** (:class:`Conditioning`): the per-prompt model inputs (for Flux: T5 sequence
+embeddings and CLIP pooled embeddings). It has a batch size (``len``), can be indexed along the
+batch with a LongTensor or a slice, and can repeat each row ``n`` times in place
+(``repeat_interleave``). Strategies build every model batch with these operations only, e.g.
+``cond[prompt_of_row]`` for rows of several prompts.
+
+**Strategy** (:class:`Strategy`), used by the trainer once per iteration::
+
+    draws = Draws(run_seed, iteration, global_prompt_indices)        # g2rpo.seeding
+    rollout = strategy.rollout(model, cond, draws, latent_shape=(L, C))   # under torch.no_grad
+    rewards = ...  # decode rollout.final_latents in micro-batches, score with R reward models,
+                   # stack to [R, N] and reshape to [R, *rollout.reward_shape]
+    advantages = strategy.advantages(rollout, rewards, reward_weights)
+    terms = []
+    for term in strategy.loss_terms(model, rollout, advantages):
+        engine.backward(term.loss)          # the trainer (or DeepSpeed) owns backward ...
+        terms.append(term.detached())
+        if term.step_optimizer:
+            engine.step()                   # ... and the optimiser step
+    stats = summarize_step(rollout, rewards, advantages, terms)
+
+``loss_terms`` is a generator: each term holds the graph of its own forward, so the trainer must
+run ``backward`` on a term before asking for the next one (memory stays at one forward's
+activations). Each term's loss is already scaled so that the *sum* of all backward passes is the
+gradient of the iteration's objective; a strategy never calls ``backward`` or ``step``.
+
+**Final latents layout.** ``rollout.final_latents`` is ``[N, L, C]`` with N = prod(reward_shape),
+stored in row-major order of ``reward_shape`` whose axes are named by ``reward_dims`` (e.g.
+``("prompt", "step", "stride", "branch")`` = ``[P, |M|, J, G]`` for G²RPO, ``("prompt", "branch")``
+for DanceGRPO). ``rollout.final_prompt`` ``[N]`` says which batch position (prompt) each latent
+belongs to, so a reward that needs the prompt text can look it up. Rewards come back as
+``[R, *reward_shape]``; a NaN/inf reward drops its group (counted, never averaged in).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from g2rpo.seeding import Draws
+
+__all__ = [
+    "Conditioning",
+    "VelocityModel",
+    "Strategy",
+    "Draws",
+    "NFECounters",
+    "Rollout",
+    "Advantages",
+    "TermStats",
+    "LossTerm",
+    "StepStats",
+    "summarize_step",
+]
+
+
+# --------------------------------------------------------------------------- model-side protocols
+
+
+@runtime_checkable
+class Conditioning(Protocol):
+    """Per-prompt model inputs, indexable and repeatable along the batch (dim 0)."""
+
+    def __len__(self) -> int:
+        """Batch size."""
+        ...
+
+    def __getitem__(self, index: torch.Tensor | slice) -> Conditioning:
+        """Rows ``index`` (a LongTensor of batch positions, repeats allowed, or a slice)."""
+        ...
+
+    def repeat_interleave(self, repeats: int) -> Conditioning:
+        """Each row repeated ``repeats`` times in place: rows ``[a, a, b, b]`` for ``[a, b]``, 2."""
+        ...
+
+
+@runtime_checkable
+class VelocityModel(Protocol):
+    """``v = model(x [B, L, C] float32, sigma [B] float32, cond (batch B)) -> [B, L, C] float32``."""
+
+    def __call__(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor: ...
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass
+class NFECounters:
+    """Model evaluations in one iteration (per rank), counted as rows (one row = one image).
+
+    ``sampling_forwards``: forwards in the rollout (no grad). ``training_forwards``: forwards with
+    grad in the loss. ``training_backwards``: rows whose forward is back-propagated (each training
+    forward is back-propagated once, so it equals ``training_forwards``). ``model_calls``: batched
+    calls in the rollout (a call of batch B counts B sampling forwards and 1 call).
+    """
+
+    sampling_forwards: int = 0
+    training_forwards: int = 0
+    training_backwards: int = 0
+    model_calls: int = 0
+
+    def __add__(self, other: NFECounters) -> NFECounters:
+        return NFECounters(
+            self.sampling_forwards + other.sampling_forwards,
+            self.training_forwards + other.training_forwards,
+            self.training_backwards + other.training_backwards,
+            self.model_calls + other.model_calls,
+        )
+
+
+@dataclass
+class Rollout:
+    """What a strategy sampled for a batch of P prompts, and what its loss needs later.
+
+    Common fields are read by the trainer; ``states`` holds strategy-specific tensors (documented
+    in each strategy module), which only that strategy's ``advantages``/``loss_terms`` read.
+    All tensors are detached (the rollout runs without grad).
+    """
+
+    strategy: str
+    sigmas: torch.Tensor  # [T+1] the grid, σ[0] = 1 ... σ[T] = 0
+    cond: Conditioning  # batch P
+    draws: Draws
+    final_latents: torch.Tensor  # [N, L, C], N = prod(reward_shape), row-major in reward_shape
+    reward_shape: tuple[int, ...]  # e.g. (P, |M|, J, G)
+    reward_dims: tuple[str, ...]  # names of reward_shape's axes, e.g. ("prompt", "step", "stride", "branch")
+    final_prompt: torch.Tensor  # [N] long, batch position of the prompt of each final latent
+    nfe: NFECounters
+    states: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def num_prompts(self) -> int:
+        return len(self.cond)
+
+    def reward_layout(self, num_rewards: int) -> tuple[int, ...]:
+        """The shape rewards must have: ``(R, *reward_shape)``."""
+        return (num_rewards, *self.reward_shape)
+
+
+@dataclass
+class Advantages:
+    """Advantages of one iteration, in the strategy's own layout.
+
+    ``values``: the clipped, mixed advantage per trained sample (G²RPO ``[P, K, G]``, DanceGRPO
+    ``[P, G]``). ``valid``: bool mask of the groups used (same shape without the last axis); a group
+    with a NaN/inf reward is invalid, its advantages are 0 and it adds nothing to the loss.
+    """
+
+    values: torch.Tensor
+    valid: torch.Tensor
+    dropped_groups: int
+    total_groups: int
+
+
+@dataclass
+class TermStats:
+    """Detached numbers of one loss term (for logs and the step's stats)."""
+
+    loss: float  # the term's loss as returned (already scaled)
+    clip_fraction: float  # fraction of ratios outside [1 - ε, 1 + ε]
+    ratio_mean: float
+    ratio_max: float
+    num_ratios: int  # how many (sample, step) ratios the term covers
+    forwards: int  # training forwards (rows) of this term, each back-propagated once
+    step_index: int | None = None  # the grid index k the term trains, where it has one
+
+
+@dataclass
+class LossTerm:
+    """One backward pass: ``loss`` (scalar with grad), its stats, and whether to step after it."""
+
+    loss: torch.Tensor
+    stats: TermStats
+    step_optimizer: bool
+
+    def detached(self) -> LossTerm:
+        return LossTerm(self.loss.detach(), self.stats, self.step_optimizer)
+
+
+@dataclass
+class StepStats:
+    """What one iteration did: the record metrics, logs and tests read.
+
+    ``reward_mean[r][j]``: mean finite reward of model r at stride j (one column for strategies
+    without strides). ``loss`` is the sum of the terms' losses (= the objective's value, negated).
+    """
+
+    reward_mean: list[list[float]]
+    reward_mean_all: float
+    advantage_mean: float
+    advantage_std: float
+    advantage_abs_max: float
+    loss: float
+    clip_fraction: float
+    ratio_mean: float
+    ratio_max: float
+    sampling_forwards: int
+    training_forwards: int
+    training_backwards: int
+    model_calls: int
+    optimizer_steps: int
+    dropped_groups: int
+    total_groups: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------- strategy protocol
+
+
+@runtime_checkable
+class Strategy(Protocol):
+    """A credit-assignment strategy (G²RPO, DanceGRPO, MixGRPO). See the module docstring."""
+
+    name: str
+
+    def rollout(
+        self,
+        model: VelocityModel,
+        cond: Conditioning,
+        draws: Draws,
+        latent_shape: tuple[int, int],
+        *,
+        device: torch.device | str = "cpu",
+    ) -> Rollout:
+        """Sample a batch of ``len(cond)`` prompts (no grad); latents are ``[L, C]`` per image."""
+        ...
+
+    def advantages(
+        self,
+        rollout: Rollout,
+        rewards: torch.Tensor,
+        reward_weights: Sequence[float] | None = None,
+    ) -> Advantages:
+        """Group-normalised, mixed, clipped advantages from rewards ``[R, *rollout.reward_shape]``.
+
+        ``reward_weights`` ``[R]`` (default all 1) weight the reward models' advantages.
+        """
+        ...
+
+    def loss_terms(self, model: VelocityModel, rollout: Rollout, advantages: Advantages) -> Iterator[LossTerm]:
+        """Yield the iteration's loss terms in order (backward each before taking the next)."""
+        ...
+
+
+# --------------------------------------------------------------------------- stats
+
+
+def summarize_step(
+    rollout: Rollout,
+    rewards: torch.Tensor,
+    advantages: Advantages,
+    terms: Sequence[LossTerm],
+) -> StepStats:
+    """Fold a rollout, its rewards, its advantages and the (detached) terms into a StepStats."""
+    rewards = rewards.detach().float().cpu()
+    r = rewards.shape[0]
+    # Put the stride axis (if any) right after R and flatten the rest.
+    dims = ("reward", *rollout.reward_dims)
+    if "stride" in dims:
+        s = dims.index("stride")
+        by_stride = rewards.movedim(s, 1).reshape(r, rewards.shape[s], -1)  # [R, J, rest]
+    else:
+        by_stride = rewards.reshape(r, 1, -1)  # [R, 1, rest]
+    finite = torch.isfinite(by_stride)
+    safe = torch.where(finite, by_stride, torch.zeros_like(by_stride))
+    counts = finite.sum(-1).clamp_min(1)
+    reward_mean = (safe.sum(-1) / counts).tolist()  # [R][J]
+    all_finite = torch.isfinite(rewards)
+    reward_mean_all = float(torch.where(all_finite, rewards, 0).sum() / all_finite.sum().clamp_min(1))
+
+    valid = advantages.valid
+    adv = advantages.values[valid] if valid.any() else advantages.values.new_zeros(0)
+    adv = adv.detach().float().reshape(-1).cpu()
+    num = sum(t.stats.num_ratios for t in terms)
+    weighted = lambda f: sum(getattr(t.stats, f) * t.stats.num_ratios for t in terms) / max(num, 1)  # noqa: E731
+    training_forwards = sum(t.stats.forwards for t in terms)
+    return StepStats(
+        reward_mean=reward_mean,
+        reward_mean_all=reward_mean_all,
+        advantage_mean=float(adv.mean()) if adv.numel() else 0.0,
+        advantage_std=float(adv.std()) if adv.numel() > 1 else 0.0,
+        advantage_abs_max=float(adv.abs().max()) if adv.numel() else 0.0,
+        loss=float(sum(t.stats.loss for t in terms)),
+        clip_fraction=weighted("clip_fraction"),
+        ratio_mean=weighted("ratio_mean"),
+        ratio_max=max((t.stats.ratio_max for t in terms), default=math.nan),
+        sampling_forwards=rollout.nfe.sampling_forwards,
+        training_forwards=training_forwards,
+        training_backwards=training_forwards,
+        model_calls=rollout.nfe.model_calls,
+        optimizer_steps=sum(1 for t in terms if t.step_optimizer),
+        dropped_groups=advantages.dropped_groups,
+        total_groups=advantages.total_groups,
+    )
