@@ -1,0 +1,89 @@
+"""HPS-v2.1: Human Preference Score v2.1 on open_clip ViT-H-14.
+
+Algorithm (Wu et al. 2023, "Human Preference Score v2"; the ``hpsv2`` package's
+``img_score.score``): an open_clip CLIP model fine-tuned on human preference pairs; the score of
+image x for prompt y is the cosine of their embeddings,
+
+    HPS(x, y) = <f_img(x) / |f_img(x)|, f_txt(y) / |f_txt(y)|>,
+
+with no logit scale (≈ 0.25–0.35 on real images, the scale of the paper's tables).
+
+Checkpoint: ``HPS_v2.1_compressed.pt`` is ``{"state_dict": <open_clip CLIP state dict>}`` (the
+hpsv2 code reads ``checkpoint['state_dict']`` and loads it strictly into
+``create_model_and_transforms('ViT-H-14', ...)``); it holds only tensors, so it is read with
+``torch.load(weights_only=True)``. A bare state dict (no ``state_dict`` wrapper) is accepted too.
+
+Preprocessing reproduced (hpsv2 ``image_transform(224, is_train=False)``): ``ToTensor`` then
+torchvision ``Resize(224, BICUBIC)`` on the *tensor* (shorter side, antialiased) and
+``CenterCrop(224)``, then ``Normalize`` with OpenAI CLIP mean/std. Because hpsv2 resizes a tensor,
+not a PIL image, the batched torch path here is the same kernel. Tokenizer: open_clip's
+``SimpleTokenizer`` (context 77) from ``get_tokenizer(arch)``.
+
+Departures: batched (the reference scores one image at a time); no CUDA autocast (run the head in
+bf16 by passing ``dtype``); the text is tokenized once per batch.
+
+Public loader (the contract with the parity fixtures, docs/rewards.md)::
+
+    HPSv21.from_checkpoint(checkpoint_path, *, arch="ViT-H-14", open_clip_config=None,
+                           device="cpu", dtype=torch.float32)
+    head.score(images [B, 3, H, W] in [0, 1], prompts: list[str]) -> tensor[B]
+
+``open_clip_config`` (a dict, an ``open_clip_config.json`` path, or its folder) replaces the
+built-in ``arch`` config, e.g. with a tiny architecture for tests.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from g2rpo.rewards.base import RewardModel, load_weights_only, require_file
+from g2rpo.rewards.openclip_loading import (
+    OpenClipConfig,
+    build_open_clip,
+    load_open_clip_state_dict,
+    open_clip_preprocess,
+)
+
+__all__ = ["HPSv21"]
+
+
+class HPSv21(RewardModel):
+    """HPS-v2.1 reward: cosine of open_clip image and text embeddings."""
+
+    name = "hps_v21"
+
+    def __init__(self, model: torch.nn.Module, tokenizer, preprocess_cfg: dict, *, device="cpu", dtype=torch.float32):
+        self.model = model.to(device=device, dtype=dtype).eval()
+        self.tokenizer = tokenizer
+        self.preprocess_cfg = preprocess_cfg
+        self.device = torch.device(device)
+        self.dtype = dtype
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        checkpoint_path: str | Path,
+        *,
+        arch: str = "ViT-H-14",
+        open_clip_config: OpenClipConfig = None,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> HPSv21:
+        """Load an ``HPS_v2.1_compressed.pt``-layout checkpoint strictly (see module docstring)."""
+        field = "hps_v21.weights"
+        path = require_file(field, checkpoint_path, "HPS_v2.1_compressed.pt (a {'state_dict': ...} torch file)")
+        model, preprocess_cfg, tokenizer = build_open_clip("hps_v21", arch, open_clip_config)
+        checkpoint = load_weights_only(field, path)
+        state_dict = checkpoint["state_dict"] if isinstance(checkpoint, dict) and "state_dict" in checkpoint else checkpoint
+        load_open_clip_state_dict(field, path, model, state_dict)
+        return cls(model, tokenizer, preprocess_cfg, device=device, dtype=dtype)
+
+    def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        x = images.to(device=self.device, dtype=torch.float32)
+        x = open_clip_preprocess(x, self.preprocess_cfg).to(self.dtype)  # [B, 3, S, S]
+        tokens = self.tokenizer(prompts).to(self.device)  # [B, 77]
+        image_features = self.model.encode_image(x, normalize=True)  # [B, D], unit norm
+        text_features = self.model.encode_text(tokens, normalize=True)  # [B, D], unit norm
+        return (image_features * text_features).sum(dim=-1)  # [B] = diag(I Tᵀ)
