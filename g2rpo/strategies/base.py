@@ -81,7 +81,8 @@ class Conditioning(Protocol):
         ...
 
     def __getitem__(self, index: torch.Tensor | slice) -> Conditioning:
-        """Rows ``index`` (a LongTensor of batch positions, repeats allowed, or a slice)."""
+        """Rows ``index``: a LongTensor of batch positions (repeats allowed; on the CPU or the
+        model's device, the conditioning moves it where it needs it) or a slice."""
         ...
 
     def repeat_interleave(self, repeats: int) -> Conditioning:

@@ -116,8 +116,8 @@ class AlgorithmConfig(Section):
                     f"give one weight per granularity ({len(self.granularities)} for {self.granularities}), or null",
                 )
             )
-        if self.strategy == "mixgrpo" and self.mixgrpo_window_size > t - 1:
-            problems.append(problem("mixgrpo_window_size", self.mixgrpo_window_size, f"must be ≤ num_steps − 1 = {t - 1}"))
+        if self.strategy == "mixgrpo" and t < 3:
+            problems.append(problem("num_steps", t, "MixGRPO keeps its window below step T − 2: use num_steps ≥ 3"))
         if problems:
             # One ValueError per section: join so every problem is listed (ConfigError prints them).
             raise ValueError("\n  - ".join(problems))

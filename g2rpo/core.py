@@ -1,0 +1,296 @@
+"""The sampler math of G²RPO: σ grids, ODE/SDE steps, log-probabilities, stride schedules,
+advantages and the clipped surrogate. Pure functions on tensors; imports torch only.
+
+Conventions (``../shared/spec/G2RPO.md`` §1): ``x_σ = (1 − σ)·x_0 + σ·ε``, σ = 1 is noise, σ = 0
+is data, the velocity is ``v = ε − x_0``. A grid is a decreasing float32 tensor
+``σ[0] = 1 > σ[1] > … > σ[T] = 0``; step i goes from σ[i] to σ[i+1]. Latents are packed
+``[B, L, C]`` (any ``[B, ...]`` works); a per-row σ is a ``[B]`` tensor or a Python float.
+
+Departures from the reference code (``bcmi/Granular-GRPO``):
+- the reference's σ = 1 fix (``1 − σ`` replaced by ``1 − σ[1]``) is kept, but the value is passed
+  in explicitly (``sigma_one_substitute``) instead of being read from a global grid;
+- :func:`stride_schedule` always ends at σ = 0 (the reference's ``σ[:k+2] + σ[k+2::λ]`` can stop
+  short and score the x₀-prediction);
+- :func:`group_advantages` returns exact zeros for a group whose rewards are all equal (the
+  reference divides ~0 by δ = 1e-8, which float rounding can blow up).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "flux_mu",
+    "flux_sigmas",
+    "static_shift_sigmas",
+    "ode_step",
+    "sde_noise_scale",
+    "sde_mean_std",
+    "sde_step",
+    "gaussian_log_prob",
+    "stride_indices",
+    "stride_schedule",
+    "finish_forwards",
+    "group_advantages",
+    "mix_advantages",
+    "clipped_surrogate",
+]
+
+Sigma = float | torch.Tensor
+
+
+# --------------------------------------------------------------------------- grids
+
+
+def flux_mu(
+    image_seq_len: int,
+    base_seq_len: int = 256,
+    max_seq_len: int = 4096,
+    base_shift: float = 0.5,
+    max_shift: float = 1.15,
+) -> float:
+    """Flux's resolution-dependent shift: μ linear in the packed sequence length.
+
+    μ = base_shift + (L − base_seq_len)·(max_shift − base_shift)/(max_seq_len − base_seq_len)
+    (diffusers ``FluxPipeline``'s ``calculate_shift`` with Flux.1-dev's scheduler config).
+    """
+    m = (max_shift - base_shift) / (max_seq_len - base_seq_len)
+    b = base_shift - m * base_seq_len
+    return image_seq_len * m + b
+
+
+def flux_sigmas(
+    num_steps: int,
+    image_seq_len: int,
+    base_seq_len: int = 256,
+    max_seq_len: int = 4096,
+    base_shift: float = 0.5,
+    max_shift: float = 1.15,
+) -> torch.Tensor:
+    """Flux.1-dev's grid, ``[T+1]`` float32 from 1 to 0.
+
+    s = linspace(1, 1/T, T); σ = e^μ / (e^μ + (1/s − 1)); then 0 appended — what diffusers'
+    ``FlowMatchEulerDiscreteScheduler`` (dynamic shifting, exponential time shift) produces inside
+    ``FluxPipeline`` for ``num_inference_steps = T`` at ``image_seq_len`` packed tokens. Computed in
+    float32 like diffusers, so the values are bit-equal.
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be ≥ 1, got {num_steps}")
+    mu = flux_mu(image_seq_len, base_seq_len, max_seq_len, base_shift, max_shift)
+    s = torch.linspace(1.0, 1.0 / num_steps, num_steps, dtype=torch.float64).to(torch.float32)  # [T]
+    e_mu = torch.full_like(s, math.exp(mu))  # a tensor, not a scalar: `scalar / t` is t.reciprocal()·scalar
+    shifted = e_mu / (e_mu + (torch.ones_like(s) / s - 1))  # [T]
+    return torch.cat([shifted, torch.zeros(1)])  # [T+1]
+
+
+def static_shift_sigmas(num_steps: int, shift: float = 3.0) -> torch.Tensor:
+    """The reference code's grid, ``[T+1]`` float32: t = linspace(1, 0, T+1), σ = s·t / (1 + (s−1)·t)."""
+    if num_steps < 1:
+        raise ValueError(f"num_steps must be ≥ 1, got {num_steps}")
+    t = torch.linspace(1.0, 0.0, num_steps + 1, dtype=torch.float64)  # [T+1]
+    return (shift * t / (1 + (shift - 1) * t)).to(torch.float32)
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def _rows(value: Sigma, like: torch.Tensor) -> torch.Tensor:
+    """A scalar or ``[B]`` value shaped to broadcast over ``like`` ``[B, ...]``."""
+    t = torch.as_tensor(value, dtype=like.dtype, device=like.device)
+    if t.ndim == 0:
+        return t
+    return t.reshape(t.shape[0], *([1] * (like.ndim - 1)))
+
+
+def ode_step(x: torch.Tensor, v: torch.Tensor, sigma: Sigma, sigma_next: Sigma) -> torch.Tensor:
+    """Euler step of the probability-flow ODE: x' = x + (σ' − σ)·v.  ``[B, ...]`` → ``[B, ...]``."""
+    return x + (_rows(sigma_next, x) - _rows(sigma, x)) * v
+
+
+def sde_noise_scale(sigma: Sigma, eta: float, sigma_one_substitute: Sigma | None = None) -> torch.Tensor:
+    """s_σ = η·sqrt(σ / (1 − σ̃)), σ̃ = σ except where σ = 1, where σ̃ = ``sigma_one_substitute``.
+
+    The reference code (and Flow-GRPO) substitute the grid's σ[1] at σ = 1 so the first step of the
+    grid stays finite; pass ``sigmas[1]``. Without a substitute, σ = 1 raises ValueError.
+    """
+    sigma = torch.as_tensor(sigma, dtype=torch.float32)
+    at_one = sigma == 1
+    if bool(at_one.any()):
+        if sigma_one_substitute is None:
+            raise ValueError(
+                "sde_noise_scale at σ = 1 needs sigma_one_substitute (the grid's σ[1]) to stay finite"
+            )
+        denominator_sigma = torch.where(
+            at_one, torch.as_tensor(sigma_one_substitute, dtype=sigma.dtype, device=sigma.device), sigma
+        )
+    else:
+        denominator_sigma = sigma
+    return eta * torch.sqrt(sigma / (1 - denominator_sigma))
+
+
+def sde_mean_std(
+    x: torch.Tensor,
+    v: torch.Tensor,
+    sigma: Sigma,
+    sigma_next: Sigma,
+    eta: float,
+    sigma_one_substitute: Sigma | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean and std of the SDE transition from σ to σ' (spec §1), h = σ − σ' > 0:
+
+        μ   = x − h·[ v + s_σ² / (2σ) · (x + (1 − σ)·v) ]
+        std = s_σ·sqrt(h)
+
+    ``x``, ``v`` ``[B, ...]``; σ, σ' scalars or ``[B]``. Returns μ ``[B, ...]`` and std broadcastable
+    to it (``[]`` or ``[B, 1, ...]``).
+    """
+    s = _rows(sde_noise_scale(torch.as_tensor(sigma).to(x.device), eta, sigma_one_substitute), x)
+    sig = _rows(sigma, x)
+    h = sig - _rows(sigma_next, x)
+    mean = x - h * (v + s**2 / (2 * sig) * (x + (1 - sig) * v))
+    std = s * torch.sqrt(h)
+    return mean, std
+
+
+def sde_step(
+    x: torch.Tensor,
+    v: torch.Tensor,
+    sigma: Sigma,
+    sigma_next: Sigma,
+    eta: float,
+    noise: torch.Tensor,
+    sigma_one_substitute: Sigma | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One Euler–Maruyama step of the marginal-preserving reverse SDE (Flow-GRPO's form).
+
+    x' = μ + std·ξ with (μ, std) from :func:`sde_mean_std` and ξ = ``noise`` ``[B, ...]``.
+    Returns ``(x', μ, std)``. With η = 0, μ = x − h·v = :func:`ode_step` and std = 0.
+    At σ = 1 pass ``sigma_one_substitute = sigmas[1]`` (see :func:`sde_noise_scale`).
+    """
+    mean, std = sde_mean_std(x, v, sigma, sigma_next, eta, sigma_one_substitute)
+    return mean + std * noise, mean, std
+
+
+def gaussian_log_prob(
+    sample: torch.Tensor,
+    mean: torch.Tensor,
+    std: torch.Tensor | float,
+    reduce: str = "mean",
+    batch_dims: int = 1,
+) -> torch.Tensor:
+    """log N(sample; mean, std²), reduced over every dim after the first ``batch_dims``.
+
+        log p = −(x − μ)² / (2 std²) − log std − ½·log 2π      (per element)
+
+    ``reduce="mean"`` averages over the latent dims (reference code), ``"sum"`` gives the exact
+    joint density. ``mean``/``std`` broadcast against ``sample`` (a ``[P, 1, L, C]`` mean serves a
+    ``[P, G, L, C]`` sample: one mean for a whole group). Returns ``sample.shape[:batch_dims]``.
+    """
+    std = torch.as_tensor(std, dtype=sample.dtype, device=sample.device)
+    per_element = -((sample - mean) ** 2) / (2 * std**2) - torch.log(std) - 0.5 * math.log(2 * math.pi)
+    per_element = per_element.expand(sample.shape) if per_element.shape != sample.shape else per_element
+    dims = tuple(range(batch_dims, sample.ndim))
+    if reduce == "mean":
+        return per_element.mean(dim=dims)
+    if reduce == "sum":
+        return per_element.sum(dim=dims)
+    raise ValueError(f"reduce must be 'mean' or 'sum', got {reduce!r}")
+
+
+# --------------------------------------------------------------------------- strides
+
+
+def stride_indices(num_steps: int, k: int, stride: int) -> list[int]:
+    """Grid indices a stride-λ finish visits after branching at step k (spec §4):
+    ``k+1, k+1+λ, k+1+2λ, …`` (all < T) and then T.  E.g. T=16, k=0, λ=3 → [1, 4, 7, 10, 13, 16].
+    """
+    if stride < 1:
+        raise ValueError(f"stride must be ≥ 1, got {stride}")
+    if not 0 <= k < num_steps:
+        raise ValueError(f"k must be in 0..{num_steps - 1}, got {k}")
+    return list(range(k + 1, num_steps, stride)) + [num_steps]
+
+
+def stride_schedule(sigmas: torch.Tensor, k: int, stride: int) -> torch.Tensor:
+    """σ values of the stride-λ finish from step k: ``sigmas[stride_indices(T, k, λ)]``.
+
+    Starts at σ[k+1] (where the branch sits), ends at σ[T] = 0. ``[n + 1]`` for n finishing steps.
+    """
+    return sigmas[stride_indices(sigmas.shape[0] - 1, k, stride)]
+
+
+def finish_forwards(num_steps: int, k: int, strides: list[int]) -> int:
+    """Model forwards to finish one branch from step k at every stride, sharing the first forward.
+
+    A stride-λ finish takes n_λ = ceil((T − k − 1)/λ) steps; all strides start from the same state at
+    σ[k+1], so their first velocity is computed once: 1 + Σ_λ (n_λ − 1) (0 when k + 1 = T).
+    """
+    remaining = num_steps - k - 1
+    if remaining == 0:
+        return 0
+    return 1 + sum(math.ceil(remaining / lam) - 1 for lam in strides)
+
+
+# --------------------------------------------------------------------------- advantages and loss
+
+
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-8, unbiased: bool = True) -> torch.Tensor:
+    """A = (R − mean_G R) / (std_G R + δ) over the last dim (the group). Same shape as ``rewards``.
+
+    A group whose rewards are all equal gets exact zeros (never NaN, never rounding noise / δ).
+    """
+    mean = rewards.mean(dim=-1, keepdim=True)  # [..., 1]
+    std = rewards.std(dim=-1, keepdim=True, unbiased=unbiased)  # [..., 1]
+    adv = (rewards - mean) / (std + eps)
+    constant = rewards.amax(dim=-1, keepdim=True) == rewards.amin(dim=-1, keepdim=True)  # [..., 1]
+    return torch.where(constant, torch.zeros_like(adv), adv)
+
+
+def mix_advantages(
+    adv: torch.Tensor,
+    stride_weights: torch.Tensor | list[float],
+    reward_weights: torch.Tensor | list[float],
+    clip: float = 5.0,
+) -> torch.Tensor:
+    """A = clip( Σ_r w_r Σ_j α_j A^{r,j}, −clip, clip ), clipped once after the sum (spec §4).
+
+    ``adv`` ``[R, J, ..., G]`` → ``[..., G]``. ``stride_weights`` α ``[J]``, ``reward_weights`` w ``[R]``.
+    """
+    alpha = torch.as_tensor(stride_weights, dtype=adv.dtype, device=adv.device)  # [J]
+    w = torch.as_tensor(reward_weights, dtype=adv.dtype, device=adv.device)  # [R]
+    if alpha.shape != (adv.shape[1],) or w.shape != (adv.shape[0],):
+        raise ValueError(
+            f"weights must be [R]={adv.shape[0]} and [J]={adv.shape[1]}, got {tuple(w.shape)} and {tuple(alpha.shape)}"
+        )
+    extra = [1] * (adv.ndim - 2)
+    weighted = adv * w.reshape(-1, 1, *extra) * alpha.reshape(1, -1, *extra)  # [R, J, ..., G]
+    return weighted.sum(dim=(0, 1)).clamp(-clip, clip)  # [..., G]
+
+
+def clipped_surrogate(
+    log_prob_new: torch.Tensor,
+    log_prob_old: torch.Tensor,
+    advantages: torch.Tensor,
+    clip_range: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """PPO's clipped surrogate, as a loss to minimise (mean over elements):
+
+        r = exp(log π_new − log π_old)
+        loss = mean( max( −A·r, −A·clip(r, 1−ε, 1+ε) ) )
+
+    Returns ``(loss, stats)``; stats (detached): ``clip_fraction`` (share of |r − 1| > ε),
+    ``ratio_mean``, ``ratio_max``.
+    """
+    ratio = torch.exp(log_prob_new - log_prob_old)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
+    loss = torch.maximum(unclipped, clipped).mean()
+    with torch.no_grad():
+        stats = {
+            "clip_fraction": ((ratio - 1.0).abs() > clip_range).float().mean(),
+            "ratio_mean": ratio.mean(),
+            "ratio_max": ratio.max(),
+        }
+    return loss, stats

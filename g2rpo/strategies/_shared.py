@@ -1,0 +1,157 @@
+"""Small pieces the strategy modules share: the grid, batched model calls, terminal advantages and
+the per-step loss loop of whole-trajectory strategies (DanceGRPO, MixGRPO)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from g2rpo import core
+from g2rpo.strategies.base import Advantages, Conditioning, LossTerm, NFECounters, Rollout, TermStats, VelocityModel
+from g2rpo.strategies.config import AlgorithmConfig
+
+
+def make_grid(config: AlgorithmConfig, image_seq_len: int) -> torch.Tensor:
+    """The σ grid ``[T+1]`` the config asks for, for images of ``image_seq_len`` packed tokens."""
+    if config.grid == "flux":
+        return core.flux_sigmas(config.num_steps, image_seq_len)
+    return core.static_shift_sigmas(config.num_steps, config.shift)
+
+
+def model_sigma(config: AlgorithmConfig, sigma: torch.Tensor) -> torch.Tensor:
+    """The σ fed to the model: as is, or ``int(σ·1000)/1000`` (reference code) when truncating."""
+    if config.truncate_timestep:
+        return torch.floor(sigma * 1000) / 1000
+    return sigma
+
+
+def sample_velocity(
+    model: VelocityModel,
+    config: AlgorithmConfig,
+    x: torch.Tensor,
+    sigma: torch.Tensor,
+    cond: Conditioning,
+    nfe: NFECounters,
+) -> torch.Tensor:
+    """v for rows ``x`` ``[B, L, C]`` at ``sigma`` ``[B]`` with ``cond`` (batch B), ``micro_batch`` rows
+    per call; counts sampling forwards and calls. No grad."""
+    out = []
+    for start in range(0, x.shape[0], config.micro_batch):
+        stop = min(start + config.micro_batch, x.shape[0])
+        rows = slice(start, stop)
+        out.append(model(x[rows], model_sigma(config, sigma[rows]), cond[rows]).float())
+        nfe.sampling_forwards += stop - start
+        nfe.model_calls += 1
+    return torch.cat(out) if out else x.new_zeros(x.shape)
+
+
+def check_rewards(rollout: Rollout, rewards: torch.Tensor) -> int:
+    """The number of reward models R, after checking ``rewards`` is ``[R, *reward_shape]``."""
+    if rewards.ndim != len(rollout.reward_shape) + 1 or tuple(rewards.shape[1:]) != rollout.reward_shape:
+        raise ValueError(
+            f"rewards must be [R, {', '.join(rollout.reward_dims)}] = [R, *{rollout.reward_shape}], "
+            f"got {tuple(rewards.shape)}"
+        )
+    return rewards.shape[0]
+
+
+def reward_weight_tensor(reward_weights: Sequence[float] | None, num_rewards: int) -> torch.Tensor:
+    if reward_weights is None:
+        return torch.ones(num_rewards)
+    w = torch.as_tensor(list(reward_weights), dtype=torch.float32)
+    if w.shape != (num_rewards,):
+        raise ValueError(f"reward_weights must have one weight per reward model ({num_rewards}), got {list(reward_weights)}")
+    return w
+
+
+def terminal_advantages(
+    config: AlgorithmConfig,
+    rollout: Rollout,
+    rewards: torch.Tensor,
+    reward_weights: Sequence[float] | None,
+) -> Advantages:
+    """Whole-trajectory advantages for rewards ``[R, P, G]``: per reward model group-normalised,
+    weighted sum, clipped once; a group with a NaN/inf reward is dropped. Returns ``[P, G]``."""
+    num_rewards = check_rewards(rollout, rewards)
+    rewards = rewards.float().cpu()
+    w = reward_weight_tensor(reward_weights, num_rewards)
+    valid = torch.isfinite(rewards).all(dim=-1).all(dim=0)  # [P]
+    safe = torch.where(valid[None, :, None], rewards, torch.zeros_like(rewards))  # [R, P, G]
+    adv = core.group_advantages(safe, config.advantage_eps, config.unbiased_std)  # [R, P, G]
+    mixed = core.mix_advantages(adv[:, None], [1.0], w, config.advantage_clip)  # [P, G]
+    mixed = torch.where(valid[:, None], mixed, torch.zeros_like(mixed))
+    return Advantages(mixed, valid, dropped_groups=int((~valid).sum()), total_groups=int(valid.numel()))
+
+
+def surrogate_term(
+    config: AlgorithmConfig,
+    log_prob_new: torch.Tensor,
+    log_prob_old: torch.Tensor,
+    advantages: torch.Tensor,
+    scale: float,
+    forwards: int,
+    step_optimizer: bool,
+    step_index: int | None,
+) -> LossTerm:
+    """The clipped surrogate over the given elements (mean), times ``scale``, as a LossTerm."""
+    loss, stats = core.clipped_surrogate(log_prob_new, log_prob_old.to(log_prob_new.device), advantages.to(log_prob_new.device), config.ratio_clip)
+    loss = loss * scale
+    return LossTerm(
+        loss=loss,
+        stats=TermStats(
+            loss=float(loss.detach()),
+            clip_fraction=float(stats["clip_fraction"]),
+            ratio_mean=float(stats["ratio_mean"]),
+            ratio_max=float(stats["ratio_max"]),
+            num_ratios=log_prob_new.numel(),
+            forwards=forwards,
+            step_index=step_index,
+        ),
+        step_optimizer=step_optimizer,
+    )
+
+
+def trajectory_loss_terms(
+    config: AlgorithmConfig,
+    model: VelocityModel,
+    rollout: Rollout,
+    advantages: Advantages,
+) -> Iterator[LossTerm]:
+    """Loss terms of whole-trajectory strategies: for each trained slot s, one forward per
+    trajectory at its trained step ``trained[p, g, s]`` (rows at different σ are batched), the
+    trajectory's advantage broadcast to that step. Each term is scaled so their sum is
+    ``mean over valid trajectories and trained slots`` of the surrogate."""
+    st = rollout.states
+    states, lp_old, trained = st["states"], st["log_prob_old"], st["trained_steps"]  # [P,G,T+1,L,C] [P,G,T] [P,G,S]
+    sigmas = rollout.sigmas
+    num_prompts, group, num_slots = trained.shape
+    valid_p = advantages.valid.nonzero().flatten()  # prompts kept
+    if valid_p.numel() == 0:
+        return
+    rows_p = valid_p.repeat_interleave(group)  # [V·G]
+    rows_g = torch.arange(group).repeat(valid_p.numel())  # [V·G]
+    total = rows_p.numel() * num_slots
+    chunk = config.train_micro_batch or rows_p.numel()
+    work = [(s, start) for s in range(num_slots) for start in range(0, rows_p.numel(), chunk)]
+    for n, (s, start) in enumerate(work):
+        device = states.device
+        p, g = rows_p[start : start + chunk].to(device), rows_g[start : start + chunk].to(device)
+        i = trained[p, g, s]  # [n] grid index per row
+        x = states[p, g, i]  # [n, L, C]
+        sig, sig_next = sigmas[i], sigmas[i + 1]  # [n]
+        v = model(x, model_sigma(config, sig), rollout.cond[p.cpu()]).float()
+        mean, std = core.sde_mean_std(x, v, sig, sig_next, config.eta, sigmas[1])
+        lp_new = core.gaussian_log_prob(states[p, g, i + 1].to(device), mean, std, config.log_prob_reduce)  # [n]
+        last_of_slot = n + 1 == len(work) or work[n + 1][0] != s
+        step = (n + 1 == len(work)) if config.optimizer_step == "per_iteration" else last_of_slot
+        yield surrogate_term(
+            config,
+            lp_new,
+            lp_old[p, g, i],
+            advantages.values[p.cpu(), g.cpu()],
+            scale=p.numel() / total,
+            forwards=p.numel(),
+            step_optimizer=step,
+            step_index=None,
+        )

@@ -1,0 +1,265 @@
+"""G²RPO: singular stochastic sampling + multi-granularity advantage integration (spec §3–§5).
+
+Rollout for P prompts (all model calls batched, ``micro_batch`` rows per call):
+
+1. **Anchor.** One shared initial noise per prompt; the ODE runs from σ[0] to σ[max M], keeping the
+   state x[k] and the velocity v[k] at every branch step k ∈ M. (The anchor stops at the last
+   branch step: what comes after it is never used. The reference code runs it to σ = 0.)
+2. **Branch.** At each k ∈ M, G SDE steps from the shared x[k] to σ[k+1], using the anchor's v[k]
+   (no extra forward). Each branch's log-probability under the sampling policy is kept.
+3. **Finish.** Every branch is finished with the ODE at every stride λ ∈ Λ
+   (:func:`g2rpo.core.stride_schedule`: σ[k+1], σ[k+1+λ], …, 0). All strides start from the same
+   state at σ[k+1], so their first forward is computed once per branch. Rows of different
+   branches, steps and strides sit at different σ and are batched together.
+
+Sampling forwards per prompt (:func:`sampling_forwards`; tested for G=12, T=16, |M|=8, Λ={1,2,3}):
+
+    (max M + 1) + G · Σ_{k∈M} [k+1 < T] · (1 + Σ_λ (ceil((T−k−1)/λ) − 1))
+
+Loss. For each k, **one** forward at x[k] for the whole group: μ_θ is the same for all G branches
+(they share x[k]), so the G log-probs come from one mean. Training forwards per prompt = |M|
+(``training_backwards`` the same). The surrogate is averaged over the G branches and over the
+(prompt, k) groups kept; each k's term is scaled by 1/(number of kept groups) so that the sum of the
+backward passes is the objective of spec §5.
+
+Advantages. Rewards ``[R, P, |M|, J, G]`` → per (reward model, stride) group-normalised over G →
+``clip(Σ_r w_r Σ_j α_j A, ±clip)`` → ``[P, |M|, G]``. A (prompt, k) group with any NaN/inf reward
+is dropped (advantage 0, no loss term rows) and counted.
+
+"G²RPO without MGAI" is this strategy with Λ = {1} (``strategy: g2rpo_no_mgai``).
+
+Rollout ``states``: ``steps`` ``[P, K]`` long (the k of each slot; with
+``branch_steps_per_iteration`` each prompt draws its own subset), ``x_k`` ``[P, K, L, C]``,
+``branches`` ``[P, K, G, L, C]`` (the y_i at σ[k+1]), ``log_prob_old`` ``[P, K, G]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from g2rpo import core
+from g2rpo.seeding import Draws
+from g2rpo.strategies._shared import (
+    check_rewards,
+    make_grid,
+    model_sigma,
+    reward_weight_tensor,
+    sample_velocity,
+    surrogate_term,
+)
+from g2rpo.strategies.base import Advantages, Conditioning, LossTerm, NFECounters, Rollout, VelocityModel
+from g2rpo.strategies.config import AlgorithmConfig
+
+__all__ = ["G2RPO", "sampling_forwards"]
+
+
+def sampling_forwards(num_steps: int, group_size: int, steps: Sequence[int], strides: Sequence[int]) -> int:
+    """Sampling forwards for one prompt (the formula in the module docstring)."""
+    anchor = max(steps) + 1
+    return anchor + group_size * sum(core.finish_forwards(num_steps, k, list(strides)) for k in steps)
+
+
+class G2RPO:
+    """Granular-GRPO (and, with ``strategy: g2rpo_no_mgai``, its Λ = {1} ablation)."""
+
+    def __init__(self, config: AlgorithmConfig):
+        self.config = config
+        self.name = config.strategy
+
+    # ------------------------------------------------------------------ rollout
+
+    def branch_steps(self, draws: Draws, prompt: int) -> list[int]:
+        """M for the prompt at batch position ``prompt`` this iteration (sorted)."""
+        steps = self.config.trained_steps
+        n = self.config.branch_steps_per_iteration
+        if n is None:
+            return steps
+        order = draws.permutation(len(steps), "branch-steps", prompt)
+        return sorted(steps[int(i)] for i in order[:n])
+
+    @torch.no_grad()
+    def rollout(
+        self,
+        model: VelocityModel,
+        cond: Conditioning,
+        draws: Draws,
+        latent_shape: tuple[int, int],
+        *,
+        device: torch.device | str = "cpu",
+    ) -> Rollout:
+        cfg = self.config
+        length, channels = latent_shape
+        num_prompts, group, strides = len(cond), cfg.group_size, cfg.strides
+        if len(draws.prompt_indices) != num_prompts:
+            raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {num_prompts}")
+        sigmas = make_grid(cfg, length).to(device)  # [T+1]
+        t_steps = cfg.num_steps
+        nfe = NFECounters()
+        steps = torch.tensor([self.branch_steps(draws, p) for p in range(num_prompts)], dtype=torch.long)  # [P, K]
+        num_slots = steps.shape[1]
+        steps_dev = steps.to(device)
+
+        # 1. Anchor ODE up to the last branch step, keeping x[k] and v[k] at the branch steps.
+        x = torch.stack([draws.normal(latent_shape, "initial-noise", p, device=device) for p in range(num_prompts)])
+        x_k = x.new_empty(num_prompts, num_slots, length, channels)  # [P, K, L, C]
+        v_k = torch.empty_like(x_k)
+        for i in range(int(steps.max()) + 1):
+            v = sample_velocity(model, cfg, x, sigmas[i].expand(num_prompts), cond, nfe)  # [P, L, C]
+            p_idx, slot_idx = (steps == i).nonzero(as_tuple=True)
+            x_k[p_idx, slot_idx] = x[p_idx]
+            v_k[p_idx, slot_idx] = v[p_idx]
+            x = core.ode_step(x, v, sigmas[i], sigmas[i + 1])
+
+        # 2. G SDE branches per (prompt, k) from the anchor's v[k].
+        noise = torch.stack(
+            [
+                torch.stack(
+                    [
+                        torch.stack(
+                            [draws.normal(latent_shape, "branch-noise", p, int(steps[p, s]), g) for g in range(group)]
+                        )
+                        for s in range(num_slots)
+                    ]
+                )
+                for p in range(num_prompts)
+            ]
+        ).to(device)  # [P, K, G, L, C]
+        mean, std = self._transition(x_k, v_k, steps_dev, sigmas)  # [P, K, 1, L, C], [P, K, 1, 1, 1]
+        branches = mean + std * noise  # [P, K, G, L, C]
+        log_prob_old = core.gaussian_log_prob(branches, mean, std, cfg.log_prob_reduce, batch_dims=3)  # [P, K, G]
+
+        # 3. Finish every branch at every stride; rows ordered [P, K, J, G].
+        final = self._finish(model, cond, branches, steps_dev, sigmas, nfe)  # [P*K*J*G, L, C]
+        reward_shape = (num_prompts, num_slots, len(strides), group)
+        return Rollout(
+            strategy=self.name,
+            sigmas=sigmas,
+            cond=cond,
+            draws=draws,
+            final_latents=final,
+            reward_shape=reward_shape,
+            reward_dims=("prompt", "step", "stride", "branch"),
+            final_prompt=torch.arange(num_prompts).repeat_interleave(num_slots * len(strides) * group),
+            nfe=nfe,
+            states={"steps": steps, "x_k": x_k, "branches": branches, "log_prob_old": log_prob_old},
+        )
+
+    def _transition(
+        self, x_k: torch.Tensor, v_k: torch.Tensor, steps: torch.Tensor, sigmas: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """SDE mean/std at ``x_k`` ``[..., L, C]`` with velocity ``v_k``, step index ``steps`` ``[...]``;
+        returned with a group axis inserted before ``L`` (``[..., 1, L, C]``). Sampling and training
+        both go through here, so their log-probabilities are computed identically."""
+        lead = steps.shape
+        flat_x = x_k.reshape(-1, *x_k.shape[-2:])
+        flat_v = v_k.reshape(-1, *v_k.shape[-2:])
+        flat_steps = steps.reshape(-1)
+        mean, std = core.sde_mean_std(
+            flat_x, flat_v, sigmas[flat_steps], sigmas[flat_steps + 1], self.config.eta, sigmas[1]
+        )  # [N, L, C], [N, 1, 1]
+        return mean.reshape(*lead, 1, *x_k.shape[-2:]), std.reshape(*lead, 1, 1, 1)
+
+    def _finish(
+        self,
+        model: VelocityModel,
+        cond: Conditioning,
+        branches: torch.Tensor,
+        steps: torch.Tensor,
+        sigmas: torch.Tensor,
+        nfe: NFECounters,
+    ) -> torch.Tensor:
+        cfg = self.config
+        num_prompts, num_slots, group, length, channels = branches.shape
+        strides, t_steps = cfg.strides, cfg.num_steps
+        num_strides = len(strides)
+        device = branches.device
+        # Row r = ((p·K + s)·J + j)·G + g; per row its grid-index schedule, padded with T.
+        schedules = []
+        for p in range(num_prompts):
+            for s in range(num_slots):
+                for lam in strides:
+                    idx = core.stride_indices(t_steps, int(steps[p, s]), lam)
+                    schedules += [idx] * group
+        longest = max(len(idx) for idx in schedules)
+        sched = torch.tensor([idx + [t_steps] * (longest - len(idx)) for idx in schedules], device=device)  # [N, S]
+        num_moves = torch.tensor([len(idx) - 1 for idx in schedules], device=device)  # [N]
+        row_prompt = torch.arange(num_prompts, device=device).repeat_interleave(num_slots * num_strides * group)
+
+        # Shared first forward: one per branch at σ[k+1] (if it is not already 0).
+        branch_flat = branches.reshape(-1, length, channels)  # [P*K*G, L, C]
+        branch_sigma = sigmas[(steps + 1)].repeat_interleave(group, dim=1).reshape(-1)  # [P*K*G]
+        branch_prompt = torch.arange(num_prompts, device=device).repeat_interleave(num_slots * group)
+        needs = (branch_sigma > 0).nonzero().flatten()
+        v0 = torch.zeros_like(branch_flat)
+        if needs.numel():
+            v0[needs] = sample_velocity(model, cfg, branch_flat[needs], branch_sigma[needs], cond[branch_prompt[needs]], nfe)
+
+        def per_row(t: torch.Tensor) -> torch.Tensor:  # [P*K*G, ...] → rows [P*K*J*G, ...]
+            t = t.reshape(num_prompts, num_slots, 1, group, *t.shape[1:])
+            return t.expand(num_prompts, num_slots, num_strides, group, *t.shape[4:]).reshape(-1, *t.shape[4:])
+
+        x = per_row(branch_flat).clone()  # [N, L, C]
+        v_first = per_row(v0)
+        for r in range(longest - 1):
+            active = (num_moves > r).nonzero().flatten()
+            if active.numel() == 0:
+                break
+            sig, sig_next = sigmas[sched[active, r]], sigmas[sched[active, r + 1]]
+            if r == 0:
+                v = v_first[active]
+            else:
+                v = sample_velocity(model, cfg, x[active], sig, cond[row_prompt[active]], nfe)
+            x[active] = core.ode_step(x[active], v, sig, sig_next)
+        return x
+
+    # ------------------------------------------------------------------ advantages and loss
+
+    def advantages(
+        self, rollout: Rollout, rewards: torch.Tensor, reward_weights: Sequence[float] | None = None
+    ) -> Advantages:
+        cfg = self.config
+        num_rewards = check_rewards(rollout, rewards)
+        rewards = rewards.float().cpu()  # [R, P, K, J, G]
+        w = reward_weight_tensor(reward_weights, num_rewards)
+        valid = torch.isfinite(rewards).all(dim=-1).all(dim=-1).all(dim=0)  # [P, K]
+        safe = torch.where(valid[None, :, :, None, None], rewards, torch.zeros_like(rewards))
+        adv = core.group_advantages(safe, cfg.advantage_eps, cfg.unbiased_std)  # [R, P, K, J, G]
+        mixed = core.mix_advantages(adv.movedim(3, 1), cfg.stride_weight_values, w, cfg.advantage_clip)  # [P, K, G]
+        mixed = torch.where(valid[..., None], mixed, torch.zeros_like(mixed))
+        return Advantages(mixed, valid, dropped_groups=int((~valid).sum()), total_groups=int(valid.numel()))
+
+    def loss_terms(self, model: VelocityModel, rollout: Rollout, advantages: Advantages) -> Iterator[LossTerm]:
+        cfg = self.config
+        st = rollout.states
+        steps, x_k, branches, log_prob_old = st["steps"], st["x_k"], st["branches"], st["log_prob_old"]
+        sigmas = rollout.sigmas
+        device = x_k.device
+        kept = int(advantages.valid.sum())
+        if kept == 0:
+            return
+        work = []  # (slot, prompts of this forward)
+        for s in range(steps.shape[1]):
+            prompts = advantages.valid[:, s].nonzero().flatten()
+            chunk = cfg.train_micro_batch or max(prompts.numel(), 1)
+            work += [(s, prompts[i : i + chunk]) for i in range(0, prompts.numel(), chunk)]
+        for n, (s, prompts) in enumerate(work):
+            p = prompts.to(device)
+            k = steps[prompts, s].to(device)  # [n]
+            x = x_k[p, s]  # [n, L, C]
+            v = model(x, model_sigma(cfg, sigmas[k]), rollout.cond[prompts]).float()  # one forward per group
+            mean, std = self._transition(x, v, k, sigmas)  # [n, 1, L, C], [n, 1, 1, 1]
+            lp_new = core.gaussian_log_prob(branches[p, s], mean, std, cfg.log_prob_reduce, batch_dims=2)  # [n, G]
+            last = n + 1 == len(work)
+            step = last if cfg.optimizer_step == "per_iteration" else (last or work[n + 1][0] != s)
+            yield surrogate_term(
+                cfg,
+                lp_new,
+                log_prob_old[p, s],
+                advantages.values[prompts, s],
+                scale=prompts.numel() / kept,
+                forwards=prompts.numel(),
+                step_optimizer=step,
+                step_index=int(k[0]) if bool((k == k[0]).all()) else None,
+            )
