@@ -17,6 +17,12 @@ from g2rpo.errors import G2RPOError
 
 # Modules that define ``add_commands(subparsers)``; one per area.
 COMMAND_MODULES: list[str] = [
+    "g2rpo.commands.demo",
+    "g2rpo.commands.train",
+    "g2rpo.commands.model",
+    "g2rpo.commands.data",
+    "g2rpo.commands.storage",
+    "g2rpo.commands.registry",
 ]
 
 

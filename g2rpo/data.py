@@ -1,0 +1,532 @@
+"""Prompt sets and the text-embedding cache.
+
+**Prompt sets.** A prompt file is plain text (one prompt per line) or JSONL (one object per line
+with a string field ``prompt``; ``.jsonl`` suffix). Each prompt is stripped of surrounding
+whitespace. An empty line, a line that is not UTF-8, or a JSONL line without a string ``prompt`` is
+an error naming the line number and the fix; every bad line is listed at once (nothing is silently
+skipped). Exact duplicates are dropped (first occurrence kept) and counted. The split into train and
+test is deterministic and independent of the file's order: a prompt goes to test when its key
+``sha256(f"{seed}\\x00{prompt}")`` is among the ``n_test`` smallest; both splits keep the file's
+order. :func:`prepare_prompts` writes ``train.jsonl`` and ``test.jsonl`` (``{"index", "prompt"}``
+per line) and then ``manifest.json`` (sha256 per file, counts), last.
+
+**Text-embedding cache.** Flux's text conditioning is the T5-XXL sequence embedding ``[S, 4096]``
+plus CLIP-L's pooled embedding ``[768]``. Computing them once per prompt set means training holds
+only the transformer (and the VAE) on the accelerator. The price is disk: at S = 512 in bf16 one
+prompt is 512 · 4096 · 2 B = 4 MiB (+1.5 KiB pooled), so the 103.7k HPSv2 training prompts take
+~405 GiB. The cache is therefore
+
+- **sharded**: ``shard-00000.safetensors``, ... with ``shard_rows`` prompts each (default 256 ≈
+  1 GiB at Flux scale), tensors ``prompt_embeds [n, S, D]`` and ``pooled_prompt_embeds [n, P]``;
+- **memory-mapped and read lazily**: safetensors' ``safe_open`` maps a shard and a row slice reads
+  only that row's bytes, so a rank touches just the prompts it is given;
+- **indexed**: ``index.json`` maps each prompt's global index to ``(prompt, shard, row)``;
+- **manifested**: ``manifest.json`` (schema version, shapes, dtype, encoder, sha256 and size of
+  every file) is written last. A directory without it is an unfinished cache and is refused;
+  opening checks every file's size (and, with ``verify=True``, its sha256 — a full read).
+
+The embeddings are stored in the text encoders' dtype and read back bit-exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from g2rpo.errors import G2RPOError, problem
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from g2rpo.models.flux import FluxConditioning, FluxTextEncoder
+
+__all__ = [
+    "CACHE_SCHEMA_VERSION",
+    "EmbeddingCache",
+    "PrepSummary",
+    "PromptEmbeddingDataset",
+    "dedupe_prompts",
+    "prepare_prompts",
+    "read_prompt_file",
+    "read_prompt_split",
+    "sha256_file",
+    "split_prompts",
+    "write_embedding_cache",
+]
+
+CACHE_SCHEMA_VERSION = 1
+PROMPTS_SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+_MAX_LISTED_PROBLEMS = 20
+
+
+# --------------------------------------------------------------------------- files
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_json(path: Path, data: Any) -> None:
+    """Write JSON through a temporary file and a rename, so a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------- prompt files
+
+
+def read_prompt_file(path: str | Path) -> list[str]:
+    """The prompts of a ``.txt`` (one per line) or ``.jsonl`` (field ``prompt``) file, stripped.
+
+    Raises a :class:`G2RPOError` listing every empty, non-UTF-8 or malformed line by number.
+    """
+    src = Path(path)
+    if not src.is_file():
+        raise G2RPOError(problem("prompts", str(src), "file not found; pass a .txt (one prompt per line) or .jsonl file"))
+    raw = src.read_bytes()
+    if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark is UTF-8, not content
+        raw = raw[3:]
+    lines = raw.split(b"\n")
+    if lines and lines[-1] == b"":
+        lines.pop()  # the file's final newline ends the last line; it does not start an empty one
+    is_jsonl = src.suffix.lower() == ".jsonl"
+    prompts: list[str] = []
+    problems: list[str] = []
+    for number, line in enumerate(lines, start=1):
+        line = line.removesuffix(b"\r")
+        try:
+            text = line.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            problems.append(
+                f"{src}:{number}: not UTF-8 (byte 0x{line[exc.start]:02x} at column {exc.start + 1}); "
+                "re-save the file as UTF-8 (e.g. `iconv -f latin1 -t utf-8`)"
+            )
+            continue
+        if is_jsonl:
+            if not text.strip():
+                problems.append(f"{src}:{number}: empty line; remove it (every line must be a JSON object with a 'prompt')")
+                continue
+            try:
+                record = json.loads(text)
+            except ValueError as exc:
+                problems.append(f"{src}:{number}: not valid JSON ({exc.msg}); write one JSON object per line")
+                continue
+            if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
+                problems.append(f"{src}:{number}: no string field 'prompt'; write {{\"prompt\": \"...\"}}")
+                continue
+            text = record["prompt"]
+        text = text.strip()
+        if not text:
+            problems.append(f"{src}:{number}: empty prompt; remove the line or write a prompt on it")
+            continue
+        prompts.append(text)
+    if problems:
+        shown = problems[:_MAX_LISTED_PROBLEMS]
+        more = len(problems) - len(shown)
+        lines_out = [f"prompt file {str(src)!r} has {len(problems)} bad line(s):"] + [f"  - {p}" for p in shown]
+        if more:
+            lines_out.append(f"  ... and {more} more")
+        raise G2RPOError("\n".join(lines_out))
+    if not prompts:
+        raise G2RPOError(problem("prompts", str(src), "the file holds no prompts; write one prompt per line"))
+    return prompts
+
+
+def dedupe_prompts(prompts: Iterable[str]) -> tuple[list[str], int]:
+    """Drop exact duplicates, keeping first occurrences in order; return (unique, number dropped)."""
+    seen: dict[str, None] = {}
+    total = 0
+    for p in prompts:
+        total += 1
+        seen.setdefault(p, None)
+    return list(seen), total - len(seen)
+
+
+def _split_key(seed: int, prompt: str) -> bytes:
+    return hashlib.sha256(f"{seed}\x00{prompt}".encode()).digest()
+
+
+def split_prompts(prompts: Sequence[str], test_size: int | float, seed: int = 0) -> tuple[list[str], list[str]]:
+    """Deterministic ``(train, test)`` split of unique prompts.
+
+    ``test_size``: a count (int ≥ 0) or a fraction in (0, 1) (rounded to the nearest count). The
+    test prompts are those with the smallest ``sha256(seed, prompt)`` keys, so the split does not
+    depend on the file's order; each split keeps the input order.
+    """
+    n = len(prompts)
+    if isinstance(test_size, bool) or not isinstance(test_size, (int, float)):
+        raise G2RPOError(problem("test_size", test_size, "give a count (e.g. 400) or a fraction in (0, 1)"))
+    if isinstance(test_size, float) and not test_size.is_integer():
+        if not 0 < test_size < 1:
+            raise G2RPOError(problem("test_size", test_size, "a fraction must lie in (0, 1)"))
+        n_test = round(test_size * n)
+    else:
+        n_test = int(test_size)
+    if not 0 <= n_test < n:
+        raise G2RPOError(
+            problem("test_size", test_size, f"leaves no training prompts out of {n}; use fewer than {n} test prompts")
+        )
+    order = sorted(range(n), key=lambda i: _split_key(seed, prompts[i]))
+    test_ids = set(order[:n_test])
+    train = [p for i, p in enumerate(prompts) if i not in test_ids]
+    test = [p for i, p in enumerate(prompts) if i in test_ids]
+    return train, test
+
+
+@dataclass(frozen=True)
+class PrepSummary:
+    """What :func:`prepare_prompts` did."""
+
+    source: str
+    read: int
+    duplicates: int
+    train: int
+    test: int
+    seed: int
+    output: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _write_jsonl(path: Path, prompts: Sequence[str]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for i, p in enumerate(prompts):
+            fh.write(json.dumps({"index": i, "prompt": p}, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def prepare_prompts(
+    source: str | Path,
+    output: str | Path,
+    *,
+    test_size: int | float = 400,
+    seed: int = 0,
+    overwrite: bool = False,
+) -> PrepSummary:
+    """Read, validate, dedupe and split ``source``; write ``train.jsonl``, ``test.jsonl``, ``manifest.json``.
+
+    Refuses to replace existing outputs unless ``overwrite``; then the old manifest is removed
+    first, so an interrupted rewrite is never taken for a finished one.
+    """
+    out = Path(output)
+    names = ("train.jsonl", "test.jsonl", MANIFEST)
+    existing = [n for n in names if (out / n).exists()]
+    if existing and not overwrite:
+        raise G2RPOError(
+            problem("output", str(out), f"already holds {', '.join(existing)}; choose another directory or pass --overwrite")
+        )
+    prompts = read_prompt_file(source)
+    unique, duplicates = dedupe_prompts(prompts)
+    train, test = split_prompts(unique, test_size, seed)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MANIFEST).unlink(missing_ok=True)
+    _write_jsonl(out / "train.jsonl", train)
+    _write_jsonl(out / "test.jsonl", test)
+    summary = PrepSummary(str(source), len(prompts), duplicates, len(train), len(test), seed, str(out))
+    _write_json(
+        out / MANIFEST,
+        {
+            "schema_version": PROMPTS_SCHEMA_VERSION,
+            "kind": "prompt-split",
+            "producer": "g2rpo.data.prepare_prompts",
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "summary": summary.as_dict(),
+            "files": {n: {"bytes": (out / n).stat().st_size, "sha256": sha256_file(out / n)} for n in names[:2]},
+        },
+    )
+    return summary
+
+
+def read_prompt_split(path: str | Path) -> list[str]:
+    """Prompts of a ``train.jsonl``/``test.jsonl`` written by :func:`prepare_prompts`, in index order."""
+    src = Path(path)
+    if not src.is_file():
+        raise G2RPOError(problem("prompts", str(src), "file not found; run `g2rpo data prep` to make train.jsonl/test.jsonl"))
+    prompts = read_prompt_file(src) if src.suffix.lower() == ".jsonl" else None
+    if prompts is None:
+        raise G2RPOError(problem("prompts", str(src), "expected a .jsonl file written by `g2rpo data prep`"))
+    return prompts
+
+
+# --------------------------------------------------------------------------- embedding cache
+
+
+def _shard_name(number: int) -> str:
+    return f"shard-{number:05d}.safetensors"
+
+
+def write_embedding_cache(
+    output: str | Path,
+    prompts: Sequence[str],
+    encoder: FluxTextEncoder,
+    *,
+    batch_size: int = 8,
+    shard_rows: int = 256,
+    encoder_source: str | None = None,
+    overwrite: bool = False,
+    progress: bool = False,
+) -> dict[str, Any]:
+    """Encode ``prompts`` with ``encoder`` and write the sharded cache to ``output``; return its manifest.
+
+    Prompt ``i`` (its global index) lands in shard ``i // shard_rows``, row ``i % shard_rows``.
+    ``encoder_source`` (the model location) is recorded in the manifest.
+    """
+    from safetensors.torch import save_file
+
+    if batch_size < 1:
+        raise G2RPOError(problem("batch_size", batch_size, "encode at least one prompt per batch"))
+    if shard_rows < 1:
+        raise G2RPOError(problem("shard_rows", shard_rows, "put at least one prompt in a shard"))
+    if not prompts:
+        raise G2RPOError(problem("prompts", [], "nothing to encode; pass at least one prompt"))
+    unique, dup = dedupe_prompts(prompts)
+    if dup:
+        raise G2RPOError(problem("prompts", f"{dup} duplicate(s)", "dedupe the prompt set first (g2rpo data prep does)"))
+    out = Path(output)
+    if out.exists() and not out.is_dir():
+        raise G2RPOError(problem("output", str(out), "is a file; pass a directory"))
+    if out.is_dir() and any(out.iterdir()):
+        if not overwrite:
+            raise G2RPOError(problem("output", str(out), "directory is not empty; choose another or pass --overwrite"))
+        # The manifest goes first: from here on the old cache counts as unfinished.
+        (out / MANIFEST).unlink(missing_ok=True)
+        for old in list(out.glob("shard-*.safetensors")) + [out / "index.json"]:
+            old.unlink(missing_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(prompts), desc="text embeddings", unit="prompt")
+    files: dict[str, dict[str, Any]] = {}
+    entries: list[list[Any]] = []
+    pending: list[FluxConditioning] = []
+    pending_rows = 0
+    shapes: dict[str, list[int]] = {}
+    dtype_name = ""
+
+    def flush(rows: int) -> None:
+        nonlocal pending, pending_rows
+        from g2rpo.models.flux import FluxConditioning
+
+        cond = FluxConditioning.cat(pending)
+        take, rest = cond[:rows], cond[rows:]
+        number = len(files)
+        name = _shard_name(number)
+        first = number * shard_rows
+        save_file(
+            {
+                "prompt_embeds": take.prompt_embeds.contiguous().cpu(),
+                "pooled_prompt_embeds": take.pooled_prompt_embeds.contiguous().cpu(),
+            },
+            str(out / name),
+            metadata={"first_index": str(first), "rows": str(rows)},
+        )
+        files[name] = {"bytes": (out / name).stat().st_size, "sha256": sha256_file(out / name)}
+        pending = [rest] if len(rest) else []
+        pending_rows = len(rest)
+
+    for start in range(0, len(prompts), batch_size):
+        batch = list(prompts[start : start + batch_size])
+        cond = encoder.encode(batch)
+        if not shapes:
+            shapes = {
+                "prompt_embeds": list(cond.prompt_embeds.shape[1:]),
+                "pooled_prompt_embeds": list(cond.pooled_prompt_embeds.shape[1:]),
+            }
+            dtype_name = str(cond.prompt_embeds.dtype).removeprefix("torch.")
+        for offset, prompt in enumerate(batch):
+            i = start + offset
+            entries.append([prompt, i // shard_rows, i % shard_rows])
+        pending.append(cond)
+        pending_rows += len(batch)
+        while pending_rows >= shard_rows:
+            flush(shard_rows)
+        if bar is not None:
+            bar.update(len(batch))
+    if pending_rows:
+        flush(pending_rows)
+    if bar is not None:
+        bar.close()
+
+    _write_json(out / "index.json", {"shard_rows": shard_rows, "entries": entries})
+    files["index.json"] = {"bytes": (out / "index.json").stat().st_size, "sha256": sha256_file(out / "index.json")}
+    manifest = {
+        "schema_version": CACHE_SCHEMA_VERSION,
+        "kind": "flux-text-embeddings",
+        "producer": "g2rpo.data.write_embedding_cache",
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "count": len(prompts),
+        "shard_rows": shard_rows,
+        "shards": [_shard_name(n) for n in range(len(files) - 1)],
+        "shapes": shapes,
+        "dtype": dtype_name,
+        "encoder": {"source": encoder_source, "max_sequence_length": encoder.max_sequence_length},
+        "files": files,
+        "total_bytes": sum(f["bytes"] for f in files.values()),
+    }
+    _write_json(out / MANIFEST, manifest)  # last: the cache is complete from here on
+    return manifest
+
+
+class EmbeddingCache:
+    """A finished text-embedding cache, read lazily by global prompt index.
+
+    ``cache[i]`` is the :class:`~g2rpo.models.flux.FluxConditioning` of prompt ``i`` (batch 1);
+    ``cache.get(indices)`` a batch. ``cache.prompts[i]`` is its text. Shards are memory-mapped
+    on first use; nothing else is read until asked for. Safe to pickle (handles are reopened).
+    """
+
+    def __init__(self, path: str | Path, *, verify: bool = False) -> None:
+        self.path = Path(path)
+        self.manifest = self._check(verify)
+        index = json.loads((self.path / "index.json").read_text(encoding="utf-8"))
+        entries = index["entries"]
+        if len(entries) != self.manifest["count"]:
+            raise G2RPOError(
+                f"embedding cache {str(self.path)!r}: index.json lists {len(entries)} prompts, the manifest "
+                f"{self.manifest['count']}; rebuild it with `g2rpo data prep ... --overwrite`"
+            )
+        self.prompts: list[str] = [e[0] for e in entries]
+        self._where: list[tuple[int, int]] = [(int(e[1]), int(e[2])) for e in entries]
+        self._position = {p: i for i, p in enumerate(self.prompts)}
+        self._handles: dict[int, Any] = {}
+
+    def _check(self, verify: bool) -> dict[str, Any]:
+        root = self.path
+        fix = "rebuild it with `g2rpo data prep ... --overwrite`"
+        if not root.is_dir():
+            raise G2RPOError(problem("embeddings", str(root), "no such directory; build the cache with `g2rpo data prep --model ...`"))
+        manifest_path = root / MANIFEST
+        if not manifest_path.is_file():
+            found = sorted(p.name for p in root.iterdir())
+            what = f"it holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}" if found else "it is empty"
+            raise G2RPOError(
+                f"embedding cache {str(root)!r} is incomplete: no {MANIFEST} ({what}); the writer did not finish — {fix}"
+            )
+        try:
+            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise G2RPOError(f"{manifest_path}: unreadable ({exc}); {fix}") from None
+        if manifest.get("schema_version") != CACHE_SCHEMA_VERSION or manifest.get("kind") != "flux-text-embeddings":
+            raise G2RPOError(
+                problem(f"{manifest_path}:schema_version", manifest.get("schema_version"),
+                        f"this g2rpo reads schema {CACHE_SCHEMA_VERSION} of kind flux-text-embeddings; {fix}")
+            )
+        problems = []
+        for name, info in manifest["files"].items():
+            file = root / name
+            if not file.is_file():
+                problems.append(f"{file}: missing")
+            elif file.stat().st_size != info["bytes"]:
+                problems.append(f"{file}: {file.stat().st_size} bytes, manifest says {info['bytes']}")
+            elif (verify or name == "index.json") and sha256_file(file) != info["sha256"]:
+                problems.append(f"{file}: sha256 differs from the manifest")
+        if problems:
+            raise G2RPOError(
+                f"embedding cache {str(root)!r} is damaged ({len(problems)} problem(s)); {fix}:\n"
+                + "\n".join(f"  - {p}" for p in problems)
+            )
+        return manifest
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_handles"] = {}
+        return state
+
+    @property
+    def max_sequence_length(self) -> int:
+        return int(self.manifest["shapes"]["prompt_embeds"][0])
+
+    def index_of(self, prompt: str) -> int:
+        """Global index of ``prompt`` (a KeyError-free lookup: unknown prompts are a G2RPOError)."""
+        try:
+            return self._position[prompt]
+        except KeyError:
+            raise G2RPOError(problem("prompt", prompt, f"not in the embedding cache {str(self.path)!r}; re-run `g2rpo data prep` with it")) from None
+
+    def _shard(self, number: int) -> Any:
+        handle = self._handles.get(number)
+        if handle is None:
+            from safetensors import safe_open
+
+            handle = safe_open(str(self.path / _shard_name(number)), framework="pt", device="cpu")
+            self._handles[number] = handle
+        return handle
+
+    def __getitem__(self, index: int) -> FluxConditioning:
+        return self.get([index])
+
+    def get(self, indices: Sequence[int] | torch.Tensor) -> FluxConditioning:
+        """Conditioning of prompts ``indices`` (global indices, repeats allowed), in that order."""
+        import torch
+
+        from g2rpo.models.flux import FluxConditioning
+
+        idx = [int(i) for i in (indices.tolist() if isinstance(indices, torch.Tensor) else indices)]
+        if not idx:
+            raise G2RPOError(problem("indices", idx, "ask for at least one prompt"))
+        seq, pooled = [], []
+        for i in idx:
+            if not 0 <= i < len(self.prompts):
+                raise G2RPOError(problem("index", i, f"the cache holds prompts 0..{len(self.prompts) - 1}"))
+            shard, row = self._where[i]
+            handle = self._shard(shard)
+            seq.append(handle.get_slice("prompt_embeds")[row : row + 1])  # [1, S, D]
+            pooled.append(handle.get_slice("pooled_prompt_embeds")[row : row + 1])  # [1, P]
+        return FluxConditioning(torch.cat(seq), torch.cat(pooled))
+
+
+@dataclass(frozen=True)
+class PromptItem:
+    """One prompt of a data set: its global index, its text and its conditioning (batch 1)."""
+
+    index: int
+    prompt: str
+    cond: FluxConditioning
+
+
+class PromptEmbeddingDataset:
+    """A map-style dataset over an :class:`EmbeddingCache`, by global prompt index.
+
+    The trainer decides which global indices a rank takes (one prompt = one group stays on one
+    rank) and reads them with ``dataset[i]`` or, batched, ``dataset.batch(indices)``.
+    Works with ``torch.utils.data.DataLoader`` (use :meth:`collate`).
+    """
+
+    def __init__(self, cache: EmbeddingCache | str | Path) -> None:
+        self.cache = cache if isinstance(cache, EmbeddingCache) else EmbeddingCache(cache)
+
+    def __len__(self) -> int:
+        return len(self.cache)
+
+    def __getitem__(self, index: int) -> PromptItem:
+        return PromptItem(int(index), self.cache.prompts[int(index)], self.cache[int(index)])
+
+    def batch(self, indices: Sequence[int]) -> tuple[list[str], FluxConditioning]:
+        """``(prompts, cond)`` of global ``indices``, in order."""
+        return [self.cache.prompts[int(i)] for i in indices], self.cache.get(indices)
+
+    @staticmethod
+    def collate(items: Sequence[PromptItem]) -> tuple[list[int], list[str], FluxConditioning]:
+        from g2rpo.models.flux import FluxConditioning
+
+        return [it.index for it in items], [it.prompt for it in items], FluxConditioning.cat([it.cond for it in items])

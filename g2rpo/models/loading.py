@@ -1,0 +1,268 @@
+"""Where a Flux model comes from, what must be there, and the calls that load it.
+
+A **model location** is a local directory in diffusers' ``FluxPipeline`` layout (what
+``save_pretrained`` writes and what the Hugging Face repository ``black-forest-labs/FLUX.1-dev``
+holds), or an ``s3://bucket/prefix`` URI of such a directory, which is downloaded once into a
+local cache through the storage layer (:func:`g2rpo.manifest.fetch_to_cache`: the directory
+must have been published with its ``manifest.json``; every file's sha256 is checked, and a second
+run reuses the cache).
+
+Before loading, :func:`check_model_dir` reads ``model_index.json`` and checks every needed
+component: its folder, its config file and its weights (a single ``*.safetensors`` file, or a
+``*.safetensors.index.json`` whose every shard is present). All problems are reported at once, each
+naming the missing path and the fix — a half-finished download is the usual cause.
+
+Everything loads with ``from_pretrained(local_dir, subfolder=..., local_files_only=True)``: the
+tiny test model (:mod:`g2rpo.models.tiny`) and FLUX.1-dev go through the same calls. Only the
+components a step needs are loaded: training takes the transformer (+ VAE to decode); the text
+encoders are loaded only to fill the embedding cache (:mod:`g2rpo.data`).
+
+**Licence.** FLUX.1-dev's weights are under the *FLUX.1 [dev] Non-Commercial License*; a model
+fine-tuned from them is a derivative under the same terms. :func:`base_model_record` records the
+base model and its licence pointer next to every exported model.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from g2rpo.errors import G2RPOError
+
+__all__ = [
+    "ALL_COMPONENTS",
+    "FLUX_DEV_LICENCE",
+    "FLUX_DEV_LICENCE_URL",
+    "TRAINING_COMPONENTS",
+    "TEXT_COMPONENTS",
+    "base_model_record",
+    "check_model_dir",
+    "load_pipeline",
+    "load_text_encoder",
+    "load_transformer",
+    "load_vae",
+    "resolve_model_location",
+]
+
+FLUX_DEV_LICENCE = "FLUX.1 [dev] Non-Commercial License"
+FLUX_DEV_LICENCE_URL = "https://huggingface.co/black-forest-labs/FLUX.1-dev/blob/main/LICENSE.md"
+
+# component -> (kind, config file)
+_COMPONENTS: dict[str, tuple[str, str]] = {
+    "transformer": ("model", "config.json"),
+    "vae": ("model", "config.json"),
+    "text_encoder": ("model", "config.json"),
+    "text_encoder_2": ("model", "config.json"),
+    "tokenizer": ("tokenizer", "tokenizer_config.json"),
+    "tokenizer_2": ("tokenizer", "tokenizer_config.json"),
+    "scheduler": ("scheduler", "scheduler_config.json"),
+}
+ALL_COMPONENTS: tuple[str, ...] = tuple(_COMPONENTS)
+TRAINING_COMPONENTS: tuple[str, ...] = ("transformer", "vae", "scheduler")
+TEXT_COMPONENTS: tuple[str, ...] = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2")
+
+_FIX_DOWNLOAD = (
+    "download the complete model again (e.g. `huggingface-cli download black-forest-labs/FLUX.1-dev "
+    "--local-dir DIR`), or make a tiny one with `g2rpo model init-tiny --output DIR`"
+)
+
+
+# --------------------------------------------------------------------------- locations
+
+
+def resolve_model_location(location: str | Path, cache_dir: str | Path | None = None) -> Path:
+    """A local directory for ``location`` (a path, ``file://`` URI or ``s3://`` URI).
+
+    ``s3://`` locations are fetched once into ``cache_dir`` through the storage layer and verified
+    against their manifest; a local path is returned as is (checked by :func:`check_model_dir`).
+    """
+    text = str(location)
+    if text.startswith("s3://"):
+        return _fetch_s3_model(text, cache_dir)
+    if text.startswith("file://"):
+        text = text[len("file://") :]
+    if "://" in text:
+        raise G2RPOError(
+            f"model location {text!r}: unsupported scheme; use a local directory, file://PATH or s3://BUCKET/PREFIX"
+        )
+    return Path(text).expanduser()
+
+
+def _fetch_s3_model(uri: str, cache_dir: str | Path | None) -> Path:
+    """Download a published model directory once (``g2rpo.manifest.fetch_to_cache``: sha256-checked,
+    keyed by its manifest's digest) and return the local copy."""
+    from g2rpo.manifest import fetch_to_cache
+
+    return Path(fetch_to_cache(uri, cache_dir=cache_dir))
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def _weights_problems(folder: Path) -> list[str]:
+    """Problems with a model folder's safetensors weights (single file or sharded with an index)."""
+    indexes = sorted(folder.glob("*.safetensors.index.json"))
+    if indexes:
+        problems = []
+        for index in indexes:
+            try:
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            except (OSError, ValueError, KeyError, TypeError):
+                problems.append(f"{index}: unreadable shard index (no 'weight_map'); {_FIX_DOWNLOAD}")
+                continue
+            missing = sorted({name for name in weight_map.values() if not (folder / name).is_file()})
+            if missing:
+                problems.append(f"{folder}: missing weight shard(s) {', '.join(missing)} listed in {index.name}; {_FIX_DOWNLOAD}")
+        return problems
+    if any(folder.glob("*.safetensors")):
+        return []
+    if any(folder.glob("*.bin")):
+        return [f"{folder}: weights are pickled *.bin files; g2rpo loads safetensors only — re-save with save_pretrained(..., safe_serialization=True)"]
+    return [f"{folder}: no weights file (*.safetensors); {_FIX_DOWNLOAD}"]
+
+
+def check_model_dir(path: str | Path, components: Iterable[str] = ALL_COMPONENTS) -> dict[str, Any]:
+    """Check a ``FluxPipeline`` directory for ``components``; return its ``model_index.json``.
+
+    Raises one :class:`G2RPOError` listing every missing or partial piece.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise G2RPOError(f"model directory {str(root)!r} does not exist: {_FIX_DOWNLOAD}")
+    if not root.is_dir():
+        raise G2RPOError(f"model location {str(root)!r} is a file, not a directory in FluxPipeline layout: pass the directory")
+    index_path = root / "model_index.json"
+    if not index_path.is_file():
+        raise G2RPOError(
+            f"model directory {str(root)!r} has no model_index.json, so it is not a saved diffusers pipeline: {_FIX_DOWNLOAD}"
+        )
+    try:
+        index = json.loads(index_path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise G2RPOError(f"{index_path}: not valid JSON ({exc}); {_FIX_DOWNLOAD}") from None
+    problems: list[str] = []
+    for name in components:
+        if name not in _COMPONENTS:
+            raise G2RPOError(f"unknown model component {name!r}: use one of {', '.join(ALL_COMPONENTS)}")
+        kind, config_name = _COMPONENTS[name]
+        entry = index.get(name)
+        if not entry or entry == [None, None]:
+            problems.append(f"{index_path}: no {name!r} component listed; {_FIX_DOWNLOAD}")
+            continue
+        folder = root / name
+        if not folder.is_dir():
+            problems.append(f"{folder}: component folder missing; {_FIX_DOWNLOAD}")
+            continue
+        if not (folder / config_name).is_file():
+            problems.append(f"{folder / config_name}: missing config file; {_FIX_DOWNLOAD}")
+        if kind == "model":
+            problems += _weights_problems(folder)
+        elif kind == "tokenizer":
+            vocab_files = ("tokenizer.json", "vocab.json", "spiece.model")
+            if not any((folder / f).is_file() for f in vocab_files):
+                problems.append(f"{folder}: no vocabulary ({' / '.join(vocab_files)}); {_FIX_DOWNLOAD}")
+    if problems:
+        lines = [f"model directory {str(root)!r} is incomplete ({len(problems)} problem(s)):"]
+        lines += [f"  - {p}" for p in problems]
+        raise G2RPOError("\n".join(lines))
+    return index
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _dtype(dtype: Any) -> Any:
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+             "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in names:
+        raise G2RPOError(f"dtype={dtype!r}: use one of float32, bfloat16, float16")
+    return names[dtype]
+
+
+def load_transformer(location: str | Path, dtype: Any = "bfloat16", cache_dir: str | Path | None = None) -> Any:
+    """``FluxTransformer2DModel`` from ``location``'s ``transformer/`` folder, in ``dtype``."""
+    from diffusers import FluxTransformer2DModel
+
+    root = resolve_model_location(location, cache_dir)
+    check_model_dir(root, ("transformer",))
+    return FluxTransformer2DModel.from_pretrained(root, subfolder="transformer", dtype=_dtype(dtype), local_files_only=True)
+
+
+def load_vae(location: str | Path, dtype: Any = "bfloat16", cache_dir: str | Path | None = None) -> Any:
+    """``AutoencoderKL`` from ``location``'s ``vae/`` folder, in ``dtype``."""
+    from diffusers import AutoencoderKL
+
+    root = resolve_model_location(location, cache_dir)
+    check_model_dir(root, ("vae",))
+    return AutoencoderKL.from_pretrained(root, subfolder="vae", dtype=_dtype(dtype), local_files_only=True)
+
+
+def load_text_encoder(
+    location: str | Path,
+    dtype: Any = "bfloat16",
+    max_sequence_length: int | None = None,
+    cache_dir: str | Path | None = None,
+) -> Any:
+    """A :class:`~g2rpo.models.flux.FluxTextEncoder` (both tokenizers and text encoders)."""
+    from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5TokenizerFast
+
+    from g2rpo.models.flux import FluxTextEncoder
+
+    root = resolve_model_location(location, cache_dir)
+    check_model_dir(root, TEXT_COMPONENTS)
+    dt = _dtype(dtype)
+    return FluxTextEncoder(
+        CLIPTokenizer.from_pretrained(root, subfolder="tokenizer", local_files_only=True),
+        CLIPTextModel.from_pretrained(root, subfolder="text_encoder", dtype=dt, local_files_only=True).eval(),
+        T5TokenizerFast.from_pretrained(root, subfolder="tokenizer_2", local_files_only=True),
+        T5EncoderModel.from_pretrained(root, subfolder="text_encoder_2", dtype=dt, local_files_only=True).eval(),
+        max_sequence_length=max_sequence_length,
+    )
+
+
+def load_pipeline(location: str | Path, dtype: Any = "bfloat16", cache_dir: str | Path | None = None) -> Any:
+    """The whole ``FluxPipeline`` (for evaluation and parity checks)."""
+    from diffusers import FluxPipeline
+
+    root = resolve_model_location(location, cache_dir)
+    check_model_dir(root, ALL_COMPONENTS)
+    return FluxPipeline.from_pretrained(root, dtype=_dtype(dtype), local_files_only=True)
+
+
+# --------------------------------------------------------------------------- provenance
+
+
+def base_model_record(location: str | Path, cache_dir: str | Path | None = None) -> dict[str, Any]:
+    """Provenance of a base model, stored next to every exported fine-tune.
+
+    ``{"location", "kind", "licence", "licence_url", "note"}``: the tiny model made by
+    ``g2rpo model init-tiny`` (its ``g2rpo_tiny.json``) is the project's own random weights;
+    anything else is taken to be FLUX.1-dev (or a fine-tune of it), whose licence binds derivatives.
+    """
+    from g2rpo.models.tiny import TINY_MARKER
+
+    root = resolve_model_location(location, cache_dir)
+    marker = root / TINY_MARKER
+    if marker.is_file():
+        info = json.loads(marker.read_text(encoding="utf-8"))
+        return {
+            "location": str(location),
+            "kind": "tiny",
+            "licence": info.get("licence", "random weights made by g2rpo"),
+            "licence_url": None,
+            "note": "tiny random-weight model for tests and demos; not derived from FLUX.1-dev",
+        }
+    local_licence = root / "LICENSE.md"
+    return {
+        "location": str(location),
+        "kind": "flux",
+        "licence": FLUX_DEV_LICENCE,
+        "licence_url": str(local_licence) if local_licence.is_file() else FLUX_DEV_LICENCE_URL,
+        "note": "FLUX.1-dev weights are non-commercial; a model fine-tuned from them is a derivative under the same licence",
+    }
