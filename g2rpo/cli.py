@@ -23,6 +23,7 @@ COMMAND_MODULES: list[str] = [
     "g2rpo.commands.data",
     "g2rpo.commands.storage",
     "g2rpo.commands.registry",
+    "g2rpo.commands.rewards",
 ]
 
 

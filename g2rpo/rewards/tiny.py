@@ -137,7 +137,7 @@ def _clip_byte_vocab() -> tuple[dict[str, int], list[str]]:
     Same construction as CLIP's (GPT-2 byte-to-unicode table, ``</w>`` word ends, the two
     special tokens last); with no merges every word splits into characters, so any prompt encodes.
     """
-    from transformers.models.clip.tokenization_clip import bytes_to_unicode
+    from open_clip.tokenizer import bytes_to_unicode
 
     chars = list(bytes_to_unicode().values())
     tokens = chars + [c + "</w>" for c in chars] + ["<|startoftext|>", "<|endoftext|>"]

@@ -1,0 +1,114 @@
+"""CLIP score: cosine of open_clip image and text embeddings.
+
+Algorithm (Hessel et al. 2021 without their ×2.5 rescale and clipping at 0; the G²RPO / MixGRPO
+training scripts' ``clip_score``): with f_img, f_txt an open_clip model's two towers,
+
+    CLIP(x, y) = <f_img(x) / |f_img(x)|, f_txt(y) / |f_txt(y)|>   (≈ 0.2–0.4 on real images).
+
+Weights: by default the reference scripts' model, Apple's DFN5B CLIP ViT-H-14 (384 px), which the
+scripts load with ``open_clip.create_model_from_pretrained('local-dir:<folder>')``: a folder with
+``open_clip_config.json`` (``model_cfg`` + ``preprocess_cfg``) and the weights
+(``open_clip_model.safetensors`` or ``open_clip_pytorch_model.bin``, as on the Hub). Any other
+open_clip architecture loads from a folder of that layout (:meth:`CLIPScore.from_local_dir`) or
+from a bare state-dict file plus a built-in ``arch`` name (:meth:`CLIPScore.from_checkpoint`).
+``.bin`` files are read with ``torch.load(weights_only=True)``; loading is strict.
+
+Preprocessing reproduced: open_clip's eval transform from the folder's ``preprocess_cfg``
+(``resize_mode`` 'shortest' = shorter side to ``size`` + center crop, or 'squash'; the
+interpolation; mean/std), batched in torch. open_clip resizes a PIL image; the torch kernel is
+the identity at the model's resolution (docs/rewards.md: tolerance otherwise). Tokenizer: the
+model's own (``open_clip.get_tokenizer``), which for DFN5B is the same ``SimpleTokenizer``
+the reference scripts use.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from g2rpo.errors import G2RPOError, problem
+from g2rpo.rewards.base import RewardModel, load_weights_only, require_dir, require_file
+from g2rpo.rewards.openclip_loading import (
+    OpenClipConfig,
+    build_open_clip,
+    load_open_clip_state_dict,
+    open_clip_preprocess,
+)
+
+__all__ = ["CLIPScore", "load_open_clip_weights", "find_open_clip_weights", "DEFAULT_CLIP_ARCH"]
+
+# What the reference scripts load: hf-hub:apple/DFN5B-CLIP-ViT-H-14-384, here from a local folder.
+DEFAULT_CLIP_ARCH = "apple/DFN5B-CLIP-ViT-H-14-384 (local-dir)"
+_WEIGHT_NAMES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+
+
+def find_open_clip_weights(field: str, folder: Path) -> Path:
+    for name in _WEIGHT_NAMES:
+        if (folder / name).is_file():
+            return folder / name
+    raise G2RPOError(problem(field, str(folder), f"holds no weights; expected one of {list(_WEIGHT_NAMES)}"))
+
+
+def load_open_clip_weights(field: str, path: Path) -> dict[str, torch.Tensor]:
+    """A state dict from ``.safetensors`` or a tensors-only torch file (``weights_only=True``)."""
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path))
+        except Exception as exc:  # noqa: BLE001
+            raise G2RPOError(problem(field, str(path), f"is not a readable safetensors file ({exc})")) from None
+    state = load_weights_only(field, path)
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    return state  # type: ignore[return-value]
+
+
+class CLIPScore(RewardModel):
+    """Cosine similarity of open_clip embeddings (no logit scale)."""
+
+    name = "clip"
+
+    def __init__(self, model: torch.nn.Module, tokenizer, preprocess_cfg: dict, *, device="cpu", dtype=torch.float32):
+        self.model = model.to(device=device, dtype=dtype).eval()
+        self.tokenizer = tokenizer
+        self.preprocess_cfg = preprocess_cfg
+        self.device = torch.device(device)
+        self.dtype = dtype
+
+    @classmethod
+    def from_local_dir(cls, folder: str | Path, *, device="cpu", dtype=torch.float32) -> CLIPScore:
+        """An open_clip ``local-dir:`` folder (``open_clip_config.json`` + weights)."""
+        field = "clip.weights"
+        path = require_dir(field, folder, "an open_clip folder with open_clip_config.json and weights")
+        require_file(f"{field}/open_clip_config.json", path / "open_clip_config.json", "the folder's open_clip_config.json")
+        weights = find_open_clip_weights(field, path)
+        model, preprocess_cfg, tokenizer = build_open_clip("clip", str(path), path)
+        load_open_clip_state_dict(field, weights, model, load_open_clip_weights(field, weights))
+        return cls(model, tokenizer, preprocess_cfg, device=device, dtype=dtype)
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        checkpoint_path: str | Path,
+        *,
+        arch: str,
+        open_clip_config: OpenClipConfig = None,
+        device="cpu",
+        dtype=torch.float32,
+    ) -> CLIPScore:
+        """A bare open_clip state-dict file for a built-in ``arch`` (or an explicit config)."""
+        field = "clip.weights"
+        path = require_file(field, checkpoint_path, "an open_clip state dict (.bin/.pt/.safetensors)")
+        model, preprocess_cfg, tokenizer = build_open_clip("clip", arch, open_clip_config)
+        load_open_clip_state_dict(field, path, model, load_open_clip_weights(field, path))
+        return cls(model, tokenizer, preprocess_cfg, device=device, dtype=dtype)
+
+    def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        x = images.to(device=self.device, dtype=torch.float32)
+        x = open_clip_preprocess(x, self.preprocess_cfg).to(self.dtype)  # [B, 3, S, S]
+        tokens = self.tokenizer(prompts).to(self.device)  # [B, L]
+        image_features = self.model.encode_image(x, normalize=True)  # [B, D]
+        text_features = self.model.encode_text(tokens, normalize=True)  # [B, D]
+        return (image_features * text_features).sum(dim=-1)  # [B]

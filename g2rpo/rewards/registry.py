@@ -1,0 +1,263 @@
+"""Reward heads by name, and building them from config.
+
+:data:`REWARDS` maps each registered name to a :class:`RewardSpec`: a one-line summary, what it
+needs (files, keys), which config keys it reads, and a builder. :func:`build_reward` turns a
+:class:`~g2rpo.rewards.config.RewardModelConfig` (or just a name, for weight-free heads) into a
+:class:`~g2rpo.rewards.base.RewardModel`; an unknown name is a
+:class:`~g2rpo.errors.G2RPOError` listing the valid ones. Heavy imports happen in the builders.
+
+Weights locations: a local path, or ``s3://bucket/prefix`` naming an artifact published with a
+manifest (:func:`g2rpo.manifest.fetch_to_cache` downloads it once, verifying every sha256, and
+returns the cached folder). When a head wants a file and the location is a folder (always the
+case for ``s3://``), the file is looked up in it by its published name (``HPS_v2.1_compressed.pt``,
+``ImageReward.pt``, ...), and an ImageReward folder may also carry ``med_config.json`` and
+``tokenizer/``.
+
+:func:`score_batched` scores with a model's batch size and reports NaN/inf by reward name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from g2rpo.errors import G2RPOError, problem
+from g2rpo.rewards.base import RewardModel, check_finite
+
+__all__ = ["RewardSpec", "REWARDS", "reward_names", "get_spec", "build_reward", "resolve_location", "score_batched"]
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    name: str
+    summary: str
+    needs: str  # what the head needs, in words (printed by `g2rpo rewards list`)
+    keys: tuple[str, ...]  # optional config keys the head reads
+    required: tuple[str, ...]  # keys that must be set to build it
+    scale: str  # the native scale, in words
+    build: Callable[..., RewardModel]
+
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_location(field: str, location: str, cache_dir: str | None = None) -> Path:
+    """A local path for a weights location (``s3://`` artifacts are fetched into the cache)."""
+    if location.startswith("s3://"):
+        try:
+            from g2rpo.manifest import fetch_to_cache
+        except ImportError:  # pragma: no cover - the storage layer ships with the package
+            raise G2RPOError(problem(field, location, "s3:// needs g2rpo.manifest (the storage layer); use a local path")) from None
+        return Path(fetch_to_cache(location, cache_dir=cache_dir))
+    if location.startswith("file://"):
+        location = location[len("file://"):]
+    path = Path(location).expanduser()
+    if not path.exists():
+        raise G2RPOError(problem(field, location, "does not exist; give a local path or an s3://bucket/prefix artifact"))
+    return path
+
+
+def _file_in(field: str, path: Path, name: str) -> Path:
+    """``path`` itself if it is a file, else ``path/name``."""
+    if path.is_dir():
+        candidate = path / name
+        if not candidate.is_file():
+            raise G2RPOError(problem(field, str(path), f"is a folder without {name}; point at the file or add it"))
+        return candidate
+    return path
+
+
+def _optional(cfg, key: str, folder: Path | None, default_name: str | None) -> Path | str | None:
+    value = getattr(cfg, key, None)
+    if value is not None:
+        return Path(value).expanduser()
+    if folder is not None and folder.is_dir() and default_name and (folder / default_name).exists():
+        return folder / default_name
+    return None
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _build_hps(cfg, device, dtype, cache_dir):
+    from g2rpo.rewards.hps import HPSv21
+
+    loc = resolve_location("hps_v21.weights", cfg.weights, cache_dir)
+    checkpoint = _file_in("hps_v21.weights", loc, "HPS_v2.1_compressed.pt")
+    oc_config = _optional(cfg, "arch_config", loc, "open_clip_config.json")
+    return HPSv21.from_checkpoint(
+        checkpoint, arch=getattr(cfg, "arch", None) or "ViT-H-14", open_clip_config=oc_config, device=device, dtype=dtype
+    )
+
+
+def _build_clip(cfg, device, dtype, cache_dir):
+    from g2rpo.rewards.clip_score import CLIPScore
+
+    loc = resolve_location("clip.weights", cfg.weights, cache_dir)
+    if loc.is_dir():
+        return CLIPScore.from_local_dir(loc, device=device, dtype=dtype)
+    arch = getattr(cfg, "arch", None)
+    oc_config = getattr(cfg, "arch_config", None)
+    if arch is None and oc_config is None:
+        raise G2RPOError(problem("clip.arch", None, "a bare state-dict file needs its open_clip architecture: set arch (e.g. ViT-H-14)"))
+    return CLIPScore.from_checkpoint(loc, arch=arch or "custom", open_clip_config=oc_config, device=device, dtype=dtype)
+
+
+def _build_pickscore(cfg, device, dtype, cache_dir):
+    from g2rpo.rewards.pickscore import PickScore
+
+    loc = resolve_location("pickscore.weights", cfg.weights, cache_dir)
+    processor = getattr(cfg, "tokenizer", None)
+    if processor is not None:
+        processor = resolve_location("pickscore.tokenizer", processor, cache_dir)
+    elif (loc / "processor").is_dir():
+        processor = loc / "processor"
+    return PickScore.from_pretrained_dir(loc, processor_dir=processor, device=device, dtype=dtype)
+
+
+def _build_image_reward(cfg, device, dtype, cache_dir):
+    from g2rpo.rewards.image_reward import ImageReward
+
+    loc = resolve_location("image_reward.weights", cfg.weights, cache_dir)
+    checkpoint = _file_in("image_reward.weights", loc, "ImageReward.pt")
+    folder = loc if loc.is_dir() else loc.parent
+    med = _optional(cfg, "arch_config", folder, "med_config.json")
+    tokenizer = _optional(cfg, "tokenizer", folder, "tokenizer")
+    vision = _optional(cfg, "vision_config", folder, "vision_config.json")
+    if med is None:
+        raise G2RPOError(problem("image_reward.arch_config", None, "set it to BLIP's med_config.json (or put one next to the weights)"))
+    if tokenizer is None:
+        raise G2RPOError(problem("image_reward.tokenizer", None, "set it to a folder with bert-base-uncased's vocab.txt (or add tokenizer/ next to the weights)"))
+    return ImageReward.from_checkpoint(
+        checkpoint, med_config=med, vision_config=vision, tokenizer_dir=tokenizer, device=device, dtype=dtype
+    )
+
+
+def _build_aesthetic(cfg, device, dtype, cache_dir):
+    from g2rpo.rewards.aesthetic import Aesthetic
+
+    loc = resolve_location("aesthetic.weights", cfg.weights, cache_dir)
+    mlp = _file_in("aesthetic.weights", loc, "sac+logos+ava1-l14-linearMSE.pth")
+    backbone = getattr(cfg, "backbone", None)
+    if backbone is None:
+        raise G2RPOError(problem("aesthetic.backbone", None, "set it to an open_clip ViT-L/14 (OpenAI) folder"))
+    backbone_path = resolve_location("aesthetic.backbone", backbone, cache_dir)
+    if backbone_path.is_dir():
+        return Aesthetic.from_files(mlp, clip_dir=backbone_path, device=device, dtype=dtype)
+    arch = getattr(cfg, "arch", None) or "ViT-L-14-quickgelu"
+    return Aesthetic.from_files(mlp, clip_checkpoint=backbone_path, arch=arch, device=device, dtype=dtype)
+
+
+def _build_jpeg(cfg, device, dtype, cache_dir):
+    from g2rpo.rewards.jpeg import JPEGCompressibility
+
+    return JPEGCompressibility()
+
+
+def _build_sharpness(cfg, device, dtype, cache_dir):
+    from g2rpo.rewards.quality import Sharpness
+
+    return Sharpness()
+
+
+def _build_total_variation(cfg, device, dtype, cache_dir):
+    from g2rpo.rewards.quality import TotalVariation
+
+    return TotalVariation()
+
+
+REWARDS: dict[str, RewardSpec] = {
+    spec.name: spec
+    for spec in [
+        RewardSpec(
+            "hps_v21", "HPS-v2.1: cosine of open_clip ViT-H-14 embeddings fine-tuned on human preferences",
+            "weights: HPS_v2.1_compressed.pt (a file, or a folder/artifact holding it); optional arch (ViT-H-14), arch_config",
+            ("weights", "arch", "arch_config"), ("weights",), "≈ 0.2–0.35", _build_hps,
+        ),
+        RewardSpec(
+            "clip", "CLIP score: cosine of open_clip embeddings (default Apple DFN5B CLIP ViT-H-14-384)",
+            "weights: open_clip local-dir folder (open_clip_config.json + weights), or a state dict + arch/arch_config",
+            ("weights", "arch", "arch_config"), ("weights",), "≈ 0.2–0.4", _build_clip,
+        ),
+        RewardSpec(
+            "pickscore", "PickScore: logit scale · cosine of transformers CLIP ViT-H-14 embeddings",
+            "weights: transformers CLIPModel folder; tokenizer: CLIP processor folder (else weights/ or weights/processor/)",
+            ("weights", "tokenizer"), ("weights",), "≈ 18–23", _build_pickscore,
+        ),
+        RewardSpec(
+            "image_reward", "ImageReward: BLIP image-grounded text encoder + MLP, standardised",
+            "weights: ImageReward.pt; arch_config: med_config.json; tokenizer: folder with vocab.txt (both may sit next to the weights)",
+            ("weights", "arch_config", "vision_config", "tokenizer"), ("weights",), "≈ N(0, 1)", _build_image_reward,
+        ),
+        RewardSpec(
+            "aesthetic", "LAION aesthetic predictor: MLP on CLIP ViT-L/14 image embeddings (prompt unused)",
+            "weights: sac+logos+ava1-l14-linearMSE.pth; backbone: open_clip ViT-L/14 (OpenAI) folder or state dict",
+            ("weights", "backbone", "arch"), ("weights", "backbone"), "≈ 1–10", _build_aesthetic,
+        ),
+        RewardSpec(
+            "jpeg_compressibility", "negative JPEG size at quality 95, bits per pixel (weight-free, exact)",
+            "nothing (weight-free)", (), (), "≈ −1 (flat) to −15 (noise)", _build_jpeg,
+        ),
+        RewardSpec(
+            "sharpness", "no-reference sharpness: variance of the Laplacian of luma (weight-free)",
+            "nothing (weight-free)", (), (), "≥ 0; 0 for flat images", _build_sharpness,
+        ),
+        RewardSpec(
+            "total_variation", "negative mean total variation, rewards smooth images (weight-free regulariser)",
+            "nothing (weight-free)", (), (), "−1 to 0; 0 for flat images", _build_total_variation,
+        ),
+    ]
+}
+
+
+def reward_names() -> list[str]:
+    return sorted(REWARDS)
+
+
+def get_spec(name: str) -> RewardSpec:
+    if name not in REWARDS:
+        raise G2RPOError(problem("reward", name, f"unknown reward; valid names: {', '.join(reward_names())}"))
+    return REWARDS[name]
+
+
+def build_reward(
+    spec_or_name,
+    *,
+    device: str | torch.device = "cpu",
+    dtype: torch.dtype | str | None = None,
+    cache_dir: str | None = None,
+) -> RewardModel:
+    """Build a reward head from a config entry (anything with ``.name`` and the optional keys of
+    :class:`~g2rpo.rewards.config.RewardModelConfig`) or from a bare name (weight-free heads)."""
+    if isinstance(spec_or_name, str):
+        from types import SimpleNamespace
+
+        cfg = SimpleNamespace(name=spec_or_name, weights=None)
+    else:
+        cfg = spec_or_name
+    spec = get_spec(cfg.name)
+    for key in spec.required:
+        if getattr(cfg, key, None) is None:
+            raise G2RPOError(problem(f"{cfg.name}.{key}", None, f"'{cfg.name}' needs {spec.needs}"))
+    if dtype is None:
+        dtype = getattr(cfg, "dtype", "float32")
+    if isinstance(dtype, str):
+        dtype = _DTYPES[dtype]
+    return spec.build(cfg, torch.device(device), dtype, cache_dir)
+
+
+def score_batched(model: RewardModel, images: torch.Tensor, prompts: Sequence[str], batch_size: int) -> torch.Tensor:
+    """``model.score`` over slices of ``batch_size``; ``[N]`` float32 on the CPU.
+
+    Raises :class:`G2RPOError` naming the reward and the count when any score is NaN/inf.
+    """
+    if len(prompts) != images.shape[0]:
+        raise G2RPOError(problem(f"{model.name}.prompts", f"{len(prompts)} prompts for {images.shape[0]} images", "pass one prompt per image"))
+    parts = [
+        model.score(images[i : i + batch_size], list(prompts[i : i + batch_size])).float().cpu()
+        for i in range(0, images.shape[0], batch_size)
+    ]
+    return check_finite(model.name, torch.cat(parts))
