@@ -14,6 +14,8 @@ import socket
 
 import pytest
 
+pytest_plugins = ["tests.s3server"]
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

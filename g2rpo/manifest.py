@@ -1,0 +1,445 @@
+"""Artifact manifests: atomic publish, verified download, a digest-keyed cache, and GC.
+
+An *artifact* is every object under one prefix (a checkpoint, an exported model, an embedding
+cache, an eval report). It counts as present only when ``<prefix>/manifest.json`` exists:
+
+    {"schema_version": 1, "producer": "g2rpo.trainer 0.1.0", "config_hash": "3f2a...",
+     "created_at": "2026-11-29T15:00:00Z", "metadata": {...},
+     "files": [{"path": "transformer/model.safetensors", "size": 123, "sha256": "..."}, ...]}
+
+Publishing (:func:`publish_dir`) is atomic without copies (S3 has no rename):
+
+1. write ``_publishing.json`` (a marker naming the producer; it makes the prefix visible to GC),
+2. upload every file under the artifact's own prefix (multipart when big),
+3. write ``manifest.json`` *last*, create-only (``If-None-Match: *``): an artifact is never
+   overwritten, and two writers racing for one prefix cannot both publish,
+4. remove the marker.
+
+Readers trust only prefixes with a manifest and check every file's sha256 when they download
+(:func:`download_dir`, :func:`fetch_to_cache`). :func:`gc` deletes prefixes that have a marker but
+no manifest and have not been written to for a given age (a crashed or killed upload), never a
+prefix that holds or is held by a protected URI (the registry's champion).
+
+Use :func:`unique_prefix` to give each publish its own prefix (``name-20261129T150000Z-1a2b3c4d``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from g2rpo import __version__
+from g2rpo.errors import G2RPOError, problem
+from g2rpo.storage import (
+    FileStore,
+    ObjectNotFound,
+    S3Settings,
+    Store,
+    WriteConflict,
+    open_store,
+    sha256_file,
+    validate_key,
+)
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "MANIFEST_NAME",
+    "MARKER_NAME",
+    "FileEntry",
+    "Manifest",
+    "scan_dir",
+    "write_manifest",
+    "read_manifest",
+    "has_manifest",
+    "verify",
+    "publish_dir",
+    "download_dir",
+    "fetch_to_cache",
+    "default_cache_dir",
+    "unique_prefix",
+    "parse_duration",
+    "gc",
+    "GcReport",
+]
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+MARKER_NAME = "_publishing.json"
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+class FileEntry(BaseModel):
+    """One file of an artifact: its key relative to the artifact's prefix, size and sha256."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str = Field(description="key relative to the artifact prefix, '/'-separated")
+    size: int = Field(ge=0, description="bytes")
+    sha256: str = Field(pattern=_SHA256.pattern, description="hex sha256 of the content")
+
+
+class Manifest(BaseModel):
+    """What an artifact holds and who made it. Written last; its presence means 'complete'."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    schema_version: int = Field(SCHEMA_VERSION, description="manifest format version")
+    producer: str = Field(description="what wrote the artifact, e.g. 'g2rpo.trainer 0.1.0'")
+    config_hash: str | None = Field(None, description="g2rpo.config.config_hash of the producing config")
+    created_at: str = Field(description="UTC time of publishing, ISO 8601")
+    files: list[FileEntry] = Field(description="every file of the artifact (the manifest itself excluded)")
+    metadata: dict = Field(default_factory=dict, description="free-form, JSON-serialisable extras")
+
+    def to_bytes(self) -> bytes:
+        return (json.dumps(self.model_dump(mode="json"), indent=1, sort_keys=True) + "\n").encode()
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def _now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _iso(t: datetime) -> str:
+    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def unique_prefix(name: str) -> str:
+    """``name-<UTC timestamp>-<8 hex>``: a fresh prefix per publish (no two writers share one)."""
+    validate_key(name, field="name")
+    return f"{name}-{_now():%Y%m%dT%H%M%SZ}-{secrets.token_hex(4)}"
+
+
+# --------------------------------------------------------------------------- writing
+
+
+def scan_dir(local_dir: str | Path) -> list[FileEntry]:
+    """A :class:`FileEntry` for every regular file under ``local_dir`` (sorted, digests computed)."""
+    root = Path(local_dir)
+    if not root.is_dir():
+        raise G2RPOError(problem("local_dir", str(local_dir), "not a directory; pass the folder to publish"))
+    entries = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        rel = path.relative_to(root).as_posix()
+        if rel == MANIFEST_NAME or rel == MARKER_NAME:
+            raise G2RPOError(problem("local_dir", str(path), f"{rel!r} is reserved for g2rpo; rename the file"))
+        validate_key(rel, field="file")
+        size, digest = sha256_file(path)
+        entries.append(FileEntry(path=rel, size=size, sha256=digest))
+    if not entries:
+        raise G2RPOError(problem("local_dir", str(local_dir), "is empty; there is nothing to publish"))
+    return entries
+
+
+def write_manifest(
+    store: Store,
+    prefix: str,
+    files: list[FileEntry],
+    producer: str,
+    config_hash: str | None = None,
+    metadata: dict | None = None,
+) -> Manifest:
+    """Write ``<prefix>/manifest.json`` create-only; raises if the artifact already has one."""
+    manifest = Manifest(
+        producer=producer, config_hash=config_hash, created_at=_iso(_now()), files=files, metadata=metadata or {}
+    )
+    key = f"{prefix}/{MANIFEST_NAME}" if prefix else MANIFEST_NAME
+    try:
+        store.put_bytes(key, manifest.to_bytes(), if_none_match=True)
+    except WriteConflict:
+        raise G2RPOError(
+            f"{store.uri_for(prefix)} is already published (it has a {MANIFEST_NAME}); artifacts are immutable: "
+            "publish under a new prefix (see unique_prefix)"
+        ) from None
+    return manifest
+
+
+def _manifest_key(prefix: str) -> str:
+    return f"{prefix}/{MANIFEST_NAME}" if prefix else MANIFEST_NAME
+
+
+def parse_manifest(data: bytes, where: str) -> Manifest:
+    try:
+        raw = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise G2RPOError(f"{where} is not valid JSON ({exc}); the artifact is corrupt: republish it") from None
+    version = raw.get("schema_version") if isinstance(raw, dict) else None
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        raise G2RPOError(
+            f"{where} has schema_version {version}, newer than this g2rpo reads ({SCHEMA_VERSION}): upgrade g2rpo"
+        )
+    try:
+        return Manifest.model_validate(raw)
+    except ValidationError as exc:
+        raise G2RPOError(f"{where} is not a valid manifest: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}") from None
+
+
+def read_manifest(store: Store, prefix: str = "") -> Manifest:
+    """The manifest of the artifact at ``prefix``; raises if the artifact is absent or incomplete."""
+    try:
+        data, _ = store.get_bytes(_manifest_key(prefix))
+    except ObjectNotFound:
+        raise G2RPOError(
+            f"{store.uri_for(prefix)} has no {MANIFEST_NAME}: the artifact is absent or its upload never finished; "
+            "check the URI or publish it again"
+        ) from None
+    return parse_manifest(data, store.uri_for(_manifest_key(prefix)))
+
+
+def has_manifest(store: Store, prefix: str = "") -> bool:
+    return store.exists(_manifest_key(prefix))
+
+
+def verify(store: Store, prefix: str = "", deep: bool = False) -> Manifest:
+    """Check that every file of the manifest is there with its size (``deep``: and its sha256).
+
+    Raises a G2RPOError listing every mismatch at once.
+    """
+    manifest = read_manifest(store, prefix)
+    problems = []
+    for entry in manifest.files:
+        key = f"{prefix}/{entry.path}" if prefix else entry.path
+        info = store.head(key)
+        if info is None:
+            problems.append(f"{entry.path}: missing")
+            continue
+        if info.size != entry.size:
+            problems.append(f"{entry.path}: size {info.size}, manifest says {entry.size}")
+            continue
+        if deep:
+            digest = _digest_of(store, key)
+            if digest != entry.sha256:
+                problems.append(f"{entry.path}: sha256 {digest[:12]}…, manifest says {entry.sha256[:12]}…")
+    if problems:
+        raise G2RPOError(f"{store.uri_for(prefix)} does not match its manifest:\n  - " + "\n  - ".join(problems))
+    return manifest
+
+
+def _digest_of(store: Store, key: str) -> str:
+    if isinstance(store, FileStore):
+        return sha256_file(store.root / key)[1]
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        store.get_file(key, Path(tmp) / "blob")
+        return sha256_file(Path(tmp) / "blob")[1]
+
+
+def publish_dir(
+    local_dir: str | Path,
+    uri: str,
+    *,
+    producer: str = f"g2rpo {__version__}",
+    config_hash: str | None = None,
+    metadata: dict | None = None,
+    settings: S3Settings | None = None,
+) -> Manifest:
+    """Upload every file of ``local_dir`` under ``uri`` and publish it (manifest last).
+
+    ``uri`` must not hold a published artifact already. On any failure the prefix stays without a
+    manifest, so no reader sees it, and :func:`gc` removes it later; calling again with the same
+    ``uri`` re-uploads and publishes.
+    """
+    files = scan_dir(local_dir)
+    store = open_store(uri, settings)
+    if has_manifest(store):
+        raise G2RPOError(
+            f"{store.uri} is already published; artifacts are immutable: publish under a new prefix (unique_prefix)"
+        )
+    marker = {"producer": producer, "started_at": _iso(_now()), "pid": os.getpid()}
+    store.put_bytes(MARKER_NAME, json.dumps(marker).encode())
+    root = Path(local_dir)
+    try:
+        for entry in files:
+            store.put_file(entry.path, root / entry.path)
+    except G2RPOError as exc:
+        raise G2RPOError(
+            f"{exc}\nnothing was published at {store.uri} (no {MANIFEST_NAME}); run the same publish again to "
+            "retry (`g2rpo storage gc` removes abandoned partial uploads)"
+        ) from None
+    manifest = write_manifest(store, "", files, producer, config_hash, metadata)
+    store.delete(MARKER_NAME)
+    return manifest
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def download_dir(uri: str, local_dir: str | Path, settings: S3Settings | None = None) -> Manifest:
+    """Download a published artifact into ``local_dir`` and check every file's size and sha256.
+
+    Files are written to a temp folder beside ``local_dir`` and moved in when all are verified, so
+    ``local_dir`` never holds a partial artifact. ``local_dir`` must not exist yet.
+    """
+    store = open_store(uri, settings)
+    manifest = read_manifest(store)
+    dest = Path(local_dir)
+    if dest.exists():
+        raise G2RPOError(problem("local_dir", str(dest), "already exists; choose a new folder or remove it"))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = dest.parent / f".g2rpo-dl-{dest.name}-{secrets.token_hex(4)}"
+    try:
+        _download_verified(store, manifest, staging)
+        (staging / MANIFEST_NAME).write_bytes(manifest.to_bytes())
+        os.replace(staging, dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def _download_verified(store: Store, manifest: Manifest, staging: Path) -> None:
+    for entry in manifest.files:
+        target = staging / entry.path
+        store.get_file(entry.path, target)
+        size, digest = sha256_file(target)
+        if size != entry.size or digest != entry.sha256:
+            raise G2RPOError(
+                f"{store.uri_for(entry.path)}: downloaded {size} bytes with sha256 {digest[:12]}…, the manifest says "
+                f"{entry.size} bytes with sha256 {entry.sha256[:12]}…; the artifact was changed after publishing: "
+                "republish it"
+            )
+
+
+def default_cache_dir() -> Path:
+    """``$G2RPO_CACHE_DIR`` or ``~/.cache/g2rpo``."""
+    return Path(os.environ.get("G2RPO_CACHE_DIR") or Path.home() / ".cache" / "g2rpo").expanduser()
+
+
+def fetch_to_cache(uri: str, cache_dir: str | Path | None = None, settings: S3Settings | None = None) -> Path:
+    """A local folder holding the published artifact at ``uri``, downloaded at most once.
+
+    The cache is keyed by the sha256 of the manifest (which pins every file's digest):
+    ``<cache_dir>/artifacts/<manifest sha256>/``. A hit is returned without network traffic beyond
+    reading the manifest; a miss downloads into a temp folder, verifies every sha256 and renames
+    it into place (so concurrent fetches cannot leave a half-filled entry). Local artifacts
+    (``file://`` and plain paths) are returned in place after checking their manifest and sizes.
+    """
+    import hashlib
+
+    store = open_store(uri, settings)
+    if isinstance(store, FileStore):
+        verify(store)
+        return store.root
+    data, _ = _get_manifest_bytes(store)
+    manifest = parse_manifest(data, store.uri_for(MANIFEST_NAME))
+    digest = hashlib.sha256(data).hexdigest()
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    entry = root / "artifacts" / digest
+    if (entry / MANIFEST_NAME).is_file():
+        return entry
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    staging = entry.parent / f".g2rpo-dl-{digest[:16]}-{secrets.token_hex(4)}"
+    try:
+        _download_verified(store, manifest, staging)
+        (staging / MANIFEST_NAME).write_bytes(data)  # written last: marks the entry complete
+        try:
+            os.replace(staging, entry)
+        except OSError:
+            if not (entry / MANIFEST_NAME).is_file():  # lost a race to an identical download: fine
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return entry
+
+
+def _get_manifest_bytes(store: Store) -> tuple[bytes, str]:
+    try:
+        return store.get_bytes(MANIFEST_NAME)
+    except ObjectNotFound:
+        raise G2RPOError(
+            f"{store.uri} has no {MANIFEST_NAME}: the artifact is absent or its upload never finished; "
+            "check the URI or publish it again"
+        ) from None
+
+
+# --------------------------------------------------------------------------- garbage collection
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+_UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str, field: str = "--older-than") -> timedelta:
+    """``'90s' | '30m' | '12h' | '7d' | '2w'`` → timedelta."""
+    match = _DURATION.match(str(text))
+    if not match:
+        raise G2RPOError(problem(field, text, "write a number and a unit: 90s, 30m, 12h, 7d or 2w"))
+    return timedelta(seconds=float(match.group(1)) * _UNIT_SECONDS[match.group(2)])
+
+
+@dataclass
+class GcReport:
+    """What :func:`gc` found: incomplete prefixes removed (or that would be), and those kept."""
+
+    removed: list[str] = field(default_factory=list)
+    kept_recent: list[str] = field(default_factory=list)
+    kept_protected: list[str] = field(default_factory=list)
+    bytes_freed: int = 0
+
+
+def _related(a: str, b: str) -> bool:
+    """True when one key prefix equals or contains the other."""
+    return a == b or a.startswith(b + "/") or b.startswith(a + "/") or a == "" or b == ""
+
+
+def gc(
+    uri: str,
+    older_than: timedelta,
+    *,
+    protected: list[str] = (),
+    dry_run: bool = False,
+    now: datetime | None = None,
+    settings: S3Settings | None = None,
+) -> GcReport:
+    """Delete unpublished artifact prefixes under ``uri`` whose newest object is older than ``older_than``.
+
+    An unpublished prefix has the publish marker but no manifest. ``protected`` URIs (e.g. the
+    registry's champions) are never touched, nor any prefix that contains or lies inside one.
+    Published artifacts and objects outside artifact prefixes are never deleted.
+    """
+    if older_than < timedelta(0):
+        raise G2RPOError(problem("older_than", str(older_than), "must not be negative"))
+    store = open_store(uri, settings)
+    now = now or _now()
+    protected_keys = []
+    for p in protected:
+        p = open_store(p, settings).uri  # plain paths and file:// URIs compare alike
+        if p == store.uri or p.startswith(store.uri.rstrip("/") + "/"):
+            protected_keys.append(p[len(store.uri) :].strip("/"))
+        elif store.uri.startswith(p.rstrip("/") + "/"):
+            protected_keys.append("")  # the whole GC root lies inside a protected artifact
+    objects = store.list()
+    prefixes = sorted(
+        {o.key[: -len(MARKER_NAME)].rstrip("/") for o in objects if o.key.rsplit("/", 1)[-1] == MARKER_NAME}
+    )
+    published = {o.key[: -len(MANIFEST_NAME)].rstrip("/") for o in objects if o.key.rsplit("/", 1)[-1] == MANIFEST_NAME}
+    report = GcReport()
+    for prefix in prefixes:
+        if prefix in published:
+            continue  # finished but the marker's removal failed: a published artifact
+        members = [o for o in objects if prefix == "" or o.key.startswith(prefix + "/")]
+        # Keep everything that belongs to a published artifact nested below (never expected, but safe).
+        members = [o for o in members if not any(_related(o.key, p) and p != prefix for p in published if p)]
+        where = store.uri_for(prefix) if prefix else store.uri
+        if any(_related(prefix, p) for p in protected_keys):
+            report.kept_protected.append(where)
+            continue
+        newest = max(o.modified for o in members)
+        if now - newest < older_than:
+            report.kept_recent.append(where)
+            continue
+        report.removed.append(where)
+        report.bytes_freed += sum(o.size for o in members)
+        if not dry_run:
+            store.delete_many([o.key for o in members])
+    return report

