@@ -43,6 +43,7 @@ __all__ = [
     "check_finite",
     "resize_shortest_center_crop",
     "resize_squash",
+    "resize_longest_pad",
     "normalize",
     "require_file",
     "require_dir",
@@ -184,6 +185,31 @@ def resize_shortest_center_crop(images: torch.Tensor, size: int, *, interpolatio
         images = TF.resize(images, size, interpolation=mode, antialias=True)  # [B, 3, h', w'], min(h', w') = size
     if images.shape[-2:] != (size, size):
         images = TF.center_crop(images, [size, size])
+    return images  # [B, 3, size, size]
+
+
+def resize_longest_pad(images: torch.Tensor, size: int, *, fill: float = 0.0, interpolation: str = "bicubic") -> torch.Tensor:
+    """Resize the *longer* side to ``size`` (aspect kept), then pad to ``size × size`` with ``fill``.
+
+    hpsv2's ``ResizeMaxSize`` (its ``preprocess_val`` under ``light_augmentation=True``, which
+    ``img_score`` uses): scale = size / max(H, W); new sides ``round(H·scale)``, ``round(W·scale)``
+    (Python rounding); torchvision bicubic on the tensor; zero padding split as
+    ``[⌊pw/2⌋ left, ⌊ph/2⌋ top, rest right/bottom]``. hpsv2 skips the padding when the longer
+    side already equals ``size``, handing a non-square tensor to the ViT (which then fails);
+    here such images are padded too.
+    """
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms import functional as TF
+
+    h, w = images.shape[-2:]
+    scale = size / float(max(h, w))
+    if scale != 1.0:
+        new_h, new_w = round(h * scale), round(w * scale)
+        images = TF.resize(images, [new_h, new_w], interpolation=InterpolationMode(interpolation), antialias=True)
+    h, w = images.shape[-2:]
+    pad_h, pad_w = size - h, size - w
+    if pad_h or pad_w:
+        images = TF.pad(images, [pad_w // 2, pad_h // 2, pad_w - pad_w // 2, pad_h - pad_h // 2], fill=fill)
     return images  # [B, 3, size, size]
 
 

@@ -13,11 +13,14 @@ hpsv2 code reads ``checkpoint['state_dict']`` and loads it strictly into
 ``create_model_and_transforms('ViT-H-14', ...)``); it holds only tensors, so it is read with
 ``torch.load(weights_only=True)``. A bare state dict (no ``state_dict`` wrapper) is accepted too.
 
-Preprocessing reproduced (hpsv2 ``image_transform(224, is_train=False)``): ``ToTensor`` then
-torchvision ``Resize(224, BICUBIC)`` on the *tensor* (shorter side, antialiased) and
-``CenterCrop(224)``, then ``Normalize`` with OpenAI CLIP mean/std. Because hpsv2 resizes a tensor,
-not a PIL image, the batched torch path here is the same kernel. Tokenizer: open_clip's
-``SimpleTokenizer`` (context 77) from ``get_tokenizer(arch)``.
+Preprocessing reproduced: hpsv2's ``img_score`` builds its model with
+``light_augmentation=True``, so its ``preprocess_val`` is ``ToTensor`` then ``ResizeMaxSize(224)``:
+the *longer* side is resized to 224 with torchvision bicubic on the *tensor* (antialiased) and
+the shorter side is zero-padded to 224 (centred, extra pixel right/bottom), then ``Normalize``
+with OpenAI CLIP mean/std. Square images therefore get a plain resize; non-square ones are
+letterboxed, not center-cropped. Because hpsv2 resizes a tensor, not a PIL image, the batched
+torch path here (:func:`~g2rpo.rewards.base.resize_longest_pad`) runs the same kernel. Tokenizer:
+open_clip's ``SimpleTokenizer`` (context 77) from ``get_tokenizer(arch)``.
 
 Departures: batched (the reference scores one image at a time); no CUDA autocast (run the head in
 bf16 by passing ``dtype``); the text is tokenized once per batch.
@@ -38,13 +41,8 @@ from pathlib import Path
 
 import torch
 
-from g2rpo.rewards.base import RewardModel, load_weights_only, require_file
-from g2rpo.rewards.openclip_loading import (
-    OpenClipConfig,
-    build_open_clip,
-    load_open_clip_state_dict,
-    open_clip_preprocess,
-)
+from g2rpo.rewards.base import RewardModel, load_weights_only, normalize, require_file, resize_longest_pad
+from g2rpo.rewards.openclip_loading import OpenClipConfig, build_open_clip, load_open_clip_state_dict
 
 __all__ = ["HPSv21"]
 
@@ -80,9 +78,16 @@ class HPSv21(RewardModel):
         load_open_clip_state_dict(field, path, model, state_dict)
         return cls(model, tokenizer, preprocess_cfg, device=device, dtype=dtype)
 
+    def preprocess(self, images: torch.Tensor) -> torch.Tensor:
+        """hpsv2's ``ResizeMaxSize`` + ``Normalize`` on a float batch in [0, 1]."""
+        size = self.preprocess_cfg["size"]
+        size = size if isinstance(size, int) else size[0]
+        x = resize_longest_pad(images, size, fill=0.0, interpolation="bicubic")  # [B, 3, S, S]
+        return normalize(x, self.preprocess_cfg["mean"], self.preprocess_cfg["std"])
+
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         x = images.to(device=self.device, dtype=torch.float32)
-        x = open_clip_preprocess(x, self.preprocess_cfg).to(self.dtype)  # [B, 3, S, S]
+        x = self.preprocess(x).to(self.dtype)  # [B, 3, S, S]
         tokens = self.tokenizer(prompts).to(self.device)  # [B, 77]
         image_features = self.model.encode_image(x, normalize=True)  # [B, D], unit norm
         text_features = self.model.encode_text(tokens, normalize=True)  # [B, D], unit norm
