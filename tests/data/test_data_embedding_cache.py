@@ -1,0 +1,140 @@
+"""The sharded, memory-mapped text-embedding cache, with the tiny model's real text encoders."""
+
+from __future__ import annotations
+
+import json
+import pickle
+
+import pytest
+import torch
+
+from g2rpo.cli import main
+from g2rpo.data import EmbeddingCache, PromptEmbeddingDataset, write_embedding_cache
+from g2rpo.errors import G2RPOError
+
+pytest_plugins = ["tests.tiny_flux_fixture"]
+pytestmark = pytest.mark.integration
+
+PROMPTS = [
+    "a photo of a cat",
+    "a red car in the city at night",
+    "an oil painting of a river",
+    "portrait of an old man",
+    "a small bird on a tree",
+    "snow on the mountain",
+    "digital art of a dragon",
+]
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_flux_dir):
+    from g2rpo.models.loading import load_text_encoder
+
+    return load_text_encoder(tiny_flux_dir, dtype="float32")
+
+
+@pytest.fixture
+def cache_dir(tmp_path, encoder):
+    out = tmp_path / "emb"
+    # 7 prompts, 3 per shard → shards of 3, 3, 1 rows; batches of 2 straddle shard borders
+    write_embedding_cache(out, PROMPTS, encoder, batch_size=2, shard_rows=3, encoder_source="tiny")
+    return out
+
+
+def test_data_cache_round_trip_equals_the_encoders(cache_dir, encoder):
+    manifest = json.loads((cache_dir / "manifest.json").read_text())
+    assert manifest["count"] == 7 and manifest["shards"] == [f"shard-0000{i}.safetensors" for i in range(3)]
+    assert manifest["shapes"] == {"prompt_embeds": [32, 32], "pooled_prompt_embeds": [32]}
+    assert manifest["dtype"] == "float32"
+    cache = EmbeddingCache(cache_dir, verify=True)
+    assert len(cache) == 7 and cache.prompts == PROMPTS and cache.max_sequence_length == 32
+    direct = encoder.encode(PROMPTS)
+    everything = cache.get(range(7))
+    assert torch.equal(everything.prompt_embeds, direct.prompt_embeds)
+    assert torch.equal(everything.pooled_prompt_embeds, direct.pooled_prompt_embeds)
+    # any order, repeats allowed, across shards
+    picked = cache.get(torch.tensor([6, 0, 3, 3]))
+    assert torch.equal(picked.prompt_embeds, direct.prompt_embeds[[6, 0, 3, 3]])
+    assert torch.equal(cache[4].pooled_prompt_embeds, direct.pooled_prompt_embeds[4:5])
+    assert cache.index_of("snow on the mountain") == 5
+    with pytest.raises(G2RPOError, match="not in the embedding cache"):
+        cache.index_of("never seen")
+    with pytest.raises(G2RPOError, match="0..6"):
+        cache.get([7])
+
+
+def test_data_cache_rows_land_in_the_index(cache_dir):
+    from safetensors import safe_open
+
+    index = json.loads((cache_dir / "index.json").read_text())
+    # prompt i → shard i // 3, row i % 3
+    assert index["entries"][4] == ["a small bird on a tree", 1, 1]
+    with safe_open(str(cache_dir / "shard-00002.safetensors"), framework="pt") as f:
+        assert f.get_slice("prompt_embeds").get_shape() == [1, 32, 32]
+        assert f.metadata() == {"first_index": "6", "rows": "1"}
+
+
+def test_data_cache_without_manifest_is_incomplete(cache_dir):
+    (cache_dir / "manifest.json").unlink()  # what a killed writer leaves: shards, maybe an index, no manifest
+    with pytest.raises(G2RPOError, match="incomplete: no manifest.json.*did not finish.*--overwrite"):
+        EmbeddingCache(cache_dir)
+
+
+def test_data_cache_damaged_files_are_refused(cache_dir):
+    shard = cache_dir / "shard-00001.safetensors"
+    data = bytearray(shard.read_bytes())
+    shard.write_bytes(bytes(data[:-10]))  # truncated
+    with pytest.raises(G2RPOError, match="shard-00001.safetensors: .* bytes, manifest says"):
+        EmbeddingCache(cache_dir)
+    data[-1] ^= 0xFF  # same size, one flipped byte: only the sha256 check sees it
+    shard.write_bytes(bytes(data))
+    EmbeddingCache(cache_dir)  # the cheap open checks sizes only
+    with pytest.raises(G2RPOError, match="sha256 differs"):
+        EmbeddingCache(cache_dir, verify=True)
+    (cache_dir / "shard-00000.safetensors").unlink()
+    with pytest.raises(G2RPOError, match="shard-00000.safetensors: missing"):
+        EmbeddingCache(cache_dir)
+
+
+def test_data_cache_refuses_to_overwrite_then_rewrites(cache_dir, encoder):
+    before = (cache_dir / "manifest.json").read_bytes()
+    with pytest.raises(G2RPOError, match="not empty"):
+        write_embedding_cache(cache_dir, PROMPTS[:2], encoder)
+    assert (cache_dir / "manifest.json").read_bytes() == before
+    write_embedding_cache(cache_dir, PROMPTS[:2], encoder, overwrite=True)
+    cache = EmbeddingCache(cache_dir)
+    assert len(cache) == 2 and not (cache_dir / "shard-00001.safetensors").exists()
+    with pytest.raises(G2RPOError, match="duplicate"):
+        write_embedding_cache(cache_dir, ["a", "a"], encoder, overwrite=True)
+
+
+def test_data_dataset_loader_and_pickling(cache_dir):
+    from torch.utils.data import DataLoader
+
+    dataset = PromptEmbeddingDataset(cache_dir)
+    item = dataset[2]
+    assert (item.index, item.prompt, len(item.cond)) == (2, PROMPTS[2], 1)
+    prompts, cond = dataset.batch([5, 1])
+    assert prompts == [PROMPTS[5], PROMPTS[1]] and len(cond) == 2
+    loader = DataLoader(dataset, batch_size=3, shuffle=False, collate_fn=PromptEmbeddingDataset.collate)
+    batches = list(loader)
+    assert [b[0] for b in batches] == [[0, 1, 2], [3, 4, 5], [6]]
+    assert torch.equal(batches[1][2].prompt_embeds, dataset.cache.get([3, 4, 5]).prompt_embeds)
+    clone = pickle.loads(pickle.dumps(dataset.cache))  # open shard handles are not pickled
+    assert torch.equal(clone[6].pooled_prompt_embeds, dataset.cache[6].pooled_prompt_embeds)
+
+
+def test_data_prep_cli_with_model_builds_both_caches(tiny_flux_dir, tmp_path, capsys):
+    src = tmp_path / "prompts.txt"
+    src.write_text("\n".join(PROMPTS + PROMPTS[:2]) + "\n", encoding="utf-8")
+    out = tmp_path / "prep"
+    args = ["data", "prep", "--prompts", str(src), "--output", str(out), "--test-size", "2",
+            "--model", str(tiny_flux_dir), "--dtype", "float32", "--shard-rows", "2"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert "9 prompts read, 2 duplicate(s) dropped: 5 train, 2 test" in text
+    assert "train: 5 embeddings in 3 shard(s)" in text
+    train = EmbeddingCache(out / "embeddings" / "train", verify=True)
+    test = EmbeddingCache(out / "embeddings" / "test")
+    assert sorted(train.prompts + test.prompts) == sorted(PROMPTS)
+    assert json.loads((out / "embeddings" / "train" / "manifest.json").read_text())["encoder"]["source"] == str(tiny_flux_dir)
