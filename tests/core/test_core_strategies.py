@@ -1,0 +1,383 @@
+"""Strategies on the real toy velocity model: rollout structure, forward counts, the shared-velocity
+loss, ratio = 1 at the first update, seeding, dropped groups, and the config's bad-input errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from g2rpo import core
+from g2rpo.config import load_config
+from g2rpo.errors import ConfigError
+from g2rpo.seeding import Draws, derive_seed
+from g2rpo.strategies import build_strategy
+from g2rpo.strategies.base import Conditioning, Strategy, VelocityModel, summarize_step
+from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.strategies.g2rpo import sampling_forwards
+from g2rpo.strategies.mixgrpo import window_steps
+from g2rpo.toy import make_toy_problem
+
+LATENT = (4, 4)
+
+
+class CountingModel(torch.nn.Module):
+    """The real toy model, counting the rows and calls it is asked for (independent of the strategy's counters)."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.rows = 0
+        self.calls = 0
+        self.grad_rows = 0
+
+    def forward(self, x, sigma, cond):
+        self.rows += x.shape[0]
+        self.calls += 1
+        if torch.is_grad_enabled():
+            self.grad_rows += x.shape[0]
+        return self.inner(x, sigma, cond)
+
+
+def config(**overrides) -> AlgorithmConfig:
+    return load_config(AlgorithmConfig, overrides=overrides)
+
+
+def toy(num_prompts=2, seed=0):
+    model, cond, reward = make_toy_problem(num_prompts=num_prompts, seed=seed)
+    return CountingModel(model), cond, reward
+
+
+def rewards_of(rollout, reward):
+    return reward(rollout.final_latents, rollout.final_prompt).reshape(rollout.reward_layout(1))
+
+
+def test_protocols_are_met_by_the_toy_and_the_strategies():
+    model, cond, _ = toy()
+    assert isinstance(model, VelocityModel) and isinstance(cond, Conditioning)
+    for name in ("g2rpo", "g2rpo_no_mgai", "dancegrpo", "mixgrpo"):
+        assert isinstance(build_strategy(config(strategy=name)), Strategy)
+
+
+# --------------------------------------------------------------------------- forward counts
+
+
+def test_g2rpo_forward_counts_follow_the_documented_formula():
+    # G = 12, T = 16, M = {0..7} (noisiest half), Λ = {1, 2, 3}.
+    # Anchor: the ODE up to the last branch step, forwards at σ[0..7] = 8.
+    # Per branch at k, with n_λ = ceil((15 − k)/λ) steps per stride and the first forward shared:
+    #   1 + (n_1 − 1) + (n_2 − 1) + (n_3 − 1)
+    #   k=0: 15,8,5 → 26   k=1: 14,7,5 → 24   k=2: 13,7,5 → 23   k=3: 12,6,4 → 20
+    #   k=4: 11,6,4 → 19   k=5: 10,5,4 → 17   k=6:  9,5,3 → 15   k=7:  8,4,3 → 13   Σ = 157
+    # Per prompt: 8 + 12·157 = 1892 sampling forwards; training: one forward per k = 8.
+    cfg = config(num_steps=16, group_size=12, granularities=[1, 2, 3], micro_batch=64)
+    assert sampling_forwards(16, 12, cfg.trained_steps, cfg.strides) == 1892
+    model, cond, reward = toy(num_prompts=2)
+    strategy = build_strategy(cfg)
+    rollout = strategy.rollout(model, cond, Draws(0, 0, (0, 1)), LATENT)
+    assert rollout.nfe.sampling_forwards == 2 * 1892 == model.rows
+    assert rollout.nfe.model_calls == model.calls
+    assert rollout.reward_shape == (2, 8, 3, 12) and rollout.final_latents.shape == (2 * 8 * 3 * 12, *LATENT)
+    model.rows = 0
+    advantages = strategy.advantages(rollout, rewards_of(rollout, reward))
+    terms = []
+    for term in strategy.loss_terms(model, rollout, advantages):
+        term.loss.backward()
+        terms.append(term.detached())
+    stats = summarize_step(rollout, rewards_of(rollout, reward), advantages, terms)
+    assert stats.training_forwards == stats.training_backwards == 2 * 8 == model.grad_rows
+    assert stats.sampling_forwards == 2 * 1892
+
+
+def test_baseline_forward_counts():
+    # Without MGAI (Λ = {1}): 8 + 12·Σ_{k=0..7}(15 − k) = 8 + 12·92 = 1112 per prompt.
+    assert sampling_forwards(16, 12, list(range(8)), [1]) == 1112
+    model, cond, reward = toy(num_prompts=1)
+    nfe = {}
+    for name in ("g2rpo_no_mgai", "dancegrpo", "mixgrpo"):
+        strategy = build_strategy(config(strategy=name, num_steps=16, group_size=12, micro_batch=200))
+        rollout = strategy.rollout(model, cond, Draws(0, 0, (0,)), LATENT)
+        advantages = strategy.advantages(rollout, rewards_of(rollout, reward))
+        terms = [t.detached() for t in strategy.loss_terms(model, rollout, advantages)]
+        nfe[name] = (rollout.nfe.sampling_forwards, sum(t.stats.forwards for t in terms))
+    # DanceGRPO: SDE at all 16 steps for 12 trajectories = 192; trains round(0.6·16) = 10 steps each = 120.
+    # MixGRPO at iteration 0: window [0, 1, 2, 3] so no shared ODE prefix: 12·16 = 192; trains 12·4 = 48.
+    assert nfe == {"g2rpo_no_mgai": (1112, 8), "dancegrpo": (192, 120), "mixgrpo": (192, 48)}
+
+
+# --------------------------------------------------------------------------- the loss
+
+
+def _perturb(model, seed=5, scale=0.02):
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=gen))
+
+
+def test_shared_velocity_loss_and_gradients_equal_separate_forwards():
+    cfg = config(num_steps=6, group_size=4, granularities=[1, 2], ratio_clip=2e-3)
+    model, cond, reward = toy(num_prompts=2)
+    strategy = build_strategy(cfg)
+    rollout = strategy.rollout(model, cond, Draws(1, 0, (0, 1)), LATENT)
+    advantages = strategy.advantages(rollout, rewards_of(rollout, reward))
+    _perturb(model)  # ratios ≠ 1 so that clipping takes part in the comparison
+
+    model.zero_grad()
+    shared_loss = torch.zeros(())
+    clip_seen = 0.0
+    for term in strategy.loss_terms(model, rollout, advantages):
+        term.loss.backward()
+        shared_loss += term.loss.detach()
+        clip_seen += term.stats.clip_fraction
+    shared_grads = [p.grad.clone() for p in model.parameters()]
+    num_terms = rollout.states["steps"].shape[1]
+    assert 0 < clip_seen < num_terms  # some ratios clipped, some not
+    assert sum(float(g.abs().sum()) for g in shared_grads) > 0
+
+    # Reference: G separate forwards per group, the surrogate of each branch on its own.
+    model.zero_grad()
+    st = rollout.states
+    sig = rollout.sigmas
+    num_prompts, num_slots, group = st["log_prob_old"].shape
+    separate_loss = torch.zeros(())
+    for p in range(num_prompts):
+        for s in range(num_slots):
+            k = int(st["steps"][p, s])
+            for g in range(group):
+                x = st["x_k"][p, s][None]
+                v = model(x, sig[k].reshape(1), cond[torch.tensor([p])])
+                mean, std = core.sde_mean_std(x, v, sig[k].reshape(1), sig[k + 1].reshape(1), cfg.eta, sig[1])
+                lp = core.gaussian_log_prob(st["branches"][p, s, g][None], mean, std)
+                loss, _ = core.clipped_surrogate(
+                    lp, st["log_prob_old"][p, s, g][None], advantages.values[p, s, g][None], cfg.ratio_clip
+                )
+                loss = loss / (group * num_prompts * num_slots)
+                loss.backward()
+                separate_loss += loss.detach()
+    torch.testing.assert_close(shared_loss, separate_loss, atol=1e-6, rtol=1e-5)
+    for a, b in zip(shared_grads, (p.grad for p in model.parameters()), strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+
+
+@pytest.mark.parametrize("name", ["g2rpo", "dancegrpo", "mixgrpo"])
+def test_first_update_after_sampling_sees_ratio_one(name):
+    cfg = config(strategy=name, num_steps=6, group_size=4, granularities=[1, 3])  # ε = 1e-4 (reference)
+    model, cond, reward = toy(num_prompts=3)
+    strategy = build_strategy(cfg)
+    rollout = strategy.rollout(model, cond, Draws(2, 4, (5, 6, 7)), LATENT)
+    advantages = strategy.advantages(rollout, rewards_of(rollout, reward))
+    terms = [t.detached() for t in strategy.loss_terms(model, rollout, advantages)]
+    assert terms
+    for term in terms:
+        assert term.stats.ratio_mean == pytest.approx(1.0, abs=1e-5)
+        assert term.stats.ratio_max == pytest.approx(1.0, abs=1e-5)
+        assert term.stats.clip_fraction == 0.0
+
+
+def test_micro_batched_terms_sum_to_the_full_batch_loss_and_gradients():
+    results = []
+    for micro in (None, 1):
+        model, cond, reward = toy(num_prompts=3)
+        strategy = build_strategy(config(num_steps=5, group_size=3, granularities=[1, 2], train_micro_batch=micro))
+        rollout = strategy.rollout(model, cond, Draws(0, 0, (0, 1, 2)), LATENT)
+        advantages = strategy.advantages(rollout, rewards_of(rollout, reward))
+        _perturb(model)
+        total = 0.0
+        n_terms = 0
+        for term in strategy.loss_terms(model, rollout, advantages):
+            term.loss.backward()
+            total += float(term.loss.detach())
+            n_terms += 1
+        results.append((total, [p.grad.clone() for p in model.parameters()], n_terms))
+    (full, grads_full, n_full), (micro, grads_micro, n_micro) = results
+    assert (n_full, n_micro) == (3, 9)  # |M| = 3 terms; split per prompt: 3 × 3
+    assert micro == pytest.approx(full, abs=1e-7)
+    for a, b in zip(grads_full, grads_micro, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize(("mode", "expected_steps"), [("per_iteration", 1), ("per_step", 4)])
+def test_optimizer_step_flags(mode, expected_steps):
+    model, cond, reward = toy(num_prompts=2)
+    strategy = build_strategy(config(num_steps=8, group_size=3, granularities=[2], optimizer_step=mode))
+    rollout = strategy.rollout(model, cond, Draws(0, 0, (0, 1)), LATENT)
+    advantages = strategy.advantages(rollout, rewards_of(rollout, reward))
+    flags = [t.step_optimizer for t in strategy.loss_terms(model, rollout, advantages)]
+    assert len(flags) == 4 and sum(flags) == expected_steps and flags[-1]
+
+
+def test_nan_and_inf_rewards_drop_their_groups_and_are_counted():
+    model, cond, reward = toy(num_prompts=3)
+    strategy = build_strategy(config(num_steps=6, group_size=4, granularities=[1, 2]))
+    rollout = strategy.rollout(model, cond, Draws(0, 0, (0, 1, 2)), LATENT)
+    clean = rewards_of(rollout, reward)
+    rewards = torch.cat([clean, clean * 2])  # R = 2 reward models: [2, P=3, K=3, J=2, G=4]
+    rewards[0, 0, 1, 0, 2] = float("nan")  # one bad score drops group (prompt 0, k 1)
+    rewards[1, 2, :, 1, 0] = float("inf")  # prompt 2: every k dropped
+    advantages = strategy.advantages(rollout, rewards, reward_weights=[1.0, 0.5])
+    assert advantages.dropped_groups == 4 and advantages.total_groups == 9
+    assert advantages.valid.tolist() == [[True, False, True], [True, True, True], [False, False, False]]
+    assert torch.isfinite(advantages.values).all()
+    terms = []
+    for term in strategy.loss_terms(model, rollout, advantages):
+        assert torch.isfinite(term.loss)
+        term.loss.backward()
+        terms.append(term.detached())
+    assert sum(t.stats.forwards for t in terms) == 5  # one forward per kept group
+    stats = summarize_step(rollout, rewards, advantages, terms)
+    assert (stats.dropped_groups, stats.total_groups) == (4, 9)
+    assert all(map(lambda row: all(torch.isfinite(torch.tensor(row))), stats.reward_mean))
+    with pytest.raises(ValueError, match="one weight per reward model"):
+        strategy.advantages(rollout, rewards, reward_weights=[1.0])
+    with pytest.raises(ValueError, match="rewards must be"):
+        strategy.advantages(rollout, rewards[:, :2])
+
+
+# --------------------------------------------------------------------------- rollout structure and seeding
+
+
+def test_rollout_is_independent_of_micro_batch():
+    finals = []
+    for micro in (1, 7, 1000):
+        model, cond, _ = toy(num_prompts=2)
+        strategy = build_strategy(config(num_steps=6, group_size=3, granularities=[1, 2, 4], micro_batch=micro))
+        finals.append(strategy.rollout(model, cond, Draws(3, 1, (0, 1)), LATENT).final_latents)
+    torch.testing.assert_close(finals[0], finals[1], atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(finals[0], finals[2], atol=1e-6, rtol=1e-5)
+
+
+def test_finishes_match_a_sequential_ode_per_stride():
+    # The batched finish (rows at mixed σ, shared first forward) equals running each stride's
+    # schedule with the ODE one branch at a time.
+    model, cond, _ = toy(num_prompts=1)
+    cfg = config(num_steps=7, group_size=2, granularities=[1, 3])
+    rollout = build_strategy(cfg).rollout(model, cond, Draws(0, 0, (0,)), LATENT)
+    finals = rollout.final_latents.reshape(*rollout.reward_shape, *LATENT)  # [P, K, J, G, L, C]
+    sig = rollout.sigmas
+    with torch.no_grad():
+        for s, k in enumerate(rollout.states["steps"][0].tolist()):
+            for j, lam in enumerate(cfg.strides):
+                for g in range(cfg.group_size):
+                    x = rollout.states["branches"][0, s, g][None]
+                    idx = core.stride_indices(cfg.num_steps, k, lam)
+                    for a, b in zip(idx[:-1], idx[1:]):
+                        x = core.ode_step(x, model(x, sig[a].reshape(1), cond[torch.tensor([0])]), sig[a], sig[b])
+                    torch.testing.assert_close(finals[0, s, j, g], x[0], atol=1e-6, rtol=1e-5)
+
+
+def test_branches_share_the_anchor_state_and_differ_only_by_noise():
+    model, cond, _ = toy(num_prompts=2)
+    cfg = config(num_steps=8, group_size=5, granularities=[1])
+    rollout = build_strategy(cfg).rollout(model, cond, Draws(0, 0, (0, 1)), LATENT)
+    st = rollout.states
+    assert st["steps"].tolist() == [[0, 1, 2, 3]] * 2
+    # x[0] is the initial noise of each prompt, drawn under its global prompt index
+    torch.testing.assert_close(st["x_k"][1, 0], Draws(0, 0, (0, 1)).normal(LATENT, "initial-noise", 1))
+    # the G branches of one group are distinct samples around one mean
+    branches = st["branches"][0, 2]  # [G, L, C]
+    assert torch.cdist(branches.flatten(1), branches.flatten(1)).triu(1).gt(0).sum() == 5 * 4 / 2
+
+
+def test_draws_do_not_depend_on_the_batch_layout_or_on_earlier_draws():
+    model, cond, _ = toy(num_prompts=4)
+    strategy = build_strategy(config(num_steps=6, group_size=3, granularities=[1, 2], branch_steps_per_iteration=2))
+    whole = strategy.rollout(model, cond, Draws(7, 3, (10, 11, 12, 13)), LATENT)
+    # the same prompts split over two "ranks", in reverse order of execution
+    second = strategy.rollout(model, cond[torch.tensor([2, 3])], Draws(7, 3, (12, 13)), LATENT)
+    first = strategy.rollout(model, cond[torch.tensor([0, 1])], Draws(7, 3, (10, 11)), LATENT)
+    shape = (*whole.reward_shape, *LATENT)
+    joined = torch.cat([first.final_latents.reshape(2, *shape[1:]), second.final_latents.reshape(2, *shape[1:])])
+    torch.testing.assert_close(whole.final_latents.reshape(shape), joined, atol=1e-6, rtol=1e-5)
+    assert torch.equal(whole.states["steps"], torch.cat([first.states["steps"], second.states["steps"]]))
+    # random subsets of M: 2 of {0, 1, 2} per prompt, and another iteration draws other noise
+    assert all(len(set(row)) == 2 and set(row) <= {0, 1, 2} for row in whole.states["steps"].tolist())
+    other = strategy.rollout(model, cond, Draws(7, 4, (10, 11, 12, 13)), LATENT)
+    assert not torch.equal(other.states["branches"], whole.states["branches"])
+
+
+def test_derive_seed_is_stable_across_processes():
+    code = "from g2rpo.seeding import derive_seed; print(derive_seed(7, 'branch-noise', 3, 12, 0, 5))"
+    outs = set()
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        outs.add(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout.strip())
+    assert outs == {str(derive_seed(7, "branch-noise", 3, 12, 0, 5))}
+    assert derive_seed(7, 1) != derive_seed(7, "1") != derive_seed(8, 1)
+
+
+# --------------------------------------------------------------------------- baselines
+
+
+def test_dancegrpo_sde_every_step_shared_noise_and_trained_fraction():
+    model, cond, _ = toy(num_prompts=2)
+    strategy = build_strategy(config(strategy="dancegrpo", num_steps=10, group_size=4))
+    rollout = strategy.rollout(model, cond, Draws(0, 0, (0, 1)), LATENT)
+    states = rollout.states["states"]  # [P, G, T+1, L, C]
+    assert torch.equal(states[:, :1, 0].expand(-1, 4, -1, -1), states[:, :, 0])  # one initial noise per group
+    assert not torch.equal(states[:, 0, 1], states[:, 1, 1])  # SDE from the first step on
+    assert torch.isfinite(rollout.states["log_prob_old"]).all()
+    trained = rollout.states["trained_steps"]  # [P, G, S], S = round(0.6·10) = 6
+    assert trained.shape == (2, 4, 6)
+    assert all(len(set(row)) == 6 for row in trained.reshape(-1, 6).tolist())
+    independent = build_strategy(config(strategy="dancegrpo", num_steps=10, group_size=4, dancegrpo_shared_noise=False))
+    states = independent.rollout(model, cond, Draws(0, 0, (0, 1)), LATENT).states["states"]
+    assert not torch.equal(states[:, 0, 0], states[:, 1, 0])
+
+
+def test_mixgrpo_window_hand_values():
+    # T = 16, W = 4, s = 1, τ = 25: windows stay below index T − 2 = 14, starts 0..13 (14 positions)
+    assert window_steps(0, 16) == [0, 1, 2, 3]
+    assert window_steps(24, 16) == [0, 1, 2, 3]
+    assert window_steps(25, 16) == [1, 2, 3, 4]
+    assert window_steps(25 * 11, 16) == [11, 12, 13]  # cut at 14
+    assert window_steps(25 * 13, 16) == [13]
+    assert window_steps(25 * 14, 16) == [0, 1, 2, 3]  # rolled back
+    assert window_steps(10, 16, window_size=2, shift=2, iters_per_shift=5) == [4, 5]
+
+
+def test_mixgrpo_ode_outside_the_window():
+    model, cond, _ = toy(num_prompts=2)
+    strategy = build_strategy(config(strategy="mixgrpo", num_steps=8, group_size=3, mixgrpo_window_size=2))
+    rollout = strategy.rollout(model, cond, Draws(0, 50, (0, 1)), LATENT)  # iteration 50: window [2, 3]
+    assert rollout.states["window"] == [2, 3]
+    states, lp = rollout.states["states"], rollout.states["log_prob_old"]
+    assert torch.equal(states[:, :1, :3].expand(-1, 3, -1, -1, -1), states[:, :, :3])  # identical up to σ[2]
+    assert not torch.equal(states[:, 0, 3], states[:, 1, 3])
+    assert torch.isfinite(lp[:, :, 2:4]).all() and torch.isnan(lp[:, :, [0, 1, 4, 5, 6, 7]]).all()
+    assert rollout.nfe.sampling_forwards == 2 * (2 + 3 * 6)  # ODE prefix once per prompt
+
+
+# --------------------------------------------------------------------------- config
+
+
+def test_config_reports_every_bad_value_at_once():
+    with pytest.raises(ConfigError) as err:
+        load_config(
+            AlgorithmConfig,
+            overrides=["group_size=1", "granularities=[]", "eta=-0.5", "num_steps=1", "ratio_clip=0", "learning_rate=1"],
+        )
+    text = str(err.value)
+    for field in ("group_size=1", "granularities=[]", "eta=-0.5", "num_steps=1", "ratio_clip=0", "learning_rate"):
+        assert field in text
+    assert len(err.value.problems) == 6
+    with pytest.raises(ConfigError, match=r"granularities\.1=0"):
+        load_config(AlgorithmConfig, overrides=["granularities=[1, 0]"])
+    with pytest.raises(ConfigError, match="repeats a stride"):
+        load_config(AlgorithmConfig, overrides=["granularities=[2, 2]"])
+    with pytest.raises(ConfigError, match=r"branch_steps=\[0, 16\]: steps \[16\] are outside the grid: each k must be in 0..15"):
+        load_config(AlgorithmConfig, overrides=["branch_steps=[0, 16]"])
+    with pytest.raises(ConfigError, match="stride_weights"):
+        load_config(AlgorithmConfig, overrides=["stride_weights=[1, 2]"])
+
+
+def test_config_defaults_and_derived_values():
+    cfg = load_config(AlgorithmConfig)
+    assert (cfg.num_steps, cfg.group_size, cfg.eta, cfg.ratio_clip, cfg.advantage_clip) == (16, 12, 0.7, 1e-4, 5.0)
+    assert cfg.trained_steps == list(range(8)) and cfg.strides == [1, 2, 3]
+    assert load_config(AlgorithmConfig, overrides=["num_steps=7"]).trained_steps == [0, 1, 2, 3]  # ceil(7/2) = 4
+    no_mgai = load_config(AlgorithmConfig, overrides=["strategy=g2rpo_no_mgai"])
+    assert no_mgai.strides == [1] and no_mgai.stride_weight_values == [1.0]
