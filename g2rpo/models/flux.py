@@ -13,7 +13,10 @@ module makes diffusers' ``FluxTransformer2DModel`` that field, the way ``FluxPip
   ``σ·1000`` in float32 and casts it to the latents' dtype): in bf16 that rounds σ to bf16 at the
   scale of 1000, and skipping it moves latents by ~3e-2 over a generation. ``timestep_mode=
   "pipeline"`` (default) reproduces that; ``"truncate"`` feeds ``int(σ·1000)/1000`` as the G²RPO
-  reference code does.
+  reference code does; ``"raw"`` passes σ as given (cast to the model dtype by the transformer).
+  The strategies can truncate σ themselves (``algorithm.truncate_timestep``); then use ``"raw"``
+  (:func:`timestep_mode_for`) so σ is not rounded twice — that is exactly the reference code, which
+  hands the transformer ``int(σ·1000)/1000`` as a float32 tensor.
 - **Guidance.** FLUX.1-dev is guidance-distilled: one forward with an embedded guidance scale
   (default 3.5), no classifier-free guidance.
 - **Dtypes.** ``x`` arrives in float32 and is cast to the transformer's dtype; the velocity is
@@ -54,12 +57,13 @@ __all__ = [
     "packed_shape",
     "round_timestep",
     "text_ids",
+    "timestep_mode_for",
     "unpack_latents",
 ]
 
 DEFAULT_GUIDANCE = 3.5  # FLUX.1-dev's default embedded guidance (FluxPipeline's guidance_scale)
-TimestepMode = Literal["pipeline", "truncate"]
-TIMESTEP_MODES: tuple[str, ...] = ("pipeline", "truncate")
+TimestepMode = Literal["pipeline", "truncate", "raw"]
+TIMESTEP_MODES: tuple[str, ...] = ("pipeline", "truncate", "raw")
 
 
 # --------------------------------------------------------------------------- conditioning
@@ -233,12 +237,20 @@ def round_timestep(sigma: torch.Tensor, dtype: torch.dtype, mode: TimestepMode =
     the model dtype; in float32 this is ``σ·1000/1000``, which can differ from σ by one ulp — kept
     so the pipeline is reproduced bit for bit). ``"truncate"``: ``t = ⌊σ·1000⌋ / 1000`` in float64,
     then cast (the G²RPO reference code's ``int(σ·1000)/1000``; σ ≥ 0 so ⌊·⌋ is ``int``).
+    ``"raw"``: σ cast to ``dtype`` (for σ already truncated by the strategy).
     """
     if mode == "pipeline":
         return (sigma.float() * 1000).to(dtype) / 1000
     if mode == "truncate":
         return (torch.floor(sigma.double() * 1000) / 1000).to(dtype)
+    if mode == "raw":
+        return sigma.to(dtype)
     raise G2RPOError(problem("timestep_mode", mode, f"use one of {', '.join(TIMESTEP_MODES)}"))
+
+
+def timestep_mode_for(truncate_timestep: bool) -> TimestepMode:
+    """The adapter's mode for a strategy config: ``"raw"`` when the strategy already truncates σ."""
+    return "raw" if truncate_timestep else "pipeline"
 
 
 # --------------------------------------------------------------------------- velocity adapter

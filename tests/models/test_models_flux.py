@@ -145,6 +145,11 @@ def test_models_round_timestep_hand_worked():
     # truncate mode: int(777.7)/1000 = 0.777, then float32
     t = round_timestep(sigma, torch.float32, "truncate")
     assert t.tolist() == [torch.tensor(0.777).item(), 1.0]
+    # σ = 0.82606 (step 1 of Flux's 4-step grid at 16 tokens): pipeline: 826.06 → bf16 828 (spacing 4)
+    # → 0.828 → bf16 212/256 = 0.828125; raw: 0.82606 → bf16 211/256 = 0.82421875 (211.47 rounds down)
+    s1 = torch.tensor([0.8260643482208252])
+    assert round_timestep(s1, torch.bfloat16, "pipeline").float().item() == 0.828125
+    assert round_timestep(s1, torch.bfloat16, "raw").float().item() == 0.82421875
     with pytest.raises(G2RPOError, match="timestep_mode"):
         round_timestep(sigma, torch.float32, "nearest")
 
