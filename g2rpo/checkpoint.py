@@ -1,0 +1,357 @@
+"""Resumable checkpoints, and the exported model.
+
+A **resumable checkpoint** ``<output.dir>/checkpoints/iter-000040/`` holds::
+
+    deepspeed/            engine.save_checkpoint(...): per-rank ZeRO shards + optimiser state
+      (or torch/        model.pt + optimizer.pt in plain single-process mode)
+    ranks/rank-00000.pt   every rank's RNG states (torch CPU, CUDA, python, numpy)
+    ema.pt                the EMA weights, when EMA is on
+    trainer_state.json    iteration done, data cursor, config hash, world size, backend
+    manifest.json         written LAST, by rank 0, after every rank has finished writing
+
+A checkpoint counts as complete only when its manifest exists and every file it lists is there
+with the listed size (digests are recorded too; :func:`verify` checks them on request, which
+reads every byte — minutes at Flux scale). A directory without a manifest — a run killed while
+writing — is never resumed from; the next save of that iteration replaces it (it holds nothing
+that was ever complete), and nothing complete is ever overwritten.
+
+Retention: the last ``keep_last`` complete checkpoints, plus every iteration listed in
+``keep_iterations`` (explicitly named ones), are kept; older ones are removed after a newer one is
+complete.
+
+Resume refuses a checkpoint made under another config hash (model + algorithm + data sections;
+run length and output paths may change) with an error naming both hashes and the fix.
+
+The **exported model** (``<output.dir>/export/``) is what evaluation and the registry use: the
+consolidated transformer in diffusers layout (``save_pretrained`` → safetensors; ZeRO-3 gathers the
+16-bit weights first), or with LoRA the adapters alone (peft format), plus ``base_model.json``
+naming the base model and its licence — FLUX.1-dev weights are under the FLUX.1 [dev]
+Non-Commercial License, and a fine-tune is a derivative under the same terms.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from g2rpo import __version__
+from g2rpo.errors import G2RPOError
+
+__all__ = [
+    "TrainerState",
+    "CheckpointManager",
+    "MANIFEST",
+    "is_complete",
+    "verify",
+    "write_manifest",
+    "manifest_metadata",
+    "capture_rng",
+    "restore_rng",
+    "export_model",
+    "FLUX_DEV_LICENSE",
+]
+
+MANIFEST = "manifest.json"
+_NAME = re.compile(r"^iter-(\d{6,})$")
+FLUX_DEV_LICENSE = {
+    "name": "FLUX.1 [dev] Non-Commercial License",
+    "url": "https://huggingface.co/black-forest-labs/FLUX.1-dev/blob/main/LICENSE.md",
+    "note": "FLUX.1-dev weights are licensed for non-commercial use; a fine-tune (full or LoRA) is a derivative "
+    "of them and carries the same terms.",
+}
+
+
+@dataclass
+class TrainerState:
+    """The project's part of a checkpoint (DeepSpeed's own files hold weights and optimiser)."""
+
+    iteration: int  # iterations completed; a resume continues with this index
+    data_cursor: int  # prompts consumed from the global stream = iteration × prompts_per_iteration
+    config_hash: str
+    world_size: int
+    backend: str  # "deepspeed" or "torch"
+    zero_stage: int | None = None
+
+
+# --------------------------------------------------------------------------- RNG
+
+
+def capture_rng() -> dict[str, Any]:
+    """Every RNG state of this process (the draws themselves are keyed, see g2rpo.seeding; this
+    covers anything else, e.g. dropout)."""
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# --------------------------------------------------------------------------- manifests
+# The manifest format and its checks are the storage layer's (g2rpo.manifest); a local directory
+# is a FileStore.
+
+
+def write_manifest(directory: Path, *, producer: str, config_hash: str, metadata: dict[str, Any] | None = None) -> Path:
+    """List every file under ``directory`` (size + sha256) in its manifest, written last and
+    create-only, so its presence means the directory is complete."""
+    from g2rpo.manifest import scan_dir
+    from g2rpo.manifest import write_manifest as _write
+    from g2rpo.storage import FileStore
+
+    files = scan_dir(directory)
+    _write(FileStore(directory), "", files, producer=f"{producer} {__version__}", config_hash=config_hash, metadata=metadata)
+    return Path(directory) / MANIFEST
+
+
+def manifest_metadata(directory: str | Path) -> dict[str, Any] | None:
+    """The manifest's metadata, or None when there is no readable manifest."""
+    from g2rpo.manifest import read_manifest
+    from g2rpo.storage import FileStore
+
+    try:
+        return dict(read_manifest(FileStore(directory), "").metadata)
+    except G2RPOError:
+        return None
+
+
+def is_complete(directory: str | Path) -> bool:
+    """True when ``directory`` has a valid manifest and every listed file is there with its size."""
+    from g2rpo.manifest import verify as _verify
+    from g2rpo.storage import FileStore
+
+    directory = Path(directory)
+    if not (directory / MANIFEST).is_file():
+        return False
+    try:
+        _verify(FileStore(directory), "", deep=False)
+    except G2RPOError:
+        return False
+    return True
+
+
+def verify(directory: str | Path) -> None:
+    """Check every file's sha256 against the manifest (reads every byte); raises listing mismatches."""
+    from g2rpo.manifest import verify as _verify
+    from g2rpo.storage import FileStore
+
+    _verify(FileStore(directory), "", deep=True)
+
+
+# --------------------------------------------------------------------------- manager
+
+
+class CheckpointManager:
+    """Save, find, load and prune the resumable checkpoints of one run (all ranks call save/load)."""
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        config_hash: str,
+        keep_last: int,
+        keep_iterations: Iterable[int] = (),
+        rank: int = 0,
+        world_size: int = 1,
+        barrier: Any = None,
+    ) -> None:
+        self.root = Path(root)
+        self.config_hash = config_hash
+        self.keep_last = keep_last
+        self.keep_iterations = set(keep_iterations)
+        self.rank = rank
+        self.world_size = world_size
+        self._barrier = barrier or (lambda: None)
+
+    @staticmethod
+    def name(iteration: int) -> str:
+        return f"iter-{iteration:06d}"
+
+    def path(self, iteration: int) -> Path:
+        return self.root / self.name(iteration)
+
+    def complete(self) -> list[tuple[int, Path]]:
+        """Complete checkpoints, oldest first."""
+        found = []
+        if self.root.is_dir():
+            for child in self.root.iterdir():
+                match = _NAME.match(child.name)
+                if match and child.is_dir() and is_complete(child):
+                    found.append((int(match.group(1)), child))
+        return sorted(found)
+
+    def latest(self) -> Path | None:
+        done = self.complete()
+        return done[-1][1] if done else None
+
+    # ------------------------------------------------------------------ save
+
+    def save(self, state: TrainerState, driver: Any, ema: Any = None) -> Path:
+        """Write one checkpoint (collective: every rank calls it). Returns its directory."""
+        target = self.path(state.iteration)
+        if self.rank == 0:
+            if target.exists() and is_complete(target):
+                raise G2RPOError(
+                    f"checkpoint {target} already exists and is complete: refusing to overwrite it; "
+                    "resume from it (train.resume=auto) or write to a new output.dir"
+                )
+            if target.exists():  # left by a run killed mid-save: never complete, nothing to keep
+                shutil.rmtree(target)
+            (target / "ranks").mkdir(parents=True)
+        self._barrier()
+        driver.save(target)
+        torch.save(capture_rng(), target / "ranks" / f"rank-{self.rank:05d}.pt")
+        if self.rank == 0:
+            if ema is not None:
+                torch.save(ema.state_dict(), target / "ema.pt")
+            (target / "trainer_state.json").write_text(json.dumps(asdict(state), indent=1, sort_keys=True))
+        self._barrier()  # every rank's files are on disk before the manifest says so
+        if self.rank == 0:
+            write_manifest(
+                target,
+                producer="g2rpo.trainer",
+                config_hash=self.config_hash,
+                metadata={"kind": "resumable-checkpoint", "iteration": state.iteration, "world_size": self.world_size},
+            )
+            self.prune()
+        self._barrier()
+        return target
+
+    def prune(self) -> list[Path]:
+        """Remove complete checkpoints beyond the last ``keep_last`` (named ones stay)."""
+        done = self.complete()
+        removable = [(i, p) for i, p in done[: max(len(done) - self.keep_last, 0)] if i not in self.keep_iterations]
+        for _, path in removable:
+            # Drop the manifest first: a crash mid-removal leaves an incomplete dir, never a broken "complete" one.
+            (path / MANIFEST).unlink(missing_ok=True)
+            shutil.rmtree(path)
+        return [p for _, p in removable]
+
+    # ------------------------------------------------------------------ load
+
+    def read_state(self, directory: str | Path) -> TrainerState:
+        """The checkpoint's project state, after checking it is complete and from this config."""
+        directory = Path(directory)
+        if not is_complete(directory):
+            raise G2RPOError(
+                f"checkpoint {directory} is incomplete (no manifest, or a listed file is missing or truncated): "
+                f"resume from a complete one (complete here: {[str(p) for _, p in self.complete()] or 'none'})"
+            )
+        state = TrainerState(**json.loads((directory / "trainer_state.json").read_text()))
+        if state.config_hash != self.config_hash:
+            raise G2RPOError(
+                f"checkpoint {directory} was made with config hash {state.config_hash}, this run's config hash is "
+                f"{self.config_hash} (the hash covers the model, algorithm and data sections): resume with the config "
+                "the checkpoint was made with (its config.yaml sits in the run's output dir), or start a new run in "
+                "a fresh output.dir"
+            )
+        if state.world_size != self.world_size and state.backend == "deepspeed":
+            raise G2RPOError(
+                f"checkpoint {directory} holds ZeRO shards of {state.world_size} ranks, this run has "
+                f"{self.world_size}: relaunch with --nproc_per_node {state.world_size}"
+            )
+        return state
+
+    def load(self, directory: str | Path, driver: Any, ema: Any = None) -> TrainerState:
+        """Restore weights, optimiser, EMA and this rank's RNG from ``directory``."""
+        directory = Path(directory)
+        state = self.read_state(directory)
+        driver.load(directory)
+        if ema is not None:
+            if not (directory / "ema.pt").is_file():
+                raise G2RPOError(
+                    f"checkpoint {directory} has no EMA weights but train.ema.enabled is true: resume with EMA off"
+                )
+            ema.load_state_dict(torch.load(directory / "ema.pt", weights_only=True))
+        rank_file = directory / "ranks" / f"rank-{self.rank:05d}.pt"
+        if rank_file.is_file():
+            restore_rng(torch.load(rank_file, weights_only=False))
+        return state
+
+
+# --------------------------------------------------------------------------- export
+
+
+def export_model(
+    transformer: torch.nn.Module,
+    directory: str | Path,
+    *,
+    base_model: str,
+    config_hash: str,
+    lora: bool,
+    state_dict: dict[str, torch.Tensor] | None = None,
+    license_info: dict[str, str] | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Path:
+    """Write the exported model to ``directory`` (must not hold a complete export already).
+
+    Full fine-tune: ``transformer.save_pretrained`` (diffusers layout, safetensors), optionally from
+    a gathered ``state_dict`` (ZeRO-3). LoRA: the adapters alone (``save_lora_adapter``, peft
+    format). Both get ``base_model.json`` (base model pointer + licence) and a manifest, last.
+    """
+    directory = Path(directory)
+    if directory.exists() and any(directory.iterdir()):
+        if is_complete(directory):
+            raise G2RPOError(f"export directory {directory} already holds a complete export: refusing to overwrite it")
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    if lora:
+        transformer.save_lora_adapter(str(directory / "lora"), safe_serialization=True)
+        for config in getattr(transformer, "peft_config", {}).values():
+            config.save_pretrained(str(directory / "lora"))  # adapter_config.json: rank, alpha, targets
+        kind = "lora-adapters"
+    else:
+        kwargs = {"state_dict": state_dict} if state_dict is not None else {}
+        _save_pretrained(transformer, directory / "transformer", **kwargs)
+        kind = "transformer"
+    info = {
+        "base_model": base_model,
+        "contents": kind,
+        "license": license_info or FLUX_DEV_LICENSE,
+        "how_to_load": (
+            "FluxPipeline.from_pretrained(base_model, transformer=FluxTransformer2DModel.from_pretrained(EXPORT/transformer))"
+            if not lora
+            else "pipe = FluxPipeline.from_pretrained(base_model); pipe.transformer.load_lora_adapter(EXPORT/lora)"
+        ),
+        **(extra or {}),
+    }
+    (directory / "base_model.json").write_text(json.dumps(info, indent=1, sort_keys=True))
+    write_manifest(directory, producer="g2rpo.trainer.export", config_hash=config_hash, metadata={"kind": f"export-{kind}"})
+    return directory
+
+
+def _save_pretrained(transformer: torch.nn.Module, directory: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """``save_pretrained`` in safetensors; with ``state_dict`` (gathered ZeRO-3 weights) those are
+    loaded into a CPU copy built from the config first (diffusers saves the module's own tensors)."""
+    if state_dict is None:
+        transformer.save_pretrained(str(directory), safe_serialization=True)
+        return
+    clone = type(transformer).from_config(transformer.config)
+    clone.load_state_dict({k: v.cpu() for k, v in state_dict.items()}, strict=True)
+    clone.to(next(iter(state_dict.values())).dtype)
+    clone.save_pretrained(str(directory), safe_serialization=True)

@@ -1,0 +1,93 @@
+"""``g2rpo train``, ``g2rpo validate`` and ``g2rpo config describe|show`` (run configs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+_OVERRIDES_HELP = "dotted.key=value overrides applied after the file, values parsed as YAML (e.g. train.iterations=10)"
+
+
+def add_commands(subparsers: argparse._SubParsersAction) -> None:
+    train = subparsers.add_parser(
+        "train",
+        help="train a Flux model with G²RPO (one process, or under torchrun with DeepSpeed)",
+        description=(
+            "Run a training job from a YAML run config plus key=value overrides. One process: "
+            "`g2rpo train --config configs/tiny-cpu.yaml`. Data parallel: `torchrun --nproc_per_node N "
+            "-m g2rpo train --config FILE deepspeed.enabled=true`. Writes config.yaml, metrics.jsonl, "
+            "checkpoints/ and export/ under output.dir and resumes from the latest complete checkpoint "
+            "there (train.resume=auto). See docs/training.md."
+        ),
+    )
+    train.add_argument("--config", required=True, metavar="FILE", help="run config (YAML)")
+    train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=_OVERRIDES_HELP)
+    train.add_argument("--summary-json", metavar="FILE", help="also write the run's summary as JSON to FILE")
+    train.set_defaults(handler=_train)
+
+    validate = subparsers.add_parser(
+        "validate",
+        help="check a run config and list every problem at once",
+        description=(
+            "Load and validate a run config (every section, cross-field checks, and the generated "
+            "DeepSpeed config for --world-size ranks). Prints every problem at once and exits with "
+            "status 2, or prints 'ok' and the config hash that guards resume."
+        ),
+    )
+    validate.add_argument("--config", required=True, metavar="FILE", help="run config (YAML)")
+    validate.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=_OVERRIDES_HELP)
+    validate.add_argument("--world-size", type=int, default=1, help="ranks the run will use (checks the batch split)")
+    validate.set_defaults(handler=_validate)
+
+    config = subparsers.add_parser(
+        "config",
+        help="describe the run-config fields, or show a resolved config",
+        description="Run-config helpers: `describe` lists every field; `show` prints a config with all defaults.",
+    )
+    sub = config.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
+    describe = sub.add_parser("describe", help="every field: type, default and help")
+    describe.set_defaults(handler=_describe)
+    show = sub.add_parser("show", help="a config file with overrides applied and every default written out")
+    show.add_argument("--config", metavar="FILE", help="run config (YAML)")
+    show.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=_OVERRIDES_HELP)
+    show.set_defaults(handler=_show)
+
+
+def _train(args: argparse.Namespace) -> int:
+    from g2rpo.run_config import load_run_config
+    from g2rpo.trainer import train_from_config
+
+    config = load_run_config(args.config, args.overrides)
+    summary = train_from_config(config)
+    import os
+
+    if int(os.environ.get("RANK", "0")) == 0:
+        print(json.dumps(summary, indent=1))
+        if args.summary_json:
+            with open(args.summary_json, "w", encoding="utf-8") as handle:
+                json.dump(summary, handle, indent=1)
+    return 0
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from g2rpo.run_config import validate_run
+
+    config_hash = validate_run(args.config, args.overrides, world_size=args.world_size)
+    print(f"ok: {args.config} is valid for {args.world_size} rank(s); config hash (model, algorithm, data) {config_hash}")
+    return 0
+
+
+def _describe(args: argparse.Namespace) -> int:
+    from g2rpo.config import describe
+    from g2rpo.run_config import RunConfig
+
+    print("\n".join(describe(RunConfig)))
+    return 0
+
+
+def _show(args: argparse.Namespace) -> int:
+    from g2rpo.config import to_yaml
+    from g2rpo.run_config import load_run_config
+
+    print(to_yaml(load_run_config(args.config, args.overrides)), end="")
+    return 0

@@ -1,0 +1,120 @@
+"""Process-group set-up for data-parallel training, and which rank trains which prompts.
+
+Launch: one process (plain ``g2rpo train``), or ``torchrun --nproc_per_node N -m g2rpo train ...``
+(torchrun sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``PORT``). The backend
+is NCCL on CUDA and gloo on the CPU. DeepSpeed is driven directly (``deepspeed.init_distributed``
+reuses the group made here); accelerate is not used because with DeepSpeed on the CPU it
+miscounts processes (both ranks claim to be the main one; ``../shared/notes/STACK.md``).
+
+Prompt → rank assignment. An iteration trains ``prompts_per_iteration`` groups (one prompt and
+its G branches each). A whole group stays on one rank (its advantages are normalised over its G
+branches, and the shared-velocity trick needs all G at one place), and ranks take different
+prompts: rank r holds the contiguous slice ``[r·P, (r+1)·P)`` of the iteration's global batch,
+``P = prompts_per_iteration / world_size``. A world size that does not divide the work is an
+error, never a silently uneven split. The global order is an infinite stream of seeded
+permutations of the prompt set (one per epoch, :func:`g2rpo.seeding.derive_seed`), so the prompts
+of iteration i depend only on (seed, i) — not on the world size or on a resume.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+
+from g2rpo.errors import G2RPOError, problem
+from g2rpo.seeding import derive_seed
+
+__all__ = ["DistContext", "init_distributed", "prompts_per_rank", "global_prompt_indices", "rank_prompt_indices"]
+
+
+@dataclass(frozen=True)
+class DistContext:
+    """Where this process sits: rank, world size, local rank and its device."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+    def barrier(self) -> None:
+        if self.distributed:
+            torch.distributed.barrier()
+
+
+def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistContext:
+    """Join the torchrun process group if there is one (gloo on CPU, NCCL on CUDA).
+
+    ``device``: ``auto`` (CUDA when available), ``cpu`` or ``cuda``. Without torchrun's
+    environment this is a single process and no group is created.
+    """
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise G2RPOError(problem("train.device", "cuda", "no CUDA device is visible: use device=cpu or auto"))
+    if device == "cuda":
+        torch.cuda.set_device(local_rank)
+        dev = torch.device("cuda", local_rank)
+    else:
+        dev = torch.device("cpu")
+    if world_size > 1 and not torch.distributed.is_initialized():
+        backend = "nccl" if dev.type == "cuda" else "gloo"
+        torch.distributed.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=dev)
+
+
+def prompts_per_rank(prompts_per_iteration: int, world_size: int) -> int:
+    """P = prompts_per_iteration / world_size; an uneven split is an error naming the fix."""
+    if prompts_per_iteration % world_size:
+        divisors = [n for n in range(world_size, 8 * world_size + 1, world_size)]
+        raise G2RPOError(
+            problem(
+                "train.prompts_per_iteration",
+                prompts_per_iteration,
+                f"must be a multiple of the world size {world_size} (one whole group per prompt stays on one rank); "
+                f"use e.g. {', '.join(map(str, divisors[:4]))}, or launch a number of processes that divides it",
+            )
+        )
+    return prompts_per_iteration // world_size
+
+
+def global_prompt_indices(seed: int, iteration: int, prompts_per_iteration: int, num_prompts: int) -> list[int]:
+    """The data-set indices of iteration ``iteration``'s global batch (all ranks), in order.
+
+    Positions ``[i·B, (i+1)·B)`` of the stream ``perm_0 ++ perm_1 ++ …`` where ``perm_e`` is the
+    seeded permutation of ``range(num_prompts)`` for epoch e.
+    """
+    if num_prompts < 1:
+        raise G2RPOError(problem("data.prompts", num_prompts, "the prompt set is empty: give at least one prompt"))
+    start = iteration * prompts_per_iteration
+    out: list[int] = []
+    cache: dict[int, list[int]] = {}
+    for position in range(start, start + prompts_per_iteration):
+        epoch, offset = divmod(position, num_prompts)
+        if epoch not in cache:
+            gen = torch.Generator().manual_seed(derive_seed(seed, "epoch-order", epoch))
+            cache[epoch] = torch.randperm(num_prompts, generator=gen).tolist()
+        out.append(cache[epoch][offset])
+    return out
+
+
+def rank_prompt_indices(
+    seed: int, iteration: int, prompts_per_iteration: int, num_prompts: int, rank: int, world_size: int
+) -> list[int]:
+    """This rank's contiguous share of :func:`global_prompt_indices`."""
+    per_rank = prompts_per_rank(prompts_per_iteration, world_size)
+    batch = global_prompt_indices(seed, iteration, prompts_per_iteration, num_prompts)
+    return batch[rank * per_rank : (rank + 1) * per_rank]

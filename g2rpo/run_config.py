@@ -1,0 +1,309 @@
+"""The configuration of one training run: every section, validated together.
+
+``RunConfig`` composes ``algorithm`` (:class:`~g2rpo.strategies.config.AlgorithmConfig`),
+``model``, ``data``, ``rewards`` (:class:`~g2rpo.rewards.config.RewardsConfig`), ``train``, ``deepspeed``
+(:class:`~g2rpo.deepspeed_config.DeepSpeedSection`) and ``output``. Load it with
+:func:`load_run_config` (YAML + ``key=value`` overrides; every problem reported at once), print
+it with ``g2rpo config show``, list every field with ``g2rpo config describe``.
+
+The **config hash** that guards resume (:func:`resume_hash`) covers ``model``, ``algorithm`` and
+``data``: what the weights and the trajectory of draws depend on. Run length, learning-rate,
+checkpoint cadence and output paths are free to change between a run and its resume.
+
+Defaults are the paper's / reference code's (spec §6) at Flux.1-dev scale. Test and demo configs
+(``configs/tiny-cpu.yaml``) change them — larger learning rate and ratio clip, few steps — and
+say so.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from g2rpo.config import Section, config_hash, load_config
+from g2rpo.deepspeed_config import DeepSpeedSection
+from g2rpo.errors import problem
+from g2rpo.rewards.config import RewardsConfig
+from g2rpo.strategies.config import AlgorithmConfig
+
+__all__ = [
+    "ModelSection",
+    "DataSection",
+    "LoraSection",
+    "EmaSection",
+    "TrainSection",
+    "OutputSection",
+    "RunConfig",
+    "load_run_config",
+    "resume_hash",
+    "HASHED_SECTIONS",
+    "run_problems",
+    "validate_run",
+]
+
+HASHED_SECTIONS = ("model", "algorithm", "data")
+
+
+class ModelSection(Section):
+    """The policy: a diffusers Flux pipeline directory (only transformer and VAE are loaded to train)."""
+
+    path: str = Field(
+        "",
+        description="local directory of a diffusers FluxPipeline (model_index.json, transformer/, vae/, text encoders)",
+    )
+    create_tiny: bool = Field(
+        False,
+        description="tests/demo only: build the tiny random-weight Flux pipeline at `path` if it does not exist yet",
+    )
+    height: int = Field(720, ge=16, description="image height in pixels (multiple of 16; reference code 720)")
+    width: int = Field(720, ge=16, description="image width in pixels (multiple of 16; reference code 720)")
+    guidance: float | None = Field(3.5, description="embedded guidance scale (FLUX.1-dev 3.5; null for models without)")
+    base_model_name: str = Field(
+        "black-forest-labs/FLUX.1-dev",
+        description="what the exported model points to as its base (name or URI); its licence is recorded from the model dir",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "ModelSection":
+        problems = []
+        for name in ("height", "width"):
+            value = getattr(self, name)
+            if value % 16:
+                problems.append(problem(f"model.{name}", value, "must be a multiple of 16 (VAE factor 8 × 2×2 packing)"))
+        if problems:
+            raise ValueError("\n  - ".join(problems))
+        return self
+
+
+class DataSection(Section):
+    """The training prompts and their text embeddings."""
+
+    prompts: str = Field(
+        "",
+        description="prompt file: UTF-8 text, one prompt per line (or .jsonl with a 'prompt' field); encoded once at "
+        "start-up with the pipeline's text encoders, which are then freed",
+    )
+    embeddings: str | None = Field(
+        None,
+        description="directory of a precomputed text-embedding cache (g2rpo data prep); its prompts are the training "
+        "set (then `prompts` may be empty). Null = encode `prompts` at start-up",
+    )
+    max_sequence_length: int | None = Field(
+        None, ge=1, le=512, description="T5 tokens per prompt when encoding at start-up (null = the tokenizer's, FLUX.1-dev 512)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataSection":
+        if not self.prompts and not self.embeddings:
+            raise ValueError(problem("data.prompts", "", "set a prompt file (one prompt per line) or data.embeddings"))
+        return self
+
+
+class LoraSection(Section):
+    """Optional LoRA adapters (peft) instead of a full fine-tune."""
+
+    enabled: bool = Field(False, description="train LoRA adapters only; the base transformer stays frozen")
+    rank: int = Field(64, ge=1, description="LoRA rank r")
+    alpha: float = Field(128.0, gt=0, description="LoRA alpha (scale alpha / r)")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the LoRA path")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"],
+        min_length=1,
+        description="module names (suffixes) that get adapters; must exist in the transformer",
+    )
+
+
+class EmaSection(Section):
+    """Optional exponential moving average of the trained weights."""
+
+    enabled: bool = Field(False, description="keep an EMA copy of the trainable weights (float32)")
+    decay: float = Field(0.999, gt=0.0, lt=1.0, description="θ_ema ← decay·θ_ema + (1 − decay)·θ after each optimiser step")
+
+
+class TrainSection(Section):
+    """The optimisation loop."""
+
+    iterations: int = Field(300, ge=1, description="training iterations (reference code 300)")
+    prompts_per_iteration: int = Field(
+        16, ge=1, description="groups per iteration over all ranks (paper: 16 GPUs × 1); a multiple of the world size"
+    )
+    seed: int = Field(0, ge=0, description="run seed: every draw derives from (seed, iteration, prompt, k, branch)")
+    learning_rate: float = Field(2e-6, gt=0, description="AdamW learning rate, constant (paper 2e-6)")
+    weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay (paper 1e-4)")
+    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
+    max_grad_norm: float = Field(1.0, gt=0, description="clip the global gradient norm to this (reference 1.0)")
+    precision: Literal["bf16", "fp32"] = Field(
+        "bf16", description="bf16 (DeepSpeed keeps fp32 master weights) or fp32; plain torch mode supports fp32 only"
+    )
+    gradient_checkpointing: bool = Field(True, description="recompute block activations in backward (less memory)")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = CUDA when available")
+    decode_micro_batch: int = Field(4, ge=1, description="images per VAE decode call")
+    lora: LoraSection = Field(default_factory=LoraSection, description="LoRA adapters (peft)")
+    ema: EmaSection = Field(default_factory=EmaSection, description="EMA of the trained weights")
+    checkpoint_every: int = Field(50, ge=1, description="save a resumable checkpoint every this many iterations")
+    keep_last: int = Field(2, ge=1, description="keep the newest this many checkpoints")
+    keep_iterations: list[Annotated[int, Field(ge=1)]] = Field(
+        default_factory=list, description="checkpoints at these iterations are kept for good"
+    )
+    resume: str = Field(
+        "auto",
+        description="auto (latest complete checkpoint in output.dir, if any), never (refuse a used output.dir), or a "
+        "checkpoint directory",
+    )
+    deterministic: bool = Field(False, description="torch.use_deterministic_algorithms (bit-exact resume on CPU)")
+    progress: bool = Field(True, description="show a progress bar (reward and loss in its postfix)")
+
+
+class OutputSection(Section):
+    """Where the run writes."""
+
+    dir: str = Field("runs/g2rpo", description="run directory: config, metrics.jsonl, checkpoints/, export/")
+    export: bool = Field(True, description="export the trained transformer (or LoRA adapters) at the end")
+    export_ema: bool = Field(False, description="export the EMA weights instead of the raw ones (needs train.ema)")
+
+
+class RunConfig(Section):
+    """A complete training run."""
+
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig, description="credit-assignment strategy")
+    model: ModelSection = Field(default_factory=ModelSection, description="the policy model")
+    data: DataSection = Field(default_factory=DataSection, description="prompts and text embeddings")
+    rewards: RewardsConfig = Field(default_factory=RewardsConfig, description="reward models (g2rpo.rewards)")
+    train: TrainSection = Field(default_factory=TrainSection, description="optimisation loop")
+    deepspeed: DeepSpeedSection = Field(default_factory=DeepSpeedSection, description="DeepSpeed ZeRO")
+    output: OutputSection = Field(default_factory=OutputSection, description="outputs")
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "RunConfig":
+        problems = []
+        if not self.model.path:
+            problems.append(problem("model.path", "", "set the directory of a diffusers Flux pipeline"))
+        if self.train.precision == "bf16" and not self.deepspeed.enabled:
+            problems.append(
+                problem(
+                    "train.precision",
+                    "bf16",
+                    "plain torch mode trains in fp32 only: set deepspeed.enabled=true (fp32 master weights) or "
+                    "train.precision=fp32",
+                )
+            )
+        if self.train.ema.enabled and self.deepspeed.enabled and self.deepspeed.zero_stage == 3:
+            problems.append(
+                problem("train.ema.enabled", True, "EMA is kept on full weights: use zero_stage ≤ 2, or turn EMA off")
+            )
+        if self.output.export_ema and not self.train.ema.enabled:
+            problems.append(problem("output.export_ema", True, "needs train.ema.enabled=true"))
+        if self.train.resume not in ("auto", "never") and not Path(self.train.resume).exists():
+            problems.append(
+                problem("train.resume", self.train.resume, "use auto, never, or an existing checkpoint directory")
+            )
+        if problems:
+            raise ValueError("\n  - ".join(problems))
+        return self
+
+
+def load_run_config(path: str | Path | None = None, overrides: Any = ()) -> RunConfig:
+    """Read a run config (YAML + ``key=value`` overrides); raises ConfigError with every problem."""
+    return load_config(RunConfig, path, overrides)
+
+
+def resume_hash(config: RunConfig) -> str:
+    """The hash a checkpoint must match to be resumed (model, algorithm, data)."""
+    return config_hash(config, HASHED_SECTIONS)
+
+
+def run_problems(config: Any, world_size: int = 1) -> list[str]:
+    """Problems a config can still have on this machine: files, the rank split, DeepSpeed.
+
+    ``config`` is a :class:`RunConfig` or any object with the sections as attributes, some of
+    them None (``g2rpo validate`` passes the sections that validated on their own, so these
+    checks run even when another section has errors, and every problem is listed together).
+    """
+    from g2rpo.errors import ConfigError, G2RPOError
+
+    train, ds, model, data = (getattr(config, n, None) for n in ("train", "deepspeed", "model", "data"))
+    problems: list[str] = []
+    if train is not None and train.prompts_per_iteration % world_size:
+        problems.append(
+            problem(
+                "train.prompts_per_iteration",
+                train.prompts_per_iteration,
+                f"must be a multiple of the world size {world_size}: one whole group per prompt stays on one rank",
+            )
+        )
+    if ds is not None and world_size > 1 and not ds.enabled:
+        problems.append(problem("deepspeed.enabled", False, f"{world_size} ranks need DeepSpeed for data parallelism: set it to true"))
+    if ds is not None and train is not None and ds.enabled:
+        from g2rpo.deepspeed_config import build_deepspeed_config, validate_deepspeed_config
+
+        generated = build_deepspeed_config(
+            ds, precision=train.precision, max_grad_norm=train.max_grad_norm, world_size=world_size, accumulation_steps=1
+        )
+        try:
+            validate_deepspeed_config(generated, world_size)
+        except ConfigError as exc:
+            problems += [p for p in exc.problems if not p.startswith("deepspeed.train_batch_size")]
+    if model is not None and model.path and "://" not in model.path:
+        if not (model.create_tiny and not Path(model.path).exists()):
+            from g2rpo.models.loading import TEXT_COMPONENTS, TRAINING_COMPONENTS, check_model_dir
+
+            needed = TRAINING_COMPONENTS if data is not None and data.embeddings else TRAINING_COMPONENTS + TEXT_COMPONENTS
+            try:
+                check_model_dir(Path(model.path), needed)
+            except G2RPOError as exc:
+                problems.append(f"model.path: {exc}")
+    if data is not None and data.prompts:
+        from g2rpo.data import read_prompt_file
+
+        try:
+            read_prompt_file(data.prompts)
+        except G2RPOError as exc:
+            problems.append(f"data.prompts: {exc}")
+    if data is not None and data.embeddings and not (Path(data.embeddings) / "manifest.json").is_file():
+        problems.append(
+            problem("data.embeddings", data.embeddings, "no finished embedding cache there (no manifest.json): run `g2rpo data prep`")
+        )
+    return problems
+
+
+def _valid_sections(path: str | Path | None, overrides: Any) -> Any:
+    """The sections of a (possibly invalid) config that validate on their own."""
+    from types import SimpleNamespace
+
+    from pydantic import BaseModel, ValidationError
+
+    from g2rpo.config import _read_yaml, apply_overrides, parse_overrides
+
+    try:
+        raw = _read_yaml(Path(path)) if path is not None else {}
+        raw = apply_overrides(raw, overrides if isinstance(overrides, dict) else parse_overrides(overrides))
+    except Exception:  # reported by load_run_config already
+        return SimpleNamespace()
+    out = {}
+    for name, info in RunConfig.model_fields.items():
+        cls = info.annotation
+        value = raw.get(name, {}) if isinstance(raw, dict) else {}
+        try:
+            out[name] = cls.model_validate(value) if isinstance(cls, type) and issubclass(cls, BaseModel) else None
+        except ValidationError:
+            out[name] = None
+    return SimpleNamespace(**out)
+
+
+def validate_run(path: str | Path | None, overrides: Any = (), world_size: int = 1) -> str:
+    """Validate a run config completely; raise ConfigError listing every problem, else return its hash."""
+    from g2rpo.errors import ConfigError
+
+    try:
+        config = load_run_config(path, overrides)
+    except ConfigError as exc:
+        # Also run the machine-level checks on the sections that are valid by themselves.
+        extra = run_problems(_valid_sections(path, overrides), world_size)
+        raise ConfigError(exc.problems + extra, source=str(path) if path else None) from None
+    problems = run_problems(config, world_size)
+    if problems:
+        raise ConfigError(problems, source=str(path) if path else None)
+    return resume_hash(config)
