@@ -74,8 +74,7 @@ def run_demo(
     strategy = build_strategy(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     sigmas = make_grid(config, LATENT_SHAPE[0])
-    out_dir = Path(out_root) / f"demo-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
-    out_dir.mkdir(parents=True, exist_ok=False)
+    out_dir = _new_run_dir(Path(out_root), f"demo-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
 
     echo(f"g2rpo demo: strategy={config.strategy} T={config.num_steps} G={config.group_size} "
          f"M={config.trained_steps} Λ={config.strides} η={config.eta} ε={config.ratio_clip} "
@@ -113,6 +112,19 @@ def run_demo(
          f"dropped groups {last.dropped_groups}/{last.total_groups}")
     echo(f"wrote {out_dir / 'metrics.jsonl'} and {out_dir / 'reward.png'}")
     return DemoResult(out_dir, reward_before, reward_after, history)
+
+
+def _new_run_dir(root: Path, name: str) -> Path:
+    """A fresh folder ``root/name`` (``name-2``, ``name-3``, … if taken): never reuse a run's folder."""
+    root.mkdir(parents=True, exist_ok=True)
+    for n in range(1, 1000):
+        candidate = root / (name if n == 1 else f"{name}-{n}")
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{root / name}: 999 run folders of that name exist; clean up {root}")
 
 
 def _plot(history: list[StepStats], path: Path) -> None:

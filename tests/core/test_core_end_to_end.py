@@ -60,3 +60,10 @@ def test_cli_demo_rejects_bad_settings(tmp_path, capsys):
     assert main(["demo", "--iterations", "1", "--out", str(tmp_path), "--set", "group_size=1"]) == 2
     assert "group_size=1" in capsys.readouterr().err
     assert main(["demo", "--iterations", "0", "--out", str(tmp_path)]) == 2
+
+
+def test_demo_never_reuses_a_run_folder(tmp_path):
+    from g2rpo.demo import _new_run_dir
+
+    first, second = _new_run_dir(tmp_path, "demo-x"), _new_run_dir(tmp_path, "demo-x")
+    assert first != second and first.is_dir() and second.is_dir() and second.name == "demo-x-2"
