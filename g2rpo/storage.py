@@ -626,8 +626,23 @@ class S3Store(Store):
                 raise G2RPOError(f"deleting {len(errors)} object(s) under {self.uri} failed, e.g. {first}")
 
 
+_CLIENTS: dict[tuple, object] = {}
+
+
 def make_s3_client(settings: S3Settings):
-    """A boto3 S3 client: standard credential chain, path-style, botocore retries with backoff."""
+    """A boto3 S3 client: standard credential chain, path-style, botocore retries with backoff.
+
+    Clients are cached per settings and ``AWS_*`` environment (building one costs ~0.1 s); boto3
+    clients are thread-safe.
+    """
+    key = (settings.model_dump_json(), tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
+    client = _CLIENTS.get(key)
+    if client is None:
+        client = _CLIENTS[key] = _new_s3_client(settings)
+    return client
+
+
+def _new_s3_client(settings: S3Settings):
     try:
         import boto3
         from botocore.config import Config

@@ -106,7 +106,7 @@ def test_storage_fetch_to_cache_downloads_once(s3_env, tmp_path):
     assert (first / "transformer" / "model.safetensors").stat().st_size == 2048
     # A different artifact (different manifest) is a miss, and a corrupted one is refused and leaves no entry.
     uri2 = f"{s3_env.uri}/exports/m2"
-    publish_dir(src, uri2)
+    publish_dir(_artifact(tmp_path, "other"), uri2)
     open_store(uri2).put_bytes("config.json", b'{"layers": 3}')
     with pytest.raises(G2RPOError, match="changed after publishing"):
         fetch_to_cache(uri2, cache)

@@ -1,0 +1,186 @@
+"""``g2rpo registry list|show|register|promote|rollback|history``: versions, aliases, gated promotion."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from g2rpo.commands.storage import _add_s3_options, settings_from_args
+
+
+def _registry(args):
+    from g2rpo.errors import G2RPOError
+    from g2rpo.registry import Registry
+
+    uri = args.registry or os.environ.get("G2RPO_REGISTRY_URI")
+    if not uri:
+        raise G2RPOError("--registry=None: pass --registry URI (a folder or s3://bucket/prefix) or set G2RPO_REGISTRY_URI")
+    return Registry(uri, settings_from_args(args))
+
+
+def _list(args) -> int:
+    reg = _registry(args)
+    if args.model is None:
+        for model in reg.models():
+            state, _ = reg.read_state(model)
+            aliases = ", ".join(f"{a}=v{v}" for a, v in sorted(state.aliases.items())) or "no aliases"
+            print(f"{model}  {len(reg.version_numbers(model))} version(s)  {aliases}")
+        return 0
+    state, _ = reg.read_state(args.model)
+    by_version: dict[int, list[str]] = {}
+    for alias, version in state.aliases.items():
+        by_version.setdefault(version, []).append(alias)
+    for number in reg.version_numbers(args.model):
+        record = reg.get_version(args.model, number)
+        metrics = "  ".join(f"{m}={s.mean:.4f}" for m, s in sorted(record.eval.metrics.items()))
+        tags = ",".join(sorted(by_version.get(number, [])))
+        print(f"v{number:<4} {tags:<20} {record.created_at}  run={record.source_run}  {metrics}")
+    return 0
+
+
+def _show(args) -> int:
+    reg = _registry(args)
+    number = reg.resolve(args.model, args.version)
+    record = reg.get_version(args.model, number)
+    print(record.model_dump_json(indent=2))
+    from g2rpo.promotion import Decision, format_decision
+
+    for decision in reg.decisions(args.model, number):
+        print()
+        print(format_decision(Decision.model_validate(decision)))
+    return 0
+
+
+def _register(args) -> int:
+    import json
+    from pathlib import Path
+
+    from g2rpo.errors import G2RPOError, problem
+    from g2rpo.promotion import eval_record_from_scores
+    from g2rpo.registry import BaseModelRef, EvalScores
+
+    reg = _registry(args)
+    path = Path(args.scores)
+    if not path.is_file():
+        raise G2RPOError(problem("--scores", args.scores, "no such file; pass the eval's per-prompt scores JSON"))
+    try:
+        scores = EvalScores.model_validate(json.loads(path.read_text()))
+    except Exception as exc:  # pydantic or JSON errors: say which file and what
+        raise G2RPOError(problem("--scores", args.scores, f"not a valid scores file ({exc.__class__.__name__}: "
+                                 f"{str(exc).splitlines()[0]}); see docs/registry.md")) from None
+    scores_uri, scores_sha = reg.publish_scores(args.model, scores)
+    record = reg.register(
+        args.model,
+        export_uri=args.export,
+        eval_record=eval_record_from_scores(scores, scores_uri, scores_sha),
+        source_run=args.source_run,
+        config_hash=args.config_hash,
+        base_model=BaseModelRef(name=args.base_model, licence=args.licence),
+    )
+    print(f"registered {args.model} v{record.version}")
+    if args.challenger:
+        reg.set_alias(args.model, "challenger", record.version, reason="registered as challenger")
+        print(f"challenger → v{record.version}")
+    return 0
+
+
+def _promote(args) -> int:
+    from g2rpo.promotion import format_decision, load_gates, promote
+
+    reg = _registry(args)
+    gates, gates_sha = load_gates(args.gates)
+    number = reg.resolve(args.model, args.version)
+    decision = promote(reg, args.model, number, gates, gates_sha256=gates_sha, dry_run=args.dry_run,
+                       reason=args.reason or "")
+    print(format_decision(decision))
+    if args.dry_run:
+        print("dry run: nothing recorded")
+    elif decision.passed:
+        print(f"champion → v{number}")
+    else:
+        print(f"champion unchanged (v{decision.champion})" if decision.champion else "no champion set")
+    return 0 if decision.passed else 1
+
+
+def _rollback(args) -> int:
+    from g2rpo.promotion import rollback
+
+    reg = _registry(args)
+    to = reg.resolve(args.model, args.to) if args.to is not None else None
+    event = rollback(reg, args.model, to=to, reason=args.reason)
+    print(f"champion v{event.previous} → v{event.version} (rollback, revision {event.revision})")
+    return 0
+
+
+def _history(args) -> int:
+    reg = _registry(args)
+    state, _ = reg.read_state(args.model)
+    if not state.history:
+        print(f"{args.model}: no alias changes yet")
+    for e in state.history:
+        before = "—" if e.previous is None else f"v{e.previous}"
+        after = "—" if e.version is None else f"v{e.version}"
+        why = f"  ({e.reason})" if e.reason else ""
+        print(f"r{e.revision:<3} {e.at}  {e.action:<11} {e.alias:<10} {before} → {after}  by {e.actor}{why}")
+    return 0
+
+
+def add_commands(sub) -> None:
+    registry = sub.add_parser(
+        "registry",
+        help="model versions, champion/challenger aliases, gated promotion",
+        description="A model registry on a local folder or S3. Versions are immutable records; aliases "
+        "(champion, challenger) move by conditional writes, so two racing promotions cannot both win.",
+    )
+    verbs = registry.add_subparsers(dest="registry_command", metavar="VERB", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--registry", help="registry root (folder or s3://bucket/prefix); default: $G2RPO_REGISTRY_URI")
+        _add_s3_options(p)
+
+    p = verbs.add_parser("list", help="models, or the versions of one model with their aliases")
+    p.add_argument("model", nargs="?", help="model name; omit to list models")
+    common(p)
+    p.set_defaults(handler=_list)
+
+    p = verbs.add_parser("show", help="a version's record and its promotion decisions")
+    p.add_argument("model")
+    p.add_argument("version", help="number (3 or v3), champion or challenger")
+    common(p)
+    p.set_defaults(handler=_show)
+
+    p = verbs.add_parser("register", help="record a new version from a published export and its eval scores")
+    p.add_argument("model")
+    p.add_argument("--export", required=True, help="URI of the exported model (a published artifact)")
+    p.add_argument("--scores", required=True, help="per-prompt eval scores JSON (format: docs/registry.md)")
+    p.add_argument("--source-run", required=True, help="pipeline run that produced the model")
+    p.add_argument("--config-hash", required=True, help="hash of the training config")
+    p.add_argument("--base-model", required=True, help="base model id, e.g. black-forest-labs/FLUX.1-dev")
+    p.add_argument("--licence", required=True, help="the base model's licence")
+    p.add_argument("--challenger", action="store_true", help="also point the challenger alias at it")
+    common(p)
+    p.set_defaults(handler=_register)
+
+    p = verbs.add_parser(
+        "promote",
+        help="apply the gates; make the version champion if it passes (exit 1 if it fails)",
+    )
+    p.add_argument("model")
+    p.add_argument("version", help="number (3 or v3) or challenger")
+    p.add_argument("--gates", default=None, help="gates YAML (default: the packaged g2rpo/gates/default.yaml)")
+    p.add_argument("--dry-run", action="store_true", help="print the decision, record nothing")
+    p.add_argument("--reason", default="", help="note recorded in the history")
+    common(p)
+    p.set_defaults(handler=_promote)
+
+    p = verbs.add_parser("rollback", help="point champion back at its predecessor (or --to), without gates")
+    p.add_argument("model")
+    p.add_argument("--to", default=None, help="version to make champion (default: the one before)")
+    p.add_argument("--reason", required=True, help="why (recorded in the history)")
+    common(p)
+    p.set_defaults(handler=_rollback)
+
+    p = verbs.add_parser("history", help="every alias change, oldest first")
+    p.add_argument("model")
+    common(p)
+    p.set_defaults(handler=_history)

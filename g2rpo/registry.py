@@ -1,0 +1,437 @@
+"""A model registry on any :mod:`g2rpo.storage` store: versions, aliases, history.
+
+Layout under the registry's root URI (``s3://bucket/registry`` or a local folder)::
+
+    models/<model>/versions/000001.json        a version's record (create-only, immutable)
+    models/<model>/evals/<unique>/scores.json  per-prompt scores of an eval (a published artifact)
+    models/<model>/decisions/000001/<t>.json   promotion decisions about version 1 (create-only)
+    models/<model>/state.json                  aliases + history, one document (compare-and-swap)
+
+A *version record* is the version's manifest: schema version, producer, source pipeline run,
+config hash, base model and its licence, the exported model's URI with its manifest digest and
+file digests, and the eval record (per metric mean, CI and n; prompt set and seeds; a pointer to the
+per-prompt scores with their sha256, so paired comparisons can be recomputed).
+
+Aliases follow MLflow's move from stages to aliases: ``champion`` (what serves) and
+``challenger`` (the candidate) are names that point at version numbers. Aliases and their history
+live in one ``state.json`` so that one conditional write moves an alias *and* appends its history
+event: it is created with ``If-None-Match: *`` and replaced with ``If-Match: <etag>``. A writer
+that loses the race gets :class:`AliasConflict` and nothing it wrote is visible, so there are no
+lost updates. Version numbers are claimed the same way (create-only ``versions/<n>.json``; a loser
+takes the next number).
+
+The registry does not decide promotions; :mod:`g2rpo.promotion` does, and writes through
+:meth:`Registry.update_state`.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import re
+import socket
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from g2rpo import __version__
+from g2rpo.errors import G2RPOError, problem
+from g2rpo.manifest import FileEntry, publish_dir, read_manifest, unique_prefix
+from g2rpo.storage import ObjectNotFound, S3Settings, Store, WriteConflict, open_store
+
+__all__ = [
+    "ALIASES",
+    "AliasConflict",
+    "BaseModelRef",
+    "MetricSummary",
+    "ScoreItem",
+    "EvalScores",
+    "EvalRecord",
+    "ExportRef",
+    "ModelVersion",
+    "HistoryEvent",
+    "RegistryState",
+    "Registry",
+    "validate_model_name",
+]
+
+SCHEMA_VERSION = 1
+ALIASES = ("champion", "challenger")
+_MODEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
+_MAX_VERSION_CLAIMS = 100
+
+
+class AliasConflict(G2RPOError):
+    """Another writer changed the model's aliases/history between our read and our write."""
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BaseModelRef(_Record):
+    name: str = Field(description="base model id, e.g. black-forest-labs/FLUX.1-dev")
+    licence: str = Field(description="the base model's licence, e.g. flux-1-dev-non-commercial-license")
+
+
+class MetricSummary(_Record):
+    mean: float = Field(description="mean score over all (prompt, seed) items")
+    ci_low: float = Field(description="lower end of the bootstrap CI of the mean")
+    ci_high: float = Field(description="upper end of the bootstrap CI of the mean")
+    n: int = Field(ge=1, description="number of (prompt, seed) items")
+
+
+class ScoreItem(_Record):
+    prompt_id: str = Field(description="stable id of the prompt within the prompt set")
+    seed: int = Field(description="sampling seed of the image")
+    scores: dict[str, float] = Field(description="metric name -> score (native scale)")
+
+
+class EvalScores(_Record):
+    """Per-prompt scores of one evaluation: what paired comparisons are computed from."""
+
+    schema_version: int = Field(SCHEMA_VERSION, description="format version")
+    prompt_set: str = Field(description="name (or URI) of the prompt set")
+    prompt_set_sha256: str | None = Field(None, description="digest of the prompt set file, when known")
+    seeds: list[int] = Field(description="sampling seeds used for every prompt")
+    items: list[ScoreItem] = Field(description="one entry per (prompt, seed)")
+
+    def metric_names(self) -> list[str]:
+        names: set[str] = set()
+        for item in self.items:
+            names.update(item.scores)
+        return sorted(names)
+
+    def keyed(self, metric: str) -> dict[tuple[str, int], float]:
+        """``(prompt_id, seed) -> score`` for one metric (items lacking it are left out)."""
+        return {(i.prompt_id, i.seed): i.scores[metric] for i in self.items if metric in i.scores}
+
+
+class EvalRecord(_Record):
+    prompt_set: str = Field(description="name (or URI) of the prompt set")
+    prompt_set_sha256: str | None = Field(None, description="digest of the prompt set file, when known")
+    seeds: list[int] = Field(description="sampling seeds")
+    n: int = Field(ge=1, description="number of (prompt, seed) items")
+    metrics: dict[str, MetricSummary] = Field(description="per metric summary")
+    scores_uri: str = Field(description="URI of the published per-prompt scores artifact")
+    scores_sha256: str = Field(description="sha256 of scores.json")
+
+
+class ExportRef(_Record):
+    uri: str = Field(description="URI of the exported model artifact (published, with a manifest)")
+    manifest_sha256: str = Field(description="sha256 of the export's manifest.json")
+    files: list[FileEntry] = Field(description="the export's files with sizes and digests")
+
+
+class ModelVersion(_Record):
+    """A version's record; immutable once written."""
+
+    schema_version: int = Field(SCHEMA_VERSION, description="record format version")
+    model: str
+    version: int = Field(ge=1)
+    created_at: str
+    producer: str
+    source_run: str = Field(description="pipeline run that produced the model")
+    config_hash: str = Field(description="hash of the training config")
+    base_model: BaseModelRef
+    export: ExportRef
+    eval: EvalRecord
+
+
+class HistoryEvent(_Record):
+    revision: int = Field(description="state revision this event created")
+    at: str
+    actor: str = Field(description="user@host that made the change")
+    action: str = Field(description="promote | rollback | set-alias | clear-alias")
+    alias: str
+    version: int | None = Field(description="version the alias points to after the event (None: cleared)")
+    previous: int | None = Field(description="version it pointed to before")
+    reason: str = ""
+    decision: str | None = Field(None, description="key of the decision record behind a promotion")
+
+
+class RegistryState(_Record):
+    schema_version: int = SCHEMA_VERSION
+    model: str
+    revision: int = 0
+    aliases: dict[str, int] = Field(default_factory=dict)
+    history: list[HistoryEvent] = Field(default_factory=list)
+
+
+def validate_model_name(model: str) -> str:
+    if not isinstance(model, str) or not _MODEL_NAME.match(model):
+        raise G2RPOError(
+            problem("model", model, "use 1-63 lowercase letters, digits, '.', '_' or '-', starting with a letter/digit")
+        )
+    return model
+
+
+def validate_alias(alias: str) -> str:
+    if alias not in ALIASES:
+        raise G2RPOError(problem("alias", alias, f"use one of {', '.join(ALIASES)}"))
+    return alias
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _actor() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def _parse(cls, data: bytes, where: str):
+    try:
+        return cls.model_validate_json(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        raise G2RPOError(f"{where} is not a valid {cls.__name__}: {first['msg']} at {first['loc']}") from None
+
+
+class Registry:
+    """Model versions and aliases under one root URI."""
+
+    def __init__(self, uri: str, settings: S3Settings | None = None):
+        self.settings = settings
+        self.store: Store = open_store(uri, settings)
+        self.uri = self.store.uri
+
+    # ------------------------------------------------------------------ keys
+
+    @staticmethod
+    def _version_key(model: str, version: int) -> str:
+        return f"models/{model}/versions/{version:06d}.json"
+
+    @staticmethod
+    def _state_key(model: str) -> str:
+        return f"models/{model}/state.json"
+
+    # ------------------------------------------------------------------ reading
+
+    def models(self) -> list[str]:
+        names = set()
+        for info in self.store.list("models"):
+            parts = info.key.split("/")
+            if len(parts) >= 4 and parts[2] == "versions":
+                names.add(parts[1])
+        return sorted(names)
+
+    def version_numbers(self, model: str) -> list[int]:
+        validate_model_name(model)
+        numbers = []
+        for info in self.store.list(f"models/{model}/versions"):
+            name = info.key.rsplit("/", 1)[-1]
+            if name.endswith(".json") and name[:-5].isdigit():
+                numbers.append(int(name[:-5]))
+        return sorted(numbers)
+
+    def get_version(self, model: str, version: int) -> ModelVersion:
+        validate_model_name(model)
+        key = self._version_key(model, int(version))
+        try:
+            data, _ = self.store.get_bytes(key)
+        except ObjectNotFound:
+            known = self.version_numbers(model)
+            raise G2RPOError(
+                problem("version", version, f"model {model!r} has no such version (known: {known or 'none'})")
+            ) from None
+        return _parse(ModelVersion, data, self.store.uri_for(key))
+
+    def resolve(self, model: str, ref: str | int) -> int:
+        """A version number from ``3``, ``'3'``, ``'v3'``, ``'champion'`` or ``'challenger'``."""
+        if isinstance(ref, int):
+            return ref
+        text = str(ref).strip()
+        if text in ALIASES:
+            state, _ = self.read_state(model)
+            if text not in state.aliases:
+                raise G2RPOError(problem("version", ref, f"model {model!r} has no {text}; give a version number"))
+            return state.aliases[text]
+        digits = text[1:] if text[:1] in ("v", "V") else text
+        if not digits.isdigit():
+            raise G2RPOError(problem("version", ref, "give a version number (3 or v3) or champion/challenger"))
+        return int(digits)
+
+    def read_state(self, model: str) -> tuple[RegistryState, str | None]:
+        """The model's aliases and history, and the etag to update them with (None: never written)."""
+        validate_model_name(model)
+        key = self._state_key(model)
+        try:
+            data, etag = self.store.get_bytes(key)
+        except ObjectNotFound:
+            return RegistryState(model=model), None
+        return _parse(RegistryState, data, self.store.uri_for(key)), etag
+
+    def load_scores(self, record: ModelVersion) -> EvalScores:
+        """The per-prompt scores of a version's eval, checked against the recorded sha256."""
+        import hashlib
+
+        store = open_store(record.eval.scores_uri, self.settings)
+        try:
+            data, _ = store.get_bytes("scores.json")
+        except ObjectNotFound:
+            raise G2RPOError(
+                f"{record.eval.scores_uri}/scores.json is missing (version {record.version} of {record.model}); "
+                "the eval artifact was deleted: re-register the eval"
+            ) from None
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != record.eval.scores_sha256:
+            raise G2RPOError(
+                f"{record.eval.scores_uri}/scores.json has sha256 {digest[:12]}…, version {record.version} recorded "
+                f"{record.eval.scores_sha256[:12]}…: the scores were changed after registration"
+            )
+        return _parse(EvalScores, data, store.uri_for("scores.json"))
+
+    def decisions(self, model: str, version: int) -> list[dict]:
+        out = []
+        for info in self.store.list(f"models/{model}/decisions/{version:06d}"):
+            data, _ = self.store.get_bytes(info.key)
+            out.append(json.loads(data))
+        return out
+
+    def protected_uris(self) -> list[str]:
+        """URIs GC must never delete: every champion's export and eval artifacts."""
+        uris = []
+        for model in self.models():
+            state, _ = self.read_state(model)
+            champion = state.aliases.get("champion")
+            if champion is not None:
+                record = self.get_version(model, champion)
+                uris += [record.export.uri, record.eval.scores_uri]
+        return uris
+
+    # ------------------------------------------------------------------ writing
+
+    def publish_scores(self, model: str, scores: EvalScores) -> tuple[str, str]:
+        """Publish per-prompt scores as an artifact of their own; returns ``(uri, sha256)``."""
+        import hashlib
+
+        validate_model_name(model)
+        data = scores.model_dump_json(indent=1).encode()
+        uri = self.store.uri_for(f"models/{model}/evals/{unique_prefix('eval')}")
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "scores.json").write_bytes(data)
+            publish_dir(tmp, uri, producer=f"g2rpo.registry {__version__}", settings=self.settings)
+        return uri, hashlib.sha256(data).hexdigest()
+
+    def register(
+        self,
+        model: str,
+        *,
+        export_uri: str,
+        eval_record: EvalRecord,
+        source_run: str,
+        config_hash: str,
+        base_model: BaseModelRef,
+        producer: str = f"g2rpo {__version__}",
+    ) -> ModelVersion:
+        """Record a new version (the next free number) of ``model``; returns its record.
+
+        The export must be a published artifact (it has a manifest); its digests are copied into
+        the record. Racing registrations get distinct numbers.
+        """
+        import hashlib
+
+        validate_model_name(model)
+        export_store = open_store(export_uri, self.settings)
+        manifest = read_manifest(export_store)
+        manifest_bytes, _ = export_store.get_bytes("manifest.json")
+        export = ExportRef(
+            uri=export_store.uri,
+            manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
+            files=manifest.files,
+        )
+        number = (self.version_numbers(model) or [0])[-1] + 1
+        for _ in range(_MAX_VERSION_CLAIMS):
+            record = ModelVersion(
+                model=model,
+                version=number,
+                created_at=_now_iso(),
+                producer=producer,
+                source_run=source_run,
+                config_hash=config_hash,
+                base_model=base_model,
+                export=export,
+                eval=eval_record,
+            )
+            try:
+                self.store.put_bytes(
+                    self._version_key(model, number), record.model_dump_json(indent=1).encode(), if_none_match=True
+                )
+                return record
+            except WriteConflict:
+                number += 1  # another writer claimed this number first
+        raise G2RPOError(f"could not claim a version number for {model!r} after {_MAX_VERSION_CLAIMS} tries; retry")
+
+    def record_decision(self, model: str, version: int, decision: dict) -> str:
+        """Store a promotion decision with the version (create-only); returns its key."""
+        import secrets
+
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        key = f"models/{model}/decisions/{version:06d}/{stamp}-{secrets.token_hex(4)}.json"
+        self.store.put_bytes(key, json.dumps(decision, indent=1, sort_keys=True).encode(), if_none_match=True)
+        return key
+
+    def update_state(
+        self,
+        model: str,
+        change: Callable[[RegistryState], list[HistoryEvent]],
+        *,
+        expected: tuple[RegistryState, str | None] | None = None,
+    ) -> RegistryState:
+        """Apply ``change`` to the model's state with one conditional write.
+
+        ``change(state)`` returns the events to append (each with alias, version, previous set);
+        the aliases are moved accordingly and the revision bumped. ``expected`` is the
+        ``(state, etag)`` the caller based its decision on; when the stored state has moved on
+        since, :class:`AliasConflict` is raised and nothing is written.
+        """
+        state, etag = expected if expected is not None else self.read_state(model)
+        events = change(state)
+        aliases = dict(state.aliases)
+        revision = state.revision + 1
+        stamped = []
+        for event in events:
+            if event.version is None:
+                aliases.pop(event.alias, None)
+            else:
+                aliases[event.alias] = event.version
+            stamped.append(event.model_copy(update={"revision": revision, "at": _now_iso(), "actor": _actor()}))
+        new = RegistryState(model=model, revision=revision, aliases=aliases, history=[*state.history, *stamped])
+        data = new.model_dump_json(indent=1).encode()
+        try:
+            if etag is None:
+                self.store.put_bytes(self._state_key(model), data, if_none_match=True)
+            else:
+                self.store.put_bytes(self._state_key(model), data, if_match=etag)
+        except WriteConflict:
+            current, _ = self.read_state(model)
+            raise AliasConflict(
+                f"the aliases of {model!r} changed while this update was prepared (revision {state.revision} → "
+                f"{current.revision}, now {current.aliases or 'no aliases'}); nothing was written: "
+                "rerun the command to decide against the new state"
+            ) from None
+        return new
+
+    def set_alias(self, model: str, alias: str, version: int | None, reason: str = "") -> RegistryState:
+        """Point ``alias`` at ``version`` (None clears it), without gates. Conditional write."""
+        validate_alias(alias)
+        if version is not None:
+            self.get_version(model, version)  # must exist
+
+        def change(state: RegistryState) -> list[HistoryEvent]:
+            return [
+                HistoryEvent(
+                    revision=0, at="", actor="", action="set-alias" if version is not None else "clear-alias",
+                    alias=alias, version=version, previous=state.aliases.get(alias), reason=reason,
+                )
+            ]
+
+        return self.update_state(model, change)

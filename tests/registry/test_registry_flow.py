@@ -1,0 +1,122 @@
+"""Registry flows on file:// and S3: register, gated promote, rollback, history, conflicts."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from registry_helpers import make_scores, register_version
+
+from g2rpo.errors import G2RPOError
+from g2rpo.promotion import Gates, promote, rollback
+from g2rpo.registry import AliasConflict, HistoryEvent, Registry
+from g2rpo.storage import open_store
+
+pytestmark = pytest.mark.integration
+
+GATES = Gates.model_validate(
+    {
+        "metrics": {
+            "hps": {"direction": "higher", "domain": "in", "min_improvement": 0.01, "floor": 0.2},
+            "clip": {"direction": "higher", "domain": "out", "max_regression": 0.01, "floor": 0.25},
+        }
+    }
+)
+
+
+def test_registry_register_records_everything(root_uri, tmp_path):
+    reg = Registry(f"{root_uri}/registry")
+    v = register_version(reg, "flux-g2rpo", root_uri, tmp_path, make_scores({"hps": 0.3, "clip": 0.3}))
+    assert v == 1
+    record = reg.get_version("flux-g2rpo", 1)
+    assert record.source_run == "run-1" and record.config_hash == "cfg-run-1"
+    assert record.base_model.licence == "flux-1-dev-non-commercial-license"
+    assert {f.path for f in record.export.files} == {"base_model.json", "transformer/diffusion_pytorch_model.safetensors"}
+    assert record.eval.n == 16 and record.eval.seeds == [0, 1] and record.eval.prompt_set == "test-prompts-v1"
+    assert record.eval.metrics["hps"].mean == pytest.approx(0.3)
+    assert reg.load_scores(record).keyed("clip")[("p3", 1)] == pytest.approx(0.3)
+    assert reg.models() == ["flux-g2rpo"] and reg.version_numbers("flux-g2rpo") == [1]
+    with pytest.raises(G2RPOError, match="no such version"):
+        reg.get_version("flux-g2rpo", 9)
+    with pytest.raises(G2RPOError, match="model='Bad Name'"):
+        reg.read_state("Bad Name")
+
+
+def test_registry_version_numbers_are_claimed_atomically(root_uri, tmp_path, monkeypatch):
+    reg = Registry(f"{root_uri}/registry")
+    register_version(reg, "m1", root_uri, tmp_path, make_scores({"hps": 0.3}), run="a")
+    # A writer with a stale view (it believes there are no versions) must not overwrite v1.
+    monkeypatch.setattr(reg, "version_numbers", lambda model: [])
+    assert register_version(reg, "m1", root_uri, tmp_path, make_scores({"hps": 0.4}), run="b") == 2
+    assert reg.get_version("m1", 1).source_run == "a"
+
+
+def test_registry_promote_rollback_history(root_uri, tmp_path):
+    reg = Registry(f"{root_uri}/registry")
+    model = "flux-g2rpo"
+    v1 = register_version(reg, model, root_uri, tmp_path, make_scores({"hps": 0.25, "clip": 0.30}), run="r1")
+    v2 = register_version(reg, model, root_uri, tmp_path, make_scores({"hps": 0.30, "clip": 0.295}), run="r2")
+    v3 = register_version(reg, model, root_uri, tmp_path, make_scores({"hps": 0.40, "clip": 0.20}), run="r3")
+
+    first = promote(reg, model, v1, GATES)  # no champion: floors
+    assert first.passed and first.champion is None
+    assert reg.read_state(model)[0].aliases == {"champion": v1}
+
+    second = promote(reg, model, v2, GATES)  # +0.05 hps, −0.005 clip
+    assert second.passed and second.champion == v1
+    third = promote(reg, model, v3, GATES)  # +0.10 hps but −0.095 clip: reward hacking, refused
+    assert not third.passed
+    state, _ = reg.read_state(model)
+    assert state.aliases == {"champion": v2}
+    # Every decision is stored with its version, the failed one included.
+    stored = reg.decisions(model, v3)
+    assert len(stored) == 1 and stored[0]["passed"] is False and stored[0]["champion"] == v2
+    with pytest.raises(G2RPOError, match="already the champion"):
+        promote(reg, model, v2, GATES)
+
+    event = rollback(reg, model, reason="bad samples in prod")
+    assert (event.previous, event.version) == (v2, v1)
+    with pytest.raises(G2RPOError, match="no predecessor"):
+        rollback(reg, model, reason="again")
+    state, _ = reg.read_state(model)
+    assert state.aliases == {"champion": v1} and state.revision == 3
+    assert [(e.action, e.previous, e.version) for e in state.history] == [
+        ("promote", None, v1), ("promote", v1, v2), ("rollback", v2, v1),
+    ]
+    assert state.history[1].decision.startswith(f"models/{model}/decisions/{v2:06d}/")
+    # The champion's artifacts are what GC must protect.
+    champion = reg.get_version(model, v1)
+    assert set(reg.protected_uris()) == {champion.export.uri, champion.eval.scores_uri}
+
+
+def test_registry_stale_state_write_is_refused(root_uri, tmp_path):
+    reg = Registry(f"{root_uri}/registry")
+    register_version(reg, "m", root_uri, tmp_path, make_scores({"hps": 0.3}), run="a")
+    register_version(reg, "m", root_uri, tmp_path, make_scores({"hps": 0.4}), run="b")
+    stale = reg.read_state("m")  # nothing written yet: (empty state, no etag)
+
+    def to(version):
+        return lambda state: [HistoryEvent(revision=0, at="", actor="", action="set-alias", alias="champion",
+                                           version=version, previous=state.aliases.get("champion"))]
+
+    reg.update_state("m", to(1))
+    with pytest.raises(AliasConflict, match="nothing was written"):
+        reg.update_state("m", to(2), expected=stale)  # create-only write of an existing state
+    stale = reg.read_state("m")
+    reg.update_state("m", to(2))
+    with pytest.raises(AliasConflict):
+        reg.update_state("m", to(1), expected=stale)  # If-Match with an old etag
+    state, _ = reg.read_state("m")
+    assert state.aliases == {"champion": 2} and [e.version for e in state.history] == [1, 2]
+
+
+def test_registry_tampered_scores_are_refused(root_uri, tmp_path):
+    reg = Registry(f"{root_uri}/registry")
+    v = register_version(reg, "m", root_uri, tmp_path, make_scores({"hps": 0.3}))
+    record = reg.get_version("m", v)
+    store = open_store(record.eval.scores_uri)
+    data = json.loads(store.get_bytes("scores.json")[0])
+    data["items"][0]["scores"]["hps"] = 0.99
+    store.put_bytes("scores.json", json.dumps(data).encode())
+    with pytest.raises(G2RPOError, match="changed after registration"):
+        reg.load_scores(record)

@@ -1,0 +1,139 @@
+"""Promotion gates: bootstrap, paired comparison, decisions. Pure: no store involved."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from registry_helpers import make_scores
+
+from g2rpo.config import load_config
+from g2rpo.errors import ConfigError, G2RPOError
+from g2rpo.promotion import (
+    Gates,
+    bootstrap_mean_ci,
+    decide,
+    default_gates_path,
+    format_decision,
+    load_gates,
+    paired_differences,
+)
+
+
+def _gates(**metrics) -> Gates:
+    return Gates.model_validate({"bootstrap_resamples": 2000, "bootstrap_seed": 0, "metrics": metrics})
+
+
+HPS_IN = {"direction": "higher", "domain": "in", "min_improvement": 0.01, "floor": 0.2}
+CLIP_OUT = {"direction": "higher", "domain": "out", "max_regression": 0.01, "floor": 0.25}
+
+
+def test_registry_bootstrap_ci_hand_values():
+    # Constant values: every resample mean is 0.3, so the CI is [0.3, 0.3].
+    assert bootstrap_mean_ci(np.full(5, 0.3), 500, 0, 0.95) == pytest.approx((0.3, 0.3))
+    # Values {0, 1}: a resample of 2 has mean 0 (p=1/4), 0.5 (p=1/2) or 1 (p=1/4); the 2.5th
+    # percentile of 2000 such means is 0 and the 97.5th is 1.
+    assert bootstrap_mean_ci(np.array([0.0, 1.0]), 2000, 0, 0.95) == (0.0, 1.0)
+    values = np.random.default_rng(3).normal(size=50)
+    assert bootstrap_mean_ci(values, 1000, 7, 0.9) == bootstrap_mean_ci(values, 1000, 7, 0.9)  # seeded
+    low, high = bootstrap_mean_ci(values, 1000, 7, 0.9)
+    assert low < values.mean() < high
+
+
+def test_registry_paired_differences_align_items():
+    champion = make_scores({"hps": 0.30})
+    challenger = make_scores({"hps": 0.30}, noise={"hps": [0.01 * k for k in range(16)]})
+    diff = paired_differences(challenger, champion, "hps")
+    # Items sort by (prompt_id, seed) = (p0,0), (p0,1), (p1,0)...: the k-th offset 0.01·k in order.
+    assert diff == pytest.approx([0.01 * k for k in range(16)])
+    with pytest.raises(G2RPOError, match="same prompt set"):
+        paired_differences(make_scores({"hps": 0.3}, prompt_set="other"), champion, "hps")
+    with pytest.raises(G2RPOError, match="same seeds"):
+        paired_differences(make_scores({"hps": 0.3}, seeds=[0, 2]), champion, "hps")
+
+
+def test_registry_asymmetric_comparison_cannot_pass_swapped():
+    gates = _gates(hps=HPS_IN, clip=CLIP_OUT)
+    champion = make_scores({"hps": 0.300, "clip": 0.300})
+    # Better on the in-domain metric (+0.020 ≥ 0.01), slightly worse out of domain (−0.005 ≥ −0.01).
+    challenger = make_scores({"hps": 0.320, "clip": 0.295})
+    right = decide(challenger, champion, gates, challenger_version=2, champion_version=1)
+    by_metric = {r.metric: r for r in right.results}
+    assert right.passed
+    assert by_metric["hps"].delta == pytest.approx(0.020) and by_metric["hps"].passed
+    assert by_metric["hps"].challenger_mean == pytest.approx(0.320)
+    assert by_metric["hps"].champion_mean == pytest.approx(0.300)
+    assert by_metric["clip"].delta == pytest.approx(-0.005) and by_metric["clip"].passed
+    # Swapped arguments: hps change −0.020 < 0.01 fails, so the decision fails.
+    swapped = decide(champion, challenger, gates, challenger_version=1, champion_version=2)
+    assert not swapped.passed
+    assert {r.metric: r.passed for r in swapped.results} == {"hps": False, "clip": True}
+    # Better in domain but regressing beyond the allowance out of domain (−0.05 < −0.01): reward hacking.
+    hacked = make_scores({"hps": 0.350, "clip": 0.250})
+    decision = decide(hacked, champion, gates)
+    assert not decision.passed
+    assert {r.metric: r.passed for r in decision.results} == {"hps": True, "clip": False}
+    assert "beyond the allowed regression" in next(r.reason for r in decision.results if r.metric == "clip")
+
+
+def test_registry_lower_is_better_direction():
+    gates = _gates(hps=HPS_IN, latency={"direction": "lower", "domain": "out", "max_regression": 0.1})
+    champion = make_scores({"hps": 0.30, "latency": 1.0})
+    faster = make_scores({"hps": 0.32, "latency": 0.8})  # Δ = −(0.8 − 1.0) = +0.2
+    slower = make_scores({"hps": 0.32, "latency": 1.3})  # Δ = −(1.3 − 1.0) = −0.3 < −0.1
+    assert decide(faster, champion, gates).passed
+    result = decide(slower, champion, gates)
+    assert not result.passed
+    assert next(r for r in result.results if r.metric == "latency").delta == pytest.approx(-0.3)
+
+
+def test_registry_ci_requirement_rejects_noisy_gain():
+    gate = dict(HPS_IN, min_improvement=0.0, require_ci_excludes_zero=True)
+    gates = _gates(hps=gate)
+    champion = make_scores({"hps": 0.30})
+    # Mean gain +0.01 with ±0.2 alternating noise: the paired CI straddles 0.
+    noisy = make_scores({"hps": 0.31}, noise={"hps": [0.2 if k % 2 else -0.2 for k in range(16)]})
+    result = decide(noisy, champion, gates).results[0]
+    assert result.delta == pytest.approx(0.01)
+    assert result.ci_low < 0 < result.ci_high and not result.passed
+    assert "includes 0" in result.reason
+    # The same mean gain on every item: CI = [0.01, 0.01] excludes 0.
+    steady = make_scores({"hps": 0.31})
+    assert decide(steady, champion, gates).results[0].passed
+
+
+def test_registry_first_version_uses_floors():
+    gates = _gates(hps=HPS_IN, clip=CLIP_OUT)
+    ok = decide(make_scores({"hps": 0.21, "clip": 0.26}), None, gates)
+    assert ok.passed and {r.kind for r in ok.results} == {"floor"}
+    low = decide(make_scores({"hps": 0.21, "clip": 0.24}), None, gates)
+    assert not low.passed
+    assert {r.metric: r.passed for r in low.results} == {"hps": True, "clip": False}
+    missing = decide(make_scores({"hps": 0.5}), None, gates)
+    assert not missing.passed and "no 'clip' scores" in missing.results[1].reason
+
+
+def test_registry_gates_file_validation(tmp_path):
+    gates, sha = load_gates(default_gates_path())
+    assert gates.metrics["hps"].domain == "in" and len(sha) == 64
+    bad = tmp_path / "gates.yaml"
+    bad.write_text(
+        "metrics:\n"
+        "  hps: {direction: higher, domain: in}\n"
+        "  clip: {direction: higher, domain: out, max_regression: 0.1, require_ci_excludes_zero: true}\n"
+        "  pick: {direction: up, domain: out, max_regression: 0.1}\n"
+    )
+    with pytest.raises(ConfigError) as err:
+        load_config(Gates, bad)
+    text = str(err.value)
+    assert "3 configuration problem(s)" in text
+    assert "min_improvement=None" in text and "require_ci_excludes_zero=True" in text
+    assert "metrics.pick.direction='up'" in text
+
+
+def test_registry_decision_printout():
+    gates = _gates(hps=HPS_IN, clip=CLIP_OUT)
+    decision = decide(make_scores({"hps": 0.35, "clip": 0.25}), make_scores({"hps": 0.30, "clip": 0.30}), gates,
+                      model="flux-g2rpo", challenger_version=3, champion_version=2)
+    text = format_decision(decision)
+    assert text.splitlines()[0] == "flux-g2rpo v3 vs champion v2: FAILED"
+    assert "+0.0500" in text and "-0.0500" in text and "FAIL" in text
