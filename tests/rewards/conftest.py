@@ -1,0 +1,40 @@
+"""Tiny reward weights in the official layouts, written once per test session."""
+
+from __future__ import annotations
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_hps(tmp_path_factory):
+    from g2rpo.rewards.tiny import write_tiny_hps
+
+    return write_tiny_hps(tmp_path_factory.mktemp("hps"))
+
+
+@pytest.fixture(scope="session")
+def tiny_image_reward(tmp_path_factory):
+    from g2rpo.rewards.tiny import write_tiny_image_reward
+
+    return write_tiny_image_reward(tmp_path_factory.mktemp("image_reward"))
+
+
+@pytest.fixture(scope="session")
+def tiny_clip_dir(tmp_path_factory):
+    from g2rpo.rewards.tiny import write_tiny_open_clip_dir
+
+    return write_tiny_open_clip_dir(tmp_path_factory.mktemp("clip"))
+
+
+@pytest.fixture(scope="session")
+def tiny_pickscore(tmp_path_factory):
+    from g2rpo.rewards.tiny import write_tiny_pickscore_dir
+
+    return write_tiny_pickscore_dir(tmp_path_factory.mktemp("pickscore"))
+
+
+@pytest.fixture(scope="session")
+def tiny_aesthetic(tmp_path_factory):
+    from g2rpo.rewards.tiny import write_tiny_aesthetic
+
+    return write_tiny_aesthetic(tmp_path_factory.mktemp("aesthetic"))

@@ -1,0 +1,135 @@
+"""ImageReward on transformers BLIP parts, loaded from a tiny ``ImageReward.pt`` in the published
+(reference-module) key layout. Numerical agreement with the ``image-reward`` package itself is
+the parity test's job (tests/fixtures/parity/image_reward); these tests check the loading
+contract, the tokenizer, the head's arithmetic and the errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from g2rpo.errors import G2RPOError
+from g2rpo.rewards.image_reward import (
+    IGNORED_KEYS,
+    REWARD_MEAN,
+    REWARD_STD,
+    ImageReward,
+    map_image_reward_keys,
+)
+from g2rpo.rewards.tiny import tiny_bert_vocab, to_reference_image_reward_keys
+
+PROMPTS = ["a cat sitting on a red chair", "a photo of a mountain at night"]
+
+
+def _load(paths, **kw):
+    return ImageReward.from_checkpoint(
+        paths["checkpoint"], med_config=paths["med_config"], vision_config=paths["vision_config"],
+        tokenizer_dir=paths["tokenizer_dir"], **kw,
+    )
+
+
+def test_every_published_key_is_mapped_or_explicitly_ignored(tiny_image_reward):
+    state = torch.load(tiny_image_reward["checkpoint"], weights_only=True)
+    assert "blip.visual_encoder.blocks.0.attn.qkv.weight" in state  # the reference layout
+    mapped, unmapped = map_image_reward_keys(state)
+    assert unmapped == []
+    ignored = len(state) - len(mapped)
+    assert ignored == 5  # vision_proj.{weight,bias}, text_proj.{weight,bias}, position_ids
+    head = _load(tiny_image_reward)
+    loaded = head.net.state_dict()
+    assert set(loaded) == set(mapped)
+    assert all(torch.equal(mapped[k].to(loaded[k].dtype), loaded[k]) for k in mapped)
+    # the writer's inverse table and KEY_RULES are inverses on the whole model
+    assert to_reference_image_reward_keys(loaded).keys() == {k for k in state if not any(
+        __import__("re").match(p, k) for p in IGNORED_KEYS)}
+
+
+def test_tokenizer_is_bert_with_blip_special_tokens_and_35_tokens(tiny_image_reward):
+    head = _load(tiny_image_reward)
+    vocab = tiny_bert_vocab()
+    ids = head.tokenizer(["a cat"], padding="max_length", truncation=True, max_length=35).input_ids[0]
+    # [CLS] a cat [SEP] then [PAD] (id 0) up to 35: ids are line numbers in vocab.txt
+    expected = [vocab.index("[CLS]"), vocab.index("a"), vocab.index("cat"), vocab.index("[SEP]")] + [0] * 31
+    assert ids == expected
+    assert head.tokenizer.convert_tokens_to_ids(["[DEC]", "[ENC]"]) == [len(vocab), len(vocab) + 1]
+
+
+def test_score_is_the_standardised_mlp_of_the_cls_output(tiny_image_reward):
+    head = _load(tiny_image_reward)
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    scores = head.score(images, PROMPTS)
+    from g2rpo.rewards.base import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, normalize
+
+    net = head.net
+    with torch.no_grad():
+        tokens = head.tokenizer(PROMPTS, padding="max_length", truncation=True, max_length=35, return_tensors="pt")
+        image_embeds = net.vision(pixel_values=normalize(images, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD)).last_hidden_state
+        h = net.text(
+            input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, encoder_hidden_states=image_embeds,
+            encoder_attention_mask=torch.ones(image_embeds.shape[:-1], dtype=torch.long), is_decoder=False,
+        ).last_hidden_state[:, 0]
+        r = net.head(h).squeeze(-1)
+    torch.testing.assert_close(scores, (r - REWARD_MEAN) / REWARD_STD, rtol=0, atol=1e-6)
+    # standardisation hand-worked: a raw MLP output of 0.16717… maps to 0, one std above to 1
+    assert (REWARD_MEAN - REWARD_MEAN) / REWARD_STD == 0.0
+    assert abs((REWARD_MEAN + REWARD_STD - REWARD_MEAN) / REWARD_STD - 1.0) < 1e-12
+    # cross-attention is live: the same prompt scores differently on different images
+    same = head.score(images, [PROMPTS[0]] * 2)
+    assert float((same[0] - same[1]).abs()) > 0
+
+
+def test_batched_equals_one_at_a_time(tiny_image_reward):
+    head = _load(tiny_image_reward)
+    images = torch.rand(2, 3, 40, 48, generator=torch.Generator().manual_seed(1))
+    batched = head.score(images, PROMPTS)
+    single = torch.cat([head.score(images[i : i + 1], PROMPTS[i : i + 1]) for i in range(2)])
+    torch.testing.assert_close(batched, single, rtol=0, atol=1e-5)
+
+
+def test_config_dicts_equal_config_files(tiny_image_reward):
+    a = _load(tiny_image_reward).score(torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(2)), PROMPTS[:1])
+    b = ImageReward.from_checkpoint(
+        tiny_image_reward["checkpoint"],
+        med_config=json.loads(tiny_image_reward["med_config"].read_text()),
+        vision_config=json.loads(tiny_image_reward["vision_config"].read_text()),
+        tokenizer_dir=tiny_image_reward["tokenizer_dir"],
+    ).score(torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(2)), PROMPTS[:1])
+    assert torch.equal(a, b)
+
+
+def test_unexpected_and_missing_keys_are_listed(tiny_image_reward, tmp_path):
+    state = torch.load(tiny_image_reward["checkpoint"], weights_only=True)
+    state["blip.visual_encoder.head.weight"] = torch.zeros(3)  # matches no rule
+    del state["mlp.layers.7.bias"]
+    bad = tmp_path / "ImageReward.pt"
+    torch.save(state, bad)
+    with pytest.raises(G2RPOError) as err:
+        _load({**tiny_image_reward, "checkpoint": bad})
+    message = str(err.value)
+    assert "1 missing key(s): head.layers.7.bias" in message
+    assert "1 unexpected key(s): blip.visual_encoder.head.weight" in message
+
+
+def test_wrong_vision_config_is_a_shape_error(tiny_image_reward):
+    vision = json.loads(tiny_image_reward["vision_config"].read_text())
+    vision["intermediate_size"] = 96
+    with pytest.raises(G2RPOError, match="wrong shape"):
+        _load({**tiny_image_reward, "vision_config": vision})
+    with pytest.raises(G2RPOError, match="unknown keys"):
+        _load({**tiny_image_reward, "vision_config": {**vision, "depth": 2}})
+
+
+def test_missing_files_are_errors(tiny_image_reward, tmp_path):
+    with pytest.raises(G2RPOError, match="image_reward.weights=.*does not exist"):
+        _load({**tiny_image_reward, "checkpoint": tmp_path / "none.pt"})
+    with pytest.raises(G2RPOError, match="image_reward.tokenizer_dir=.*does not exist"):
+        _load({**tiny_image_reward, "tokenizer_dir": tmp_path / "none"})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(G2RPOError, match="vocab.txt"):
+        _load({**tiny_image_reward, "tokenizer_dir": tmp_path / "empty"})
+    med = json.loads(tiny_image_reward["med_config"].read_text())
+    del med["hidden_size"]
+    with pytest.raises(G2RPOError, match="missing BERT keys"):
+        _load({**tiny_image_reward, "med_config": med})
