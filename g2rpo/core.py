@@ -9,8 +9,8 @@ is data, the velocity is ``v = ε − x_0``. A grid is a decreasing float32 tens
 Departures from the reference code (``bcmi/Granular-GRPO``):
 - the reference's σ = 1 fix (``1 − σ`` replaced by ``1 − σ[1]``) is kept, but the value is passed
   in explicitly (``sigma_one_substitute``) instead of being read from a global grid;
-- :func:`stride_schedule` always ends at σ = 0 (the reference's ``σ[:k+2] + σ[k+2::λ]`` can stop
-  short and score the x₀-prediction);
+- :func:`stride_schedule` starts striding at σ[k+1] (the reference's ``σ[:k+2] + σ[k+2::λ]`` takes
+  one stride-1 step first; available as ``mode="reference"``);
 - :func:`group_advantages` returns exact zeros for a group whose rewards are all equal (the
   reference divides ~0 by δ = 1e-8, which float rounding can blow up).
 """
@@ -202,35 +202,48 @@ def gaussian_log_prob(
 # --------------------------------------------------------------------------- strides
 
 
-def stride_indices(num_steps: int, k: int, stride: int) -> list[int]:
-    """Grid indices a stride-λ finish visits after branching at step k (spec §4):
-    ``k+1, k+1+λ, k+1+2λ, …`` (all < T) and then T.  E.g. T=16, k=0, λ=3 → [1, 4, 7, 10, 13, 16].
+def stride_indices(num_steps: int, k: int, stride: int, mode: str = "to_zero") -> list[int]:
+    """Grid indices a stride-λ finish visits after branching at step k (spec §4).
+
+    ``mode="to_zero"`` (default): ``k+1, k+1+λ, k+1+2λ, …`` (all < T) and then T.
+    E.g. T=16, k=0, λ=3 → [1, 4, 7, 10, 13, 16].
+
+    ``mode="reference"``: the reference code's ``σ[:k+2] + σ[k+2::λ]`` — one stride-1 step first
+    (k+1 → k+2), then every λ-th index. It scores the x₀-prediction ``x − σ·v`` at the last point
+    but one, which is exactly an Euler step to σ = 0 from there, so the indices are the reference
+    points with the last one replaced by T. E.g. T=16, k=0, λ=3: reference points 1, 2, 5, 8, 11, 14,
+    x₀ scored from 11 → [1, 2, 5, 8, 11, 16].
     """
     if stride < 1:
         raise ValueError(f"stride must be ≥ 1, got {stride}")
     if not 0 <= k < num_steps:
         raise ValueError(f"k must be in 0..{num_steps - 1}, got {k}")
-    return list(range(k + 1, num_steps, stride)) + [num_steps]
+    if mode == "to_zero":
+        return list(range(k + 1, num_steps, stride)) + [num_steps]
+    if mode == "reference":
+        points = [k + 1] + list(range(k + 2, num_steps + 1, stride))
+        return points[:-1] + [num_steps]
+    raise ValueError(f"mode must be 'to_zero' or 'reference', got {mode!r}")
 
 
-def stride_schedule(sigmas: torch.Tensor, k: int, stride: int) -> torch.Tensor:
-    """σ values of the stride-λ finish from step k: ``sigmas[stride_indices(T, k, λ)]``.
+def stride_schedule(sigmas: torch.Tensor, k: int, stride: int, mode: str = "to_zero") -> torch.Tensor:
+    """σ values of the stride-λ finish from step k: ``sigmas[stride_indices(T, k, λ, mode)]``.
 
     Starts at σ[k+1] (where the branch sits), ends at σ[T] = 0. ``[n + 1]`` for n finishing steps.
     """
-    return sigmas[stride_indices(sigmas.shape[0] - 1, k, stride)]
+    return sigmas[stride_indices(sigmas.shape[0] - 1, k, stride, mode)]
 
 
-def finish_forwards(num_steps: int, k: int, strides: list[int]) -> int:
+def finish_forwards(num_steps: int, k: int, strides: list[int], mode: str = "to_zero") -> int:
     """Model forwards to finish one branch from step k at every stride, sharing the first forward.
 
-    A stride-λ finish takes n_λ = ceil((T − k − 1)/λ) steps; all strides start from the same state at
-    σ[k+1], so their first velocity is computed once: 1 + Σ_λ (n_λ − 1) (0 when k + 1 = T).
+    A stride-λ finish takes n_λ steps (``len(stride_indices) − 1``; ceil((T − k − 1)/λ) in the
+    default mode); all strides start from the same state at σ[k+1], so their first velocity is
+    computed once: 1 + Σ_λ (n_λ − 1) (0 when k + 1 = T).
     """
-    remaining = num_steps - k - 1
-    if remaining == 0:
+    if k + 1 == num_steps:
         return 0
-    return 1 + sum(math.ceil(remaining / lam) - 1 for lam in strides)
+    return 1 + sum(len(stride_indices(num_steps, k, lam, mode)) - 2 for lam in strides)
 
 
 # --------------------------------------------------------------------------- advantages and loss

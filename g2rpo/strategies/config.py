@@ -47,6 +47,13 @@ class AlgorithmConfig(Section):
         min_length=1,
         description="Λ, the strides each branch is finished with (integers ≥ 1; paper [1, 2, 3], reference [1, 2])",
     )
+    stride_schedule: Literal["to_zero", "reference"] = Field(
+        "to_zero",
+        description=(
+            "to_zero: σ[k+1], σ[k+1+λ], …, 0 (spec default); reference: the reference code's "
+            "σ[:k+2] + σ[k+2::λ] (one stride-1 step first), finished with an Euler step to 0"
+        ),
+    )
     stride_weights: list[float] | None = Field(
         None, description="α_j, one weight per granularity for the advantage sum; null = all 1"
     )

@@ -8,7 +8,8 @@ Rollout for P prompts (all model calls batched, ``micro_batch`` rows per call):
 2. **Branch.** At each k ∈ M, G SDE steps from the shared x[k] to σ[k+1], using the anchor's v[k]
    (no extra forward). Each branch's log-probability under the sampling policy is kept.
 3. **Finish.** Every branch is finished with the ODE at every stride λ ∈ Λ
-   (:func:`g2rpo.core.stride_schedule`: σ[k+1], σ[k+1+λ], …, 0). All strides start from the same
+   (:func:`g2rpo.core.stride_schedule`: σ[k+1], σ[k+1+λ], …, 0; ``stride_schedule: reference``
+   gives the reference code's σ[k+1], σ[k+2], σ[k+2+λ], …). All strides start from the same
    state at σ[k+1], so their first forward is computed once per branch. Rows of different
    branches, steps and strides sit at different σ and are batched together.
 
@@ -55,10 +56,12 @@ from g2rpo.strategies.config import AlgorithmConfig
 __all__ = ["G2RPO", "sampling_forwards"]
 
 
-def sampling_forwards(num_steps: int, group_size: int, steps: Sequence[int], strides: Sequence[int]) -> int:
+def sampling_forwards(
+    num_steps: int, group_size: int, steps: Sequence[int], strides: Sequence[int], mode: str = "to_zero"
+) -> int:
     """Sampling forwards for one prompt (the formula in the module docstring)."""
     anchor = max(steps) + 1
-    return anchor + group_size * sum(core.finish_forwards(num_steps, k, list(strides)) for k in steps)
+    return anchor + group_size * sum(core.finish_forwards(num_steps, k, list(strides), mode) for k in steps)
 
 
 class G2RPO:
@@ -180,7 +183,7 @@ class G2RPO:
         for p in range(num_prompts):
             for s in range(num_slots):
                 for lam in strides:
-                    idx = core.stride_indices(t_steps, int(steps[p, s]), lam)
+                    idx = core.stride_indices(t_steps, int(steps[p, s]), lam, cfg.stride_schedule)
                     schedules += [idx] * group
         longest = max(len(idx) for idx in schedules)
         sched = torch.tensor([idx + [t_steps] * (longest - len(idx)) for idx in schedules], device=device)  # [N, S]

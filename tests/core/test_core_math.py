@@ -151,6 +151,23 @@ def test_stride_indices_hand_enumerated_for_T16(k, stride, expected):
     assert core.stride_indices(16, k, stride) == expected
 
 
+@pytest.mark.parametrize(
+    ("k", "stride", "expected"),
+    [
+        # reference σ[:k+2] + σ[k+2::λ]; the ODE runs from index k+1 and the image is the
+        # x₀-prediction x − σ·v at the last point but one (= an Euler step to σ = 0 from there)
+        (0, 3, [1, 2, 5, 8, 11, 16]),  # points 1, 2, 5, 8, 11, 14: x₀ scored from 11
+        (0, 2, [1, 2, 4, 6, 8, 10, 12, 14, 16]),  # points 1, 2, 4, …, 16: ends on T, nothing dropped but T
+        (0, 1, list(range(1, 17))),  # stride 1: same as the default mode
+        (13, 3, [14, 16]),  # points 14, 15: x₀ scored from 14
+        (14, 2, [15, 16]),
+        (15, 2, [16]),
+    ],
+)
+def test_reference_mode_stride_indices_hand_enumerated_for_T16(k, stride, expected):
+    assert core.stride_indices(16, k, stride, mode="reference") == expected
+
+
 def test_stride_schedule_returns_the_grid_sigmas_and_rejects_bad_values():
     sigmas = core.static_shift_sigmas(16)
     sched = core.stride_schedule(sigmas, 7, 3)
@@ -160,6 +177,8 @@ def test_stride_schedule_returns_the_grid_sigmas_and_rejects_bad_values():
         core.stride_indices(16, 16, 1)
     with pytest.raises(ValueError):
         core.stride_indices(16, 0, 0)
+    with pytest.raises(ValueError, match="mode"):
+        core.stride_indices(16, 0, 1, mode="nearest")
 
 
 def test_finish_forwards_shares_the_first_forward():
@@ -168,6 +187,10 @@ def test_finish_forwards_shares_the_first_forward():
     # k = 7: n = 8, 4, 3 → 1 + 7 + 3 + 2 = 13
     assert core.finish_forwards(16, 7, [1, 2, 3]) == 13
     assert core.finish_forwards(16, 15, [1, 2, 3]) == 0
+    # reference mode, k = 0: n = 15, 8 ([1,2,4,…,16]), 5 ([1,2,5,8,11,16]) → 1 + 14 + 7 + 4 = 26
+    assert core.finish_forwards(16, 0, [1, 2, 3], mode="reference") == 26
+    # reference mode, k = 13, λ = 3: [14, 16] → 1 step; λ = 1: [14, 15, 16] → 2; 1 + 1 + 0 = 2
+    assert core.finish_forwards(16, 13, [1, 3], mode="reference") == 2
 
 
 # --------------------------------------------------------------------------- advantages

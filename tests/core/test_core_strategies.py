@@ -250,12 +250,14 @@ def test_rollout_is_independent_of_micro_batch():
     torch.testing.assert_close(finals[0], finals[2], atol=1e-6, rtol=1e-5)
 
 
-def test_finishes_match_a_sequential_ode_per_stride():
+@pytest.mark.parametrize("mode", ["to_zero", "reference"])
+def test_finishes_match_a_sequential_ode_per_stride(mode):
     # The batched finish (rows at mixed σ, shared first forward) equals running each stride's
     # schedule with the ODE one branch at a time.
     model, cond, _ = toy(num_prompts=1)
-    cfg = config(num_steps=7, group_size=2, granularities=[1, 3])
+    cfg = config(num_steps=7, group_size=2, granularities=[1, 3], stride_schedule=mode)
     rollout = build_strategy(cfg).rollout(model, cond, Draws(0, 0, (0,)), LATENT)
+    assert rollout.nfe.sampling_forwards == sampling_forwards(7, 2, cfg.trained_steps, cfg.strides, mode) == model.rows
     finals = rollout.final_latents.reshape(*rollout.reward_shape, *LATENT)  # [P, K, J, G, L, C]
     sig = rollout.sigmas
     with torch.no_grad():
@@ -263,7 +265,7 @@ def test_finishes_match_a_sequential_ode_per_stride():
             for j, lam in enumerate(cfg.strides):
                 for g in range(cfg.group_size):
                     x = rollout.states["branches"][0, s, g][None]
-                    idx = core.stride_indices(cfg.num_steps, k, lam)
+                    idx = core.stride_indices(cfg.num_steps, k, lam, mode)
                     for a, b in zip(idx[:-1], idx[1:]):
                         x = core.ode_step(x, model(x, sig[a].reshape(1), cond[torch.tensor([0])]), sig[a], sig[b])
                     torch.testing.assert_close(finals[0, s, j, g], x[0], atol=1e-6, rtol=1e-5)
