@@ -1,0 +1,99 @@
+"""`g2rpo registry ...` through g2rpo.cli.main, against a local folder and against S3."""
+
+from __future__ import annotations
+
+import pytest
+from registry_helpers import make_scores, publish_export
+
+from g2rpo.cli import main
+from g2rpo.manifest import MARKER_NAME
+from g2rpo.registry import Registry
+from g2rpo.storage import open_store
+
+pytestmark = pytest.mark.integration
+
+
+def _register(reg_uri, root_uri, tmp_path, scores, run, extra=()):
+    export = publish_export(root_uri, tmp_path, run)
+    path = tmp_path / f"scores-{run}.json"
+    path.write_text(scores.model_dump_json())
+    return main([
+        "registry", "register", "flux-g2rpo", "--registry", reg_uri, "--export", export, "--scores", str(path),
+        "--source-run", run, "--config-hash", "abc", "--base-model", "black-forest-labs/FLUX.1-dev",
+        "--licence", "flux-1-dev-non-commercial-license", *extra,
+    ])
+
+
+def test_registry_cli_full_cycle(root_uri, tmp_path, capsys):
+    reg_uri = f"{root_uri}/registry"
+    gates = tmp_path / "gates.yaml"
+    gates.write_text(
+        "metrics:\n"
+        "  hps: {direction: higher, domain: in, min_improvement: 0.01, floor: 0.2}\n"
+        "  clip: {direction: higher, domain: out, max_regression: 0.01, floor: 0.25}\n"
+    )
+    assert _register(reg_uri, root_uri, tmp_path, make_scores({"hps": 0.25, "clip": 0.30}), "r1") == 0
+    assert _register(reg_uri, root_uri, tmp_path, make_scores({"hps": 0.24, "clip": 0.35}), "r2",
+                     ["--challenger"]) == 0
+    out = capsys.readouterr().out
+    assert "registered flux-g2rpo v1" in out and "challenger → v2" in out
+
+    common = ["--registry", reg_uri, "--gates", str(gates)]
+    assert main(["registry", "promote", "flux-g2rpo", "1", *common]) == 0
+    out = capsys.readouterr().out
+    assert "vs absolute floors (no champion): PASSED" in out and "champion → v1" in out
+    # v2: hps −0.01 < +0.01 → the gate fails, exit status 1, champion unchanged.
+    assert main(["registry", "promote", "flux-g2rpo", "challenger", *common]) == 1
+    out = capsys.readouterr().out
+    assert "flux-g2rpo v2 vs champion v1: FAILED" in out and "champion unchanged (v1)" in out
+
+    assert main(["registry", "list", "--registry", reg_uri]) == 0
+    assert "flux-g2rpo  2 version(s)  challenger=v2, champion=v1" in capsys.readouterr().out
+    assert main(["registry", "list", "flux-g2rpo", "--registry", reg_uri]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("v1    champion") and "hps=0.2500" in lines[0]
+    assert main(["registry", "show", "flux-g2rpo", "v2", "--registry", reg_uri]) == 0
+    out = capsys.readouterr().out
+    assert '"source_run": "r2"' in out and "FAILED" in out
+
+    assert _register(reg_uri, root_uri, tmp_path, make_scores({"hps": 0.30, "clip": 0.30}), "r3") == 0
+    assert main(["registry", "promote", "flux-g2rpo", "3", *common, "--dry-run"]) == 0
+    assert "dry run: nothing recorded" in capsys.readouterr().out
+    assert Registry(reg_uri).read_state("flux-g2rpo")[0].aliases["champion"] == 1
+    assert main(["registry", "promote", "flux-g2rpo", "3", *common, "--reason", "weekly"]) == 0
+    assert main(["registry", "rollback", "flux-g2rpo", "--registry", reg_uri, "--reason", "artifacts"]) == 0
+    assert "champion v3 → v1 (rollback" in capsys.readouterr().out.splitlines()[-1]
+    assert main(["registry", "history", "flux-g2rpo", "--registry", reg_uri]) == 0
+    history = capsys.readouterr().out.splitlines()
+    assert [line.split()[2:6] for line in history] == [
+        ["set-alias", "challenger", "—", "→"],
+        ["promote", "champion", "—", "→"],
+        ["promote", "champion", "v1", "→"],
+        ["rollback", "champion", "v3", "→"],
+    ]
+
+
+def test_registry_cli_gc_spares_champion(root_uri, tmp_path, capsys):
+    reg_uri = f"{root_uri}/registry"
+    # The packaged default gates (no --gates) cover hps, clip, image_reward and pickscore.
+    scores = make_scores({"hps": 0.25, "clip": 0.3, "image_reward": 0.5, "pickscore": 21.0})
+    assert _register(reg_uri, root_uri, tmp_path, scores, "r1") == 0
+    assert main(["registry", "promote", "flux-g2rpo", "1", "--registry", reg_uri]) == 0
+    champion_export = Registry(reg_uri).get_version("flux-g2rpo", 1).export.uri
+    # Simulate a damaged champion export that lost its manifest but still has the publish marker:
+    # GC must not delete it, because the registry names it.
+    store = open_store(champion_export)
+    store.delete("manifest.json")
+    store.put_bytes(MARKER_NAME, b"{}")
+    capsys.readouterr()
+    assert main(["storage", "gc", root_uri, "--older-than", "0s", "--registry", reg_uri]) == 0
+    assert f"kept (protected) {store.uri}" in capsys.readouterr().out
+    assert store.exists("base_model.json")
+    assert main(["storage", "gc", root_uri, "--older-than", "0s"]) == 0
+    assert not store.exists("base_model.json")
+
+
+def test_registry_cli_needs_a_registry(monkeypatch, capsys):
+    monkeypatch.delenv("G2RPO_REGISTRY_URI", raising=False)
+    assert main(["registry", "list"]) == 2
+    assert "--registry URI" in capsys.readouterr().err

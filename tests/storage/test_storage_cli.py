@@ -1,0 +1,68 @@
+"""`g2rpo storage ...` through g2rpo.cli.main, against a local folder and against S3."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from g2rpo.cli import main
+from g2rpo.manifest import MANIFEST_NAME, MARKER_NAME
+from g2rpo.storage import open_store
+
+pytestmark = pytest.mark.integration
+
+
+def test_storage_cli_put_get_ls_verify(root_uri, tmp_path, capsys):
+    src = tmp_path / "ckpt"
+    (src / "sub").mkdir(parents=True)
+    (src / "sub" / "w.bin").write_bytes(os.urandom(100))
+    (src / "cfg.json").write_text("{}")
+    assert main(["storage", "put", str(src), f"{root_uri}/ckpt-1", "--config-hash", "h1"]) == 0
+    assert "published 2 file(s), 102 bytes" in capsys.readouterr().out
+    assert json.loads(open_store(f"{root_uri}/ckpt-1").get_bytes(MANIFEST_NAME)[0])["config_hash"] == "h1"
+
+    single = tmp_path / "prompts.txt"
+    single.write_text("a cat\na dog\n")
+    assert main(["storage", "put", str(single), f"{root_uri}/prompts/p.txt"]) == 0
+
+    assert main(["storage", "ls", root_uri]) == 0
+    listing = capsys.readouterr().out
+    for key in ("ckpt-1/sub/w.bin", "ckpt-1/cfg.json", f"ckpt-1/{MANIFEST_NAME}", "prompts/p.txt"):
+        assert key in listing
+
+    assert main(["storage", "get", f"{root_uri}/ckpt-1", str(tmp_path / "back")]) == 0
+    assert (tmp_path / "back" / "sub" / "w.bin").read_bytes() == (src / "sub" / "w.bin").read_bytes()
+    assert main(["storage", "get", f"{root_uri}/prompts/p.txt", str(tmp_path / "p.txt")]) == 0
+    assert (tmp_path / "p.txt").read_text() == "a cat\na dog\n"
+
+    assert main(["storage", "verify", f"{root_uri}/ckpt-1", "--deep"]) == 0
+    open_store(f"{root_uri}/ckpt-1").put_bytes("cfg.json", b"[]")  # same size, other bytes
+    capsys.readouterr()
+    assert main(["storage", "verify", f"{root_uri}/ckpt-1", "--deep"]) == 2
+    assert "cfg.json: sha256" in capsys.readouterr().err
+
+
+def test_storage_cli_errors_are_clear(tmp_path, capsys):
+    assert main(["storage", "put", str(tmp_path / "missing"), str(tmp_path / "dest")]) == 2
+    assert "source=" in capsys.readouterr().err
+    assert main(["storage", "gc", str(tmp_path), "--older-than", "soon"]) == 2
+    assert "--older-than='soon'" in capsys.readouterr().err
+    assert main(["storage", "put", __file__, "s3://bucket/a/../b"]) == 2
+    assert "'..' segments are not allowed" in capsys.readouterr().err
+
+
+def test_storage_cli_gc(root_uri, capsys):
+    store = open_store(root_uri)
+    store.put_bytes(f"dead/{MARKER_NAME}", b"{}")
+    store.put_bytes("dead/x.bin", b"12345")
+    assert main(["storage", "gc", root_uri, "--older-than", "1h"]) == 0
+    assert "removed 0 unpublished prefix(es)" in capsys.readouterr().out
+    assert store.exists("dead/x.bin")
+    assert main(["storage", "gc", root_uri, "--older-than", "0s", "--dry-run"]) == 0
+    assert f"would remove {store.uri_for('dead')}" in capsys.readouterr().out
+    assert main(["storage", "gc", root_uri, "--older-than", "0s"]) == 0
+    assert "removed 1 unpublished prefix(es), 7 bytes" in capsys.readouterr().out
+    assert store.list() == []
