@@ -54,6 +54,7 @@ __all__ = [
     "dedupe_prompts",
     "prepare_prompts",
     "read_prompt_file",
+    "read_prompt_location",
     "read_prompt_split",
     "sha256_file",
     "split_prompts",
@@ -85,6 +86,29 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 # --------------------------------------------------------------------------- prompt files
+
+
+def read_prompt_location(location: str | Path) -> list[str]:
+    """:func:`read_prompt_file` for a local path, ``file://`` URI or ``s3://bucket/key`` object.
+
+    An S3 object is downloaded (storage layer: standard AWS credential chain and endpoint) into a
+    temporary directory that is removed afterwards; error messages name the URI and line numbers.
+    """
+    text = str(location)
+    if not text.startswith("s3://"):
+        return read_prompt_file(text[len("file://") :] if text.startswith("file://") else text)
+    import tempfile
+
+    from g2rpo.storage import locate
+
+    store, key = locate(text)
+    with tempfile.TemporaryDirectory(prefix="g2rpo-prompts-") as tmp:
+        local = Path(tmp) / key
+        store.get_file(key, local)
+        try:
+            return read_prompt_file(local)
+        except G2RPOError as exc:
+            raise G2RPOError(str(exc).replace(str(local), text)) from None
 
 
 def read_prompt_file(path: str | Path) -> list[str]:
@@ -217,7 +241,8 @@ def prepare_prompts(
     seed: int = 0,
     overwrite: bool = False,
 ) -> PrepSummary:
-    """Read, validate, dedupe and split ``source``; write ``train.jsonl``, ``test.jsonl``, ``manifest.json``.
+    """Read, validate, dedupe and split ``source`` (path or ``s3://`` URI); write ``train.jsonl``,
+    ``test.jsonl`` and, last, ``manifest.json`` into the local directory ``output``.
 
     Refuses to replace existing outputs unless ``overwrite``; then the old manifest is removed
     first, so an interrupted rewrite is never taken for a finished one.
@@ -229,7 +254,7 @@ def prepare_prompts(
         raise G2RPOError(
             problem("output", str(out), f"already holds {', '.join(existing)}; choose another directory or pass --overwrite")
         )
-    prompts = read_prompt_file(source)
+    prompts = read_prompt_location(source)
     unique, duplicates = dedupe_prompts(prompts)
     train, test = split_prompts(unique, test_size, seed)
     out.mkdir(parents=True, exist_ok=True)

@@ -35,7 +35,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
             "caches OUTPUT/embeddings/{train,test}/ (each with its manifest, written last)."
         ),
     )
-    prep.add_argument("--prompts", required=True, metavar="FILE", help="prompt file (.txt or .jsonl)")
+    prep.add_argument("--prompts", required=True, metavar="FILE", help="prompt file (.txt or .jsonl): a path or s3://bucket/key")
     prep.add_argument("--output", required=True, metavar="DIR", help="output directory")
     prep.add_argument("--test-size", type=_test_size, default=400, help="test prompts: a count or a fraction (default 400)")
     prep.add_argument("--seed", type=int, default=0, help="split seed (default 0)")

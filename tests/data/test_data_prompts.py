@@ -11,6 +11,8 @@ from g2rpo.cli import main
 from g2rpo.data import dedupe_prompts, prepare_prompts, read_prompt_file, read_prompt_split, sha256_file, split_prompts
 from g2rpo.errors import G2RPOError
 
+pytest_plugins = ["tests.s3server"]
+
 
 def test_data_read_txt_strips_and_keeps_order(tmp_path):
     f = tmp_path / "p.txt"
@@ -132,3 +134,15 @@ def test_data_prep_cli(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{bad}:2: empty prompt" in err
     assert not (tmp_path / "o2").exists()  # nothing written for a bad file
+
+
+def test_data_prompt_file_from_s3(tmp_path, s3_env):
+    client = s3_env.server.client()
+    client.put_object(Bucket=s3_env.bucket, Key="sets/hps.jsonl", Body=b'{"prompt": "a cat"}\n{"prompt": "a dog"}\n{"prompt": "a cat"}\n')
+    summary = prepare_prompts(f"{s3_env.uri}/sets/hps.jsonl", tmp_path / "out", test_size=1)
+    assert (summary.read, summary.duplicates, summary.train, summary.test) == (3, 1, 1, 1)
+    client.put_object(Bucket=s3_env.bucket, Key="sets/bad.txt", Body=b"fine\n\n")
+    with pytest.raises(G2RPOError, match=f"{s3_env.uri}/sets/bad.txt:2: empty prompt"):
+        prepare_prompts(f"{s3_env.uri}/sets/bad.txt", tmp_path / "out2")
+    with pytest.raises(G2RPOError, match="does not exist"):
+        prepare_prompts(f"{s3_env.uri}/sets/none.txt", tmp_path / "out3")
