@@ -1,0 +1,165 @@
+"""The registry, the rewards config section, building heads from config (local and s3://), batched
+scoring with NaN reporting, and the ``g2rpo rewards`` CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+import yaml
+
+from g2rpo.config import load_config
+from g2rpo.errors import ConfigError, G2RPOError
+from g2rpo.rewards.config import RewardModelConfig, RewardsConfig
+from g2rpo.rewards.registry import REWARDS, build_reward, reward_names, score_batched
+
+EXPECTED_NAMES = [
+    "aesthetic", "clip", "hps_v21", "image_reward", "jpeg_compressibility", "pickscore", "sharpness", "total_variation",
+]
+
+
+def test_registry_names():
+    assert reward_names() == EXPECTED_NAMES
+    assert all(spec.name == name for name, spec in REWARDS.items())
+
+
+def test_unknown_reward_name_lists_the_valid_ones():
+    with pytest.raises(G2RPOError, match="unknown reward; valid names: aesthetic, clip, hps_v21, image_reward"):
+        build_reward("hps_v3")
+
+
+def test_default_config_is_the_papers_setting():
+    cfg = RewardsConfig()
+    assert [(m.name, m.weight) for m in cfg.models] == [("hps_v21", 1.0), ("clip", 1.0)]
+    assert cfg.batch_size_of(cfg.models[0]) == 16
+
+
+def test_config_from_yaml_with_overrides(tmp_path):
+    path = tmp_path / "rewards.yaml"
+    path.write_text(yaml.safe_dump({"models": [{"name": "jpeg_compressibility", "weight": 0.5, "batch_size": 4}]}))
+    cfg = load_config(RewardsConfig, path, ["batch_size=8"])
+    assert cfg.models[0].weight == 0.5 and cfg.batch_size_of(cfg.models[0]) == 4 and cfg.batch_size == 8
+
+
+@pytest.mark.parametrize(
+    ("models", "message"),
+    [
+        ([{"name": "hpsv2"}], "unknown reward; valid names: aesthetic, clip"),
+        ([{"name": "jpeg_compressibility", "weights": "/x"}], "'jpeg_compressibility' does not use it"),
+        ([{"name": "clip", "tokenizer": "/x"}], "'clip' does not use it"),
+        ([{"name": "clip"}, {"name": "clip"}], "each reward may appear once"),
+        ([{"name": "clip", "weight": 0.0}], "at least one reward needs a non-zero weight"),
+        ([{"name": "clip", "weight": float("nan")}], "finite"),
+        ([{"name": "clip", "batch_size": 0}], "batch_size"),
+        ([{"name": "clip", "wieghts": "/x"}], "unknown key"),
+        ([], "at least 1"),
+    ],
+)
+def test_bad_configs_are_reported(models, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(RewardsConfig, None, {"models": models})
+
+
+def test_heads_that_need_weights_say_so_when_built():
+    with pytest.raises(G2RPOError, match="hps_v21.weights=None: 'hps_v21' needs weights: HPS_v2.1_compressed.pt"):
+        build_reward(RewardModelConfig(name="hps_v21"))
+    with pytest.raises(G2RPOError, match="does not exist"):
+        build_reward(RewardModelConfig(name="clip", weights="/no/such/folder"))
+
+
+def test_build_every_head_from_config(tiny_hps, tiny_clip_dir, tiny_pickscore, tiny_image_reward, tiny_aesthetic):
+    entries = [
+        RewardModelConfig(name="hps_v21", weights=str(tiny_hps["checkpoint"]), arch_config=str(tiny_hps["open_clip_config"])),
+        RewardModelConfig(name="hps_v21", weights=str(tiny_hps["checkpoint"].parent)),  # folder: finds both files
+        RewardModelConfig(name="clip", weights=str(tiny_clip_dir["dir"])),
+        RewardModelConfig(name="clip", weights=str(tiny_clip_dir["weights"]), arch_config=str(tiny_clip_dir["open_clip_config"])),
+        RewardModelConfig(name="pickscore", weights=str(tiny_pickscore["dir"])),
+        RewardModelConfig(name="image_reward", weights=str(tiny_image_reward["checkpoint"])),  # med_config etc. beside it
+        RewardModelConfig(name="aesthetic", weights=str(tiny_aesthetic["mlp"]), backbone=str(tiny_aesthetic["clip_dir"])),
+        RewardModelConfig(name="jpeg_compressibility"),
+        RewardModelConfig(name="sharpness"),
+        RewardModelConfig(name="total_variation"),
+        RewardModelConfig(name="hps_v21", weights=str(tiny_hps["checkpoint"].parent), dtype="bfloat16"),
+    ]
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    prompts = ["a cat", "a dog"]
+    for entry in entries:
+        head = build_reward(entry)
+        assert head.name == entry.name
+        scores = head.score(images, prompts)
+        assert scores.shape == (2,) and scores.dtype == torch.float32 and bool(torch.isfinite(scores).all())
+
+
+def test_image_reward_without_its_config_files_is_an_error(tiny_image_reward, tmp_path):
+    shutil.copy(tiny_image_reward["checkpoint"], tmp_path / "ImageReward.pt")
+    with pytest.raises(G2RPOError, match="image_reward.arch_config=None: set it to BLIP's med_config.json"):
+        build_reward(RewardModelConfig(name="image_reward", weights=str(tmp_path / "ImageReward.pt")))
+
+
+def test_score_batched_equals_one_call_and_reports_nan(tiny_hps, tmp_path):
+    head = build_reward(RewardModelConfig(name="hps_v21", weights=str(tiny_hps["checkpoint"].parent)))
+    images = torch.rand(5, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    prompts = ["a cat", "a dog", "a car", "a tree", "the sea"]
+    torch.testing.assert_close(score_batched(head, images, prompts, batch_size=2), head.score(images, prompts), rtol=0, atol=1e-6)
+    # a checkpoint whose image projection holds a NaN makes every score NaN: reported by name and count
+    state = torch.load(tiny_hps["checkpoint"], weights_only=True)
+    state["state_dict"]["visual.proj"][0, 0] = float("nan")
+    torch.save(state, tmp_path / "HPS_v2.1_compressed.pt")
+    shutil.copy(tiny_hps["open_clip_config"], tmp_path / "open_clip_config.json")
+    broken = build_reward(RewardModelConfig(name="hps_v21", weights=str(tmp_path)))
+    with pytest.raises(G2RPOError, match="reward 'hps_v21' returned NaN/inf for 5 of 5 image"):
+        score_batched(broken, images, prompts, batch_size=2)
+
+
+@pytest.mark.integration
+def test_weights_from_s3_artifact(tiny_hps, s3_env, tmp_path):
+    """A published artifact on a real S3 server (SeaweedFS on loopback) is fetched, verified and cached."""
+    from g2rpo.manifest import publish_dir
+
+    uri = f"s3://{s3_env.bucket}/rewards/hps_v21"
+    publish_dir(tiny_hps["checkpoint"].parent, uri)
+    remote = build_reward(RewardModelConfig(name="hps_v21", weights=uri), cache_dir=str(tmp_path / "cache"))
+    local = build_reward(RewardModelConfig(name="hps_v21", weights=str(tiny_hps["checkpoint"].parent)))
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(2))
+    assert torch.equal(remote.score(images, ["a", "b"]), local.score(images, ["a", "b"]))
+    assert list((tmp_path / "cache" / "artifacts").iterdir())  # cached by manifest digest
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_rewards_list(capsys):
+    from g2rpo.cli import main
+
+    assert main(["rewards", "list"]) == 0
+    out = capsys.readouterr().out
+    for name in EXPECTED_NAMES:
+        assert f"\n{name}  (" in "\n" + out
+    assert "needs: weights: HPS_v2.1_compressed.pt" in out
+    assert main(["rewards", "list", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == EXPECTED_NAMES
+
+
+def test_cli_rewards_score(tmp_path, capsys, tiny_hps):
+    import numpy as np
+    from PIL import Image
+
+    from g2rpo.cli import main
+
+    paths = []
+    for i, value in enumerate((0, 128)):
+        path = tmp_path / f"img{i}.png"
+        Image.fromarray(np.full((32, 32, 3), value, dtype=np.uint8)).save(path)
+        paths.append(str(path))
+    assert main(["rewards", "score", "jpeg_compressibility", *paths, "--prompt", "x", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert set(result["scores"]) == set(paths) and all(v < 0 for v in result["scores"].values())
+    assert main(["rewards", "score", "hps_v21", paths[0], "--prompt", "a cat", "--weights", str(tiny_hps["checkpoint"].parent)]) == 0
+    assert paths[0] in capsys.readouterr().out
+    assert main(["rewards", "score", "hps_v3", paths[0], "--prompt", "x"]) == 2
+    assert "valid names" in capsys.readouterr().err
+    assert main(["rewards", "score", "jpeg_compressibility", str(tmp_path / "none.png"), "--prompt", "x"]) == 2
+    assert "does not exist" in capsys.readouterr().err
