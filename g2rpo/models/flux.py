@@ -59,6 +59,7 @@ __all__ = [
     "text_ids",
     "timestep_mode_for",
     "unpack_latents",
+    "vae_scale_factor_of",
 ]
 
 DEFAULT_GUIDANCE = 3.5  # FLUX.1-dev's default embedded guidance (FluxPipeline's guidance_scale)
