@@ -420,7 +420,9 @@ class Trainer:
             width=cfg.model.width,
             vae_scale_factor=vae_scale_factor_of(self.vae),
             guidance=cfg.model.guidance,
-            timestep_mode="truncate" if cfg.algorithm.truncate_timestep else "pipeline",
+            # The strategy truncates σ itself when algorithm.truncate_timestep is set; the adapter then
+            # passes it as given.
+            timestep_mode="raw" if cfg.algorithm.truncate_timestep else "pipeline",
             gradient_checkpointing=cfg.train.gradient_checkpointing,
         ).to(self.ctx.device)
         self.transformer = transformer

@@ -1,0 +1,130 @@
+"""Checkpoints and exact resume: a real training process is SIGKILLed mid-run (or mid-save) and
+resumed; its final weights must equal an uninterrupted run's bit for bit (CPU, fp32,
+deterministic algorithms, one thread)."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from g2rpo.checkpoint import CheckpointManager, TrainerState, is_complete
+from g2rpo.config import load_config
+from g2rpo.errors import G2RPOError
+from g2rpo.run_config import RunConfig, resume_hash
+from g2rpo.trainer import Trainer
+from tests.tiny_flux_fixture import make_tiny_flux
+from trainer_testlib import export_weights, run_train, tiny_overrides
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+ITERATIONS = 6
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    return make_tiny_flux(tmp_path_factory.mktemp("resume_tiny_flux"))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_model, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("resume") / "uninterrupted"
+    done = run_train(tiny_overrides(tiny_model, out, **{"train.iterations": ITERATIONS}))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def _events(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _assert_same_weights(a: Path, b: Path) -> None:
+    wa, wb = export_weights(a), export_weights(b)
+    assert wa.keys() == wb.keys()
+    different = [k for k in wa if not torch.equal(wa[k], wb[k])]
+    assert not different, different[:5]
+
+
+def test_sigkill_mid_iteration_then_resume_is_bit_identical(tiny_model, uninterrupted, tmp_path):
+    out = tmp_path / "killed"
+    config = tiny_overrides(tiny_model, out, **{"train.iterations": ITERATIONS})
+    killed = run_train(config, fault="iteration:3")  # SIGKILL during iteration 3, after checkpoint 2
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    assert not (out / "export").exists()
+    assert is_complete(out / "checkpoints" / "iter-000002")
+    resumed = run_train(config)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    resumes = [e for e in _events(out) if e.get("event") == "resumed"]
+    assert [e["iteration"] for e in resumes] == [2]
+    _assert_same_weights(uninterrupted, out)
+    # the resumed iterations drew the same prompts as the uninterrupted run
+    first = {e["iteration"]: e["prompt_indices"] for e in _events(uninterrupted) if "prompt_indices" in e}
+    second = {e["iteration"]: e["prompt_indices"] for e in _events(out) if "prompt_indices" in e}
+    assert first == second
+
+
+def test_kill_while_saving_leaves_an_incomplete_checkpoint_that_is_ignored(tiny_model, uninterrupted, tmp_path):
+    out = tmp_path / "killed-saving"
+    config = tiny_overrides(tiny_model, out, **{"train.iterations": ITERATIONS})
+    killed = run_train(config, fault="checkpoint:4")  # weights of checkpoint 4 written, manifest not
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    partial = out / "checkpoints" / "iter-000004"
+    assert partial.is_dir() and any(partial.rglob("*.pt")) and not is_complete(partial)
+    resumed = run_train(config)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [e["iteration"] for e in _events(out) if e.get("event") == "resumed"] == [2]
+    assert is_complete(out / "checkpoints" / "iter-000004")  # rewritten by the resumed run
+    _assert_same_weights(uninterrupted, out)
+
+
+def test_resume_from_another_config_hash_is_refused_naming_both(tiny_model, uninterrupted, tmp_path):
+    import shutil
+
+    out = tmp_path / "copy"
+    shutil.copytree(uninterrupted, out, ignore=shutil.ignore_patterns("export"))
+    changed = load_config(RunConfig, None, tiny_overrides(tiny_model, out, **{"train.iterations": 8, "algorithm.group_size": 3}))
+    original = load_config(RunConfig, None, tiny_overrides(tiny_model, out, **{"train.iterations": ITERATIONS}))
+    with pytest.raises(G2RPOError) as info:
+        Trainer(changed).setup()
+    message = str(info.value)
+    assert resume_hash(changed) in message and resume_hash(original) in message
+    assert "fresh output.dir" in message
+    # run length and output paths are not part of the hash: a longer run of the same config resumes
+    longer = load_config(RunConfig, None, tiny_overrides(tiny_model, out, **{"train.iterations": 8}))
+    assert resume_hash(longer) == resume_hash(original)
+    trainer = Trainer(longer).setup()
+    assert trainer.iteration == ITERATIONS
+
+
+def test_resume_never_refuses_a_used_output_dir(tiny_model, uninterrupted):
+    config = load_config(RunConfig, None, tiny_overrides(tiny_model, uninterrupted, **{"train.resume": "never"}))
+    with pytest.raises(G2RPOError, match="already holds a run"):
+        Trainer(config).setup()
+
+
+class _FileDriver:
+    """A stand-in for the optimiser driver that writes one file (the manager's logic is under test)."""
+
+    def save(self, directory: Path) -> None:
+        (directory / "torch").mkdir()
+        (directory / "torch" / "model.pt").write_bytes(b"weights")
+
+    def load(self, directory: Path) -> None:
+        pass
+
+
+def test_retention_keeps_last_n_and_named_and_never_overwrites(tmp_path):
+    manager = CheckpointManager(tmp_path, config_hash="abc", keep_last=2, keep_iterations=[2])
+    for it in (2, 4, 6, 8):
+        manager.save(TrainerState(it, it * 2, "abc", 1, "torch"), _FileDriver())
+    assert [i for i, _ in manager.complete()] == [2, 6, 8]  # last 2 + the named 2
+    with pytest.raises(G2RPOError, match="refusing to overwrite"):
+        manager.save(TrainerState(8, 16, "abc", 1, "torch"), _FileDriver())
+    # a truncated file makes a checkpoint incomplete: latest() falls back to the previous one
+    (tmp_path / "iter-000008" / "torch" / "model.pt").write_bytes(b"w")
+    assert manager.latest() == tmp_path / "iter-000006"
+    with pytest.raises(G2RPOError, match="incomplete"):
+        manager.read_state(tmp_path / "iter-000008")
