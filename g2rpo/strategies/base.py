@@ -199,6 +199,8 @@ class StepStats:
 
     ``reward_mean[r][j]``: mean finite reward of model r at stride j (one column for strategies
     without strides). ``loss`` is the sum of the terms' losses (= the objective's value, negated).
+    With no loss term (every group dropped) ``clip_fraction``/``ratio_mean``/``ratio_max`` are NaN
+    and ``loss`` is 0.
     """
 
     reward_mean: list[list[float]]
@@ -299,8 +301,8 @@ def summarize_step(
         advantage_std=float(adv.std()) if adv.numel() > 1 else 0.0,
         advantage_abs_max=float(adv.abs().max()) if adv.numel() else 0.0,
         loss=float(sum(t.stats.loss for t in terms)),
-        clip_fraction=weighted("clip_fraction"),
-        ratio_mean=weighted("ratio_mean"),
+        clip_fraction=weighted("clip_fraction") if terms else math.nan,
+        ratio_mean=weighted("ratio_mean") if terms else math.nan,
         ratio_max=max((t.stats.ratio_max for t in terms), default=math.nan),
         sampling_forwards=rollout.nfe.sampling_forwards,
         training_forwards=training_forwards,

@@ -3,6 +3,7 @@ loss, ratio = 1 at the first update, seeding, dropped groups, and the config's b
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -237,7 +238,50 @@ def test_nan_and_inf_rewards_drop_their_groups_and_are_counted():
         strategy.advantages(rollout, rewards[:, :2])
 
 
+def test_every_group_dropped_yields_no_terms():
+    model, cond, reward = toy(num_prompts=2)
+    strategy = build_strategy(config(num_steps=4, group_size=3, granularities=[1]))
+    rollout = strategy.rollout(model, cond, Draws(0, 0, (0, 1)), LATENT)
+    rewards = torch.full(rollout.reward_layout(1), float("nan"))
+    advantages = strategy.advantages(rollout, rewards)
+    assert list(strategy.loss_terms(model, rollout, advantages)) == []
+    stats = summarize_step(rollout, rewards, advantages, [])
+    assert (stats.dropped_groups, stats.total_groups, stats.optimizer_steps, stats.loss) == (4, 4, 0, 0.0)
+    assert math.isnan(stats.ratio_mean) and math.isnan(stats.clip_fraction)
+
+
 # --------------------------------------------------------------------------- rollout structure and seeding
+
+
+class SigmaRecorder(torch.nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+        self.seen = []
+
+    def forward(self, x, sigma, cond):
+        self.seen.append(sigma.clone())
+        return self.inner(x, sigma, cond)
+
+
+def test_grid_choice_and_timestep_truncation():
+    inner, cond, _ = make_toy_problem(num_prompts=1)
+    static = build_strategy(config(num_steps=4, group_size=2, granularities=[1], grid="static_shift", shift=3.0))
+    model = SigmaRecorder(inner)
+    rollout = static.rollout(model, cond, Draws(0, 0, (0,)), LATENT)
+    assert rollout.sigmas.tolist() == pytest.approx([1.0, 0.9, 0.75, 0.5, 0.0])  # 3t/(1+2t), t = 1, .75, .5, .25, 0
+    seen = torch.cat(model.seen)
+    assert seen.unique().tolist() == pytest.approx([0.5, 0.75, 0.9, 1.0])
+    # flux grid at L = 4 tokens: μ = 0.5 + (4 − 256)·0.65/3840 = 0.45734, e^μ = 1.57986,
+    # σ[1] = e^μ/(e^μ + 1/0.75 − 1) = 1.57986/1.91319 = 0.82577; fed to the model as 0.825
+    truncating = build_strategy(config(num_steps=4, group_size=2, granularities=[1], truncate_timestep=True))
+    model = SigmaRecorder(inner)
+    rollout = truncating.rollout(model, cond, Draws(0, 0, (0,)), LATENT)
+    e = math.exp(core.flux_mu(4))
+    assert rollout.sigmas[1].item() == pytest.approx(e / (e + 1 / 0.75 - 1), abs=1e-6)
+    seen = torch.cat(model.seen)
+    assert torch.equal(seen, torch.floor(seen * 1000) / 1000)
+    assert 0.825 in [round(v, 6) for v in seen.tolist()]
 
 
 def test_rollout_is_independent_of_micro_batch():
