@@ -109,13 +109,24 @@ def ode_step(x: torch.Tensor, v: torch.Tensor, sigma: Sigma, sigma_next: Sigma) 
     return x + (_rows(sigma_next, x) - _rows(sigma, x)) * v
 
 
-def sde_noise_scale(sigma: Sigma, eta: float, sigma_one_substitute: Sigma | None = None) -> torch.Tensor:
-    """s_σ = η·sqrt(σ / (1 − σ̃)), σ̃ = σ except where σ = 1, where σ̃ = ``sigma_one_substitute``.
+def sde_noise_scale(
+    sigma: Sigma, eta: float, sigma_one_substitute: Sigma | None = None, noise_form: str = "flow_grpo"
+) -> torch.Tensor:
+    """The SDE's noise scale s_σ.
 
-    The reference code (and Flow-GRPO) substitute the grid's σ[1] at σ = 1 so the first step of the
-    grid stays finite; pass ``sigmas[1]``. Without a substitute, σ = 1 raises ValueError.
+    ``noise_form="flow_grpo"`` (spec §1, default): s_σ = η·sqrt(σ / (1 − σ̃)), σ̃ = σ except where
+    σ = 1, where σ̃ = ``sigma_one_substitute``. The reference code (and Flow-GRPO) substitute the
+    grid's σ[1] there so the first step stays finite; pass ``sigmas[1]``. Without a substitute,
+    σ = 1 raises ValueError.
+
+    ``noise_form="dancegrpo"``: s_σ = η (DanceGRPO's original step: std η·sqrt(h) and the drift
+    ``−½η²·score·dσ`` with score = −(x − (1−σ)·x̂₀)/σ², which is the same mean formula with s_σ = η).
     """
     sigma = torch.as_tensor(sigma, dtype=torch.float32)
+    if noise_form == "dancegrpo":
+        return torch.full_like(sigma, float(eta))
+    if noise_form != "flow_grpo":
+        raise ValueError(f"noise_form must be 'flow_grpo' or 'dancegrpo', got {noise_form!r}")
     at_one = sigma == 1
     if bool(at_one.any()):
         if sigma_one_substitute is None:
@@ -137,16 +148,17 @@ def sde_mean_std(
     sigma_next: Sigma,
     eta: float,
     sigma_one_substitute: Sigma | None = None,
+    noise_form: str = "flow_grpo",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and std of the SDE transition from σ to σ' (spec §1), h = σ − σ' > 0:
 
         μ   = x − h·[ v + s_σ² / (2σ) · (x + (1 − σ)·v) ]
         std = s_σ·sqrt(h)
 
-    ``x``, ``v`` ``[B, ...]``; σ, σ' scalars or ``[B]``. Returns μ ``[B, ...]`` and std broadcastable
-    to it (``[]`` or ``[B, 1, ...]``).
+    with s_σ from :func:`sde_noise_scale`. ``x``, ``v`` ``[B, ...]``; σ, σ' scalars or ``[B]``.
+    Returns μ ``[B, ...]`` and std broadcastable to it (``[]`` or ``[B, 1, ...]``).
     """
-    s = _rows(sde_noise_scale(torch.as_tensor(sigma).to(x.device), eta, sigma_one_substitute), x)
+    s = _rows(sde_noise_scale(torch.as_tensor(sigma).to(x.device), eta, sigma_one_substitute, noise_form), x)
     sig = _rows(sigma, x)
     h = sig - _rows(sigma_next, x)
     mean = x - h * (v + s**2 / (2 * sig) * (x + (1 - sig) * v))
@@ -162,6 +174,7 @@ def sde_step(
     eta: float,
     noise: torch.Tensor,
     sigma_one_substitute: Sigma | None = None,
+    noise_form: str = "flow_grpo",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One Euler–Maruyama step of the marginal-preserving reverse SDE (Flow-GRPO's form).
 
@@ -169,7 +182,7 @@ def sde_step(
     Returns ``(x', μ, std)``. With η = 0, μ = x − h·v = :func:`ode_step` and std = 0.
     At σ = 1 pass ``sigma_one_substitute = sigmas[1]`` (see :func:`sde_noise_scale`).
     """
-    mean, std = sde_mean_std(x, v, sigma, sigma_next, eta, sigma_one_substitute)
+    mean, std = sde_mean_std(x, v, sigma, sigma_next, eta, sigma_one_substitute, noise_form)
     return mean + std * noise, mean, std
 
 

@@ -141,7 +141,7 @@ def trajectory_loss_terms(
         x = states[p, g, i]  # [n, L, C]
         sig, sig_next = sigmas[i], sigmas[i + 1]  # [n]
         v = model(x, model_sigma(config, sig), rollout.cond[p.cpu()]).float()
-        mean, std = core.sde_mean_std(x, v, sig, sig_next, config.eta, sigmas[1])
+        mean, std = core.sde_mean_std(x, v, sig, sig_next, config.eta, sigmas[1], config.sde_noise)
         lp_new = core.gaussian_log_prob(states[p, g, i + 1].to(device), mean, std, config.log_prob_reduce)  # [n]
         last_of_slot = n + 1 == len(work) or work[n + 1][0] != s
         step = (n + 1 == len(work)) if config.optimizer_step == "per_iteration" else last_of_slot

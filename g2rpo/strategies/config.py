@@ -31,6 +31,13 @@ class AlgorithmConfig(Section):
     num_steps: int = Field(16, ge=2, description="T, denoising steps of the sampler grid (≥ 2; paper 16)")
     group_size: int = Field(12, ge=2, description="G, samples per group (≥ 2; paper 12)")
     eta: float = Field(0.7, ge=0.0, description="η, SDE noise scale s_σ = η·sqrt(σ/(1−σ)) (≥ 0; paper 0.7)")
+    sde_noise: Literal["flow_grpo", "dancegrpo"] = Field(
+        "flow_grpo",
+        description=(
+            "SDE noise scale for every strategy: flow_grpo s_σ = η·sqrt(σ/(1−σ)) (spec §1, reference code) "
+            "or dancegrpo s_σ = η (DanceGRPO's original step)"
+        ),
+    )
     branch_steps: list[Annotated[int, Field(ge=0)]] | None = Field(
         None,
         description=(

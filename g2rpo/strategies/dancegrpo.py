@@ -3,7 +3,7 @@
 Rollout for P prompts: G trajectories per prompt, from one shared initial noise per prompt
 (DanceGRPO's ``init_same_noise``; ``dancegrpo_shared_noise: false`` draws one per trajectory,
 Flow-GRPO style). Every step is an SDE step (the same step as G²RPO's, spec §1, so a comparison
-isolates credit assignment; DanceGRPO's own noise form is not offered yet). All P·G trajectories
+isolates credit assignment; ``sde_noise: dancegrpo`` gives DanceGRPO's own noise form, s_σ = η). All P·G trajectories
 advance together, ``micro_batch`` rows per model call. Sampling forwards per prompt: G·T.
 
 Advantages: rewards ``[R, P, G]`` → per reward model group-normalised over G → weighted sum →
@@ -81,7 +81,7 @@ class DanceGRPO:
             noise = torch.stack(
                 [draws.normal(latent_shape, "sde-noise", p, i, g) for p in range(num_prompts) for g in range(group)]
             ).to(device)
-            x, mean, std = core.sde_step(x, v, sigmas[i], sigmas[i + 1], cfg.eta, noise, sigmas[1])
+            x, mean, std = core.sde_step(x, v, sigmas[i], sigmas[i + 1], cfg.eta, noise, sigmas[1], cfg.sde_noise)
             log_probs.append(core.gaussian_log_prob(x, mean, std, cfg.log_prob_reduce))  # [P*G]
             states.append(x)
         trained = torch.stack(

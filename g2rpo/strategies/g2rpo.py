@@ -160,7 +160,7 @@ class G2RPO:
         flat_v = v_k.reshape(-1, *v_k.shape[-2:])
         flat_steps = steps.reshape(-1)
         mean, std = core.sde_mean_std(
-            flat_x, flat_v, sigmas[flat_steps], sigmas[flat_steps + 1], self.config.eta, sigmas[1]
+            flat_x, flat_v, sigmas[flat_steps], sigmas[flat_steps + 1], self.config.eta, sigmas[1], self.config.sde_noise
         )  # [N, L, C], [N, 1, 1]
         return mean.reshape(*lead, 1, *x_k.shape[-2:]), std.reshape(*lead, 1, 1, 1)
 

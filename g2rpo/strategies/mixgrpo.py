@@ -98,7 +98,7 @@ class MixGRPO:
                 noise = torch.stack(
                     [draws.normal(latent_shape, "sde-noise", p, i, g) for p in range(num_prompts) for g in range(group)]
                 ).to(device)
-                x, mean, std = core.sde_step(x, v, sigmas[i], sigmas[i + 1], cfg.eta, noise, sigmas[1])
+                x, mean, std = core.sde_step(x, v, sigmas[i], sigmas[i + 1], cfg.eta, noise, sigmas[1], cfg.sde_noise)
                 log_probs.append(core.gaussian_log_prob(x, mean, std, cfg.log_prob_reduce))
             else:
                 x = core.ode_step(x, v, sigmas[i], sigmas[i + 1])

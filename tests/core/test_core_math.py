@@ -84,6 +84,22 @@ def test_sde_step_at_sigma_one_is_finite_with_grid_substitute():
         core.sde_step(x, v, 1.0, 0.9, 0.7, torch.zeros(1, 1, 1))
 
 
+def test_sde_dancegrpo_noise_form_matches_its_score_based_step():
+    # DanceGRPO's step, x = 1, v = 0.5, σ = 0.8, σ' = 0.6 (dσ = −0.2), η = 0.7:
+    #   x̂₀ = x − σ·v = 0.6; score = −(x − (1 − σ)·x̂₀)/σ² = −(1 − 0.12)/0.64 = −1.375
+    #   μ = x + dσ·v + (−½η²·score)·dσ = 1 − 0.1 − 0.5·0.49·1.375·0.2 = 0.832625; std = η·sqrt(0.2)
+    # = the spec's mean formula with s_σ = η: 1 − 0.2·[0.5 + 0.49/1.6·(1 + 0.2·0.5)] = 0.832625
+    x, v = torch.ones(1, 1, 1), torch.full((1, 1, 1), 0.5)
+    _, mean, std = core.sde_step(x, v, 0.8, 0.6, 0.7, torch.zeros(1, 1, 1), noise_form="dancegrpo")
+    assert mean.item() == pytest.approx(0.832625, abs=1e-6)
+    assert std.item() == pytest.approx(0.7 * math.sqrt(0.2), abs=1e-6)
+    # finite at σ = 1 without a substitute: s_σ = η does not divide by 1 − σ
+    nxt, _, _ = core.sde_step(x, v, 1.0, 0.9, 0.7, torch.ones(1, 1, 1), noise_form="dancegrpo")
+    assert torch.isfinite(nxt).all()
+    with pytest.raises(ValueError, match="noise_form"):
+        core.sde_noise_scale(0.5, 0.7, noise_form="cps")
+
+
 def test_sde_step_with_zero_eta_is_the_ode_step():
     gen = torch.Generator().manual_seed(0)
     x, v, noise = (torch.randn(3, 5, 4, generator=gen) for _ in range(3))

@@ -164,9 +164,11 @@ def test_shared_velocity_loss_and_gradients_equal_separate_forwards():
         torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize("name", ["g2rpo", "dancegrpo", "mixgrpo"])
-def test_first_update_after_sampling_sees_ratio_one(name):
-    cfg = config(strategy=name, num_steps=6, group_size=4, granularities=[1, 3])  # ε = 1e-4 (reference)
+@pytest.mark.parametrize(
+    ("name", "noise"), [("g2rpo", "flow_grpo"), ("dancegrpo", "flow_grpo"), ("mixgrpo", "flow_grpo"), ("dancegrpo", "dancegrpo")]
+)
+def test_first_update_after_sampling_sees_ratio_one(name, noise):
+    cfg = config(strategy=name, num_steps=6, group_size=4, granularities=[1, 3], sde_noise=noise)  # ε = 1e-4 (reference)
     model, cond, reward = toy(num_prompts=3)
     strategy = build_strategy(cfg)
     rollout = strategy.rollout(model, cond, Draws(2, 4, (5, 6, 7)), LATENT)
