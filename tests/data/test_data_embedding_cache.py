@@ -12,7 +12,6 @@ from g2rpo.cli import main
 from g2rpo.data import EmbeddingCache, PromptEmbeddingDataset, write_embedding_cache
 from g2rpo.errors import G2RPOError
 
-pytest_plugins = ["tests.tiny_flux_fixture"]
 pytestmark = pytest.mark.integration
 
 PROMPTS = [

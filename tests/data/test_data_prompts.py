@@ -11,7 +11,6 @@ from g2rpo.cli import main
 from g2rpo.data import dedupe_prompts, prepare_prompts, read_prompt_file, read_prompt_split, sha256_file, split_prompts
 from g2rpo.errors import G2RPOError
 
-pytest_plugins = ["tests.s3server"]
 
 
 def test_data_read_txt_strips_and_keeps_order(tmp_path):

@@ -26,7 +26,6 @@ from g2rpo.models.flux import (
     unpack_latents,
 )
 
-pytest_plugins = ["tests.tiny_flux_fixture"]
 pytestmark = pytest.mark.integration
 
 PROMPTS = ["a photo of a cat", "a red car in the city at night"]

@@ -17,7 +17,6 @@ from g2rpo.strategies import build_strategy
 from g2rpo.strategies.base import VelocityModel
 from g2rpo.strategies.config import AlgorithmConfig
 
-pytest_plugins = ["tests.tiny_flux_fixture"]
 pytestmark = pytest.mark.integration
 
 

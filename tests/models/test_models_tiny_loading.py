@@ -21,7 +21,6 @@ from g2rpo.models.loading import (
     resolve_model_location,
 )
 
-pytest_plugins = ["tests.tiny_flux_fixture", "tests.s3server"]
 pytestmark = pytest.mark.integration
 
 
