@@ -31,7 +31,7 @@ build_env() {
     log "reusing $venv"
     return
   fi
-  log "building $venv (about a minute per env; ~5.5 GB each)"
+  log "building $venv (2–3 minutes; ~5.5 GB)"
   rm -rf "$venv"
   "$PYTHON_FOR_VENVS" -m venv "$venv"
   "$venv/bin/python" -m pip install -q "${TORCH_PINS[@]}" 2> >(grep -v '^WARNING: Location' >&2)

@@ -42,7 +42,7 @@ PROMPTS = [
 
 
 def forbid_network() -> None:
-    """Make any socket connection outside loopback raise (the reference code must stay offline)."""
+    """Make any non-loopback socket connection raise (the reference code must stay offline); one thread."""
     real_connect = socket.socket.connect
 
     def guarded(self, address):
@@ -57,6 +57,8 @@ def forbid_network() -> None:
         return real_connect(self, address)
 
     socket.socket.connect = guarded
+    # One thread: the reference sums (and the images) then do not depend on the machine's cores.
+    torch.set_num_threads(1)
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE"):
         os.environ[var] = "1"
 
@@ -67,10 +69,11 @@ def smooth_image(generator: torch.Generator, height: int, width: int) -> Image.I
     Smooth fields keep the PNGs small; the rectangle adds edges, so a resize or a channel-order
     error changes the pixels the model sees.
     """
-    coarse = torch.rand(1, 3, 5, 5, generator=generator)  # [1, 3, 5, 5]
+    # float64: with float32, torch's thread count changed one rounded pixel of a 200×300 image.
+    coarse = torch.rand(1, 3, 5, 5, generator=generator, dtype=torch.float64)  # [1, 3, 5, 5]
     field = torch.nn.functional.interpolate(coarse, size=(height, width), mode="bilinear", align_corners=True)[0]
     top, left = (int(v) for v in torch.randint(0, min(height, width) // 2, (2,), generator=generator))
-    colour = torch.rand(3, 1, 1, generator=generator)
+    colour = torch.rand(3, 1, 1, generator=generator, dtype=torch.float64)
     field[:, top : top + height // 3, left : left + width // 4] = colour
     pixels = (field.clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).contiguous()  # [H, W, 3]
     return Image.fromarray(pixels.numpy(), mode="RGB")
