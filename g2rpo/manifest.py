@@ -42,6 +42,7 @@ from g2rpo.storage import (
     FileStore,
     ObjectNotFound,
     S3Settings,
+    S3Store,
     Store,
     WriteConflict,
     open_store,
@@ -385,6 +386,7 @@ class GcReport:
     kept_recent: list[str] = field(default_factory=list)
     kept_protected: list[str] = field(default_factory=list)
     bytes_freed: int = 0
+    uploads_aborted: list[str] = field(default_factory=list)
 
 
 def _related(a: str, b: str) -> bool:
@@ -403,7 +405,7 @@ def gc(
 ) -> GcReport:
     """Delete unpublished artifact prefixes under ``uri`` whose newest object is older than ``older_than``.
 
-    An unpublished prefix has the publish marker but no manifest. ``protected`` URIs (e.g. the
+    On S3 it also aborts multipart uploads under ``uri`` started before the cutoff. An unpublished prefix has the publish marker but no manifest. ``protected`` URIs (e.g. the
     registry's champions) are never touched, nor any prefix that contains or lies inside one.
     Published artifacts and objects outside artifact prefixes are never deleted.
     """
@@ -442,4 +444,13 @@ def gc(
         report.bytes_freed += sum(o.size for o in members)
         if not dry_run:
             store.delete_many([o.key for o in members])
+    if isinstance(store, S3Store):
+        # Parts of multipart uploads that were never completed (a killed upload) are invisible to
+        # listings but still stored: abort those older than the cutoff.
+        for key, upload_id, initiated in store.incomplete_uploads():
+            if now - initiated < older_than or any(_related(key, p) for p in protected_keys):
+                continue
+            report.uploads_aborted.append(store.uri_for(key))
+            if not dry_run:
+                store.abort_upload(key, upload_id)
     return report

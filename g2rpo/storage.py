@@ -611,6 +611,36 @@ class S3Store(Store):
         except (BotoCoreError, ClientError) as exc:
             raise _s3_error(exc, "deleting", self.uri_for(key)) from None
 
+    def incomplete_uploads(self, prefix: str = "") -> list[tuple[str, str, datetime]]:
+        """Multipart uploads started under ``prefix`` and never completed: ``(key, upload_id, initiated)``.
+
+        A killed upload leaves its parts on the server (and on the bill) until aborted.
+        """
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        prefix = validate_key(prefix, field="prefix", allow_empty=True)
+        full = "/".join(p for p in (self.prefix, prefix) if p)
+        out = []
+        try:
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=f"{full}/" if full else ""
+            )
+            for page in pages:
+                for upload in page.get("Uploads", []) or []:
+                    out.append((self._rel(upload["Key"]), upload["UploadId"], upload["Initiated"]))
+        except (BotoCoreError, ClientError) as exc:
+            raise _s3_error(exc, "listing multipart uploads under", self.uri_for(prefix)) from None
+        return out
+
+    def abort_upload(self, key: str, upload_id: str) -> None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        full = self._key(key)
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
+        except (BotoCoreError, ClientError) as exc:
+            raise _s3_error(exc, "aborting the multipart upload of", self.uri_for(key)) from None
+
     def delete_many(self, keys: list[str]) -> None:
         from botocore.exceptions import BotoCoreError, ClientError
 

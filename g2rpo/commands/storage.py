@@ -87,6 +87,8 @@ def _gc(args) -> int:
     verb = "would remove" if args.dry_run else "removed"
     for uri in report.removed:
         print(f"{verb} {uri}")
+    for uri in report.uploads_aborted:
+        print(f"{'would abort' if args.dry_run else 'aborted'} unfinished multipart upload of {uri}")
     for uri in report.kept_protected:
         print(f"kept (protected) {uri}")
     print(

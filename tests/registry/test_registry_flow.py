@@ -62,8 +62,10 @@ def test_registry_promote_rollback_history(root_uri, tmp_path):
     assert first.passed and first.champion is None
     assert reg.read_state(model)[0].aliases == {"champion": v1}
 
+    reg.set_alias(model, "challenger", v2, reason="candidate")
     second = promote(reg, model, v2, GATES)  # +0.05 hps, −0.005 clip
     assert second.passed and second.champion == v1
+    assert reg.read_state(model)[0].aliases == {"champion": v2}  # the challenger alias moved up
     third = promote(reg, model, v3, GATES)  # +0.10 hps but −0.095 clip: reward hacking, refused
     assert not third.passed
     state, _ = reg.read_state(model)
@@ -79,11 +81,17 @@ def test_registry_promote_rollback_history(root_uri, tmp_path):
     with pytest.raises(G2RPOError, match="no predecessor"):
         rollback(reg, model, reason="again")
     state, _ = reg.read_state(model)
-    assert state.aliases == {"champion": v1} and state.revision == 3
-    assert [(e.action, e.previous, e.version) for e in state.history] == [
-        ("promote", None, v1), ("promote", v1, v2), ("rollback", v2, v1),
+    assert state.aliases == {"champion": v1} and state.revision == 4
+    assert [(e.action, e.alias, e.previous, e.version) for e in state.history] == [
+        ("promote", "champion", None, v1),
+        ("set-alias", "challenger", None, v2),
+        ("promote", "champion", v1, v2),
+        ("clear-alias", "challenger", v2, None),
+        ("rollback", "champion", v2, v1),
     ]
-    assert state.history[1].decision.startswith(f"models/{model}/decisions/{v2:06d}/")
+    # The promotion and the challenger's removal were one write: one revision.
+    assert state.history[2].revision == state.history[3].revision == 3
+    assert state.history[2].decision.startswith(f"models/{model}/decisions/{v2:06d}/")
     # The champion's artifacts are what GC must protect.
     champion = reg.get_version(model, v1)
     assert set(reg.protected_uris()) == {champion.export.uri, champion.eval.scores_uri}

@@ -95,3 +95,22 @@ def test_registry_racing_promotions_lose_no_update(root_uri, tmp_path):
         chain = [1] + [e.version for e in promotions]
         assert [e.previous for e in promotions] == chain[:-1]
         assert state.aliases["champion"] == chain[-1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_registry_racing_state_writes_many_rounds(s3_env):
+    """The same race, 1,000 rounds on SeaweedFS (opt-in: `make test-slow`)."""
+    reg = Registry(f"{s3_env.uri}/registry")
+    rounds = 1000
+    models = [f"race-{i:04d}" for i in range(rounds)]
+    for model in models[1::2]:
+        _seed_champion(reg, model)
+    out = _run_pair(registry_race_worker.race_state_writes, lambda me: (reg.uri, me, models), 2 * rounds)
+    assert not [r for r in out if r[2].startswith("error")]
+    winners = {}
+    for model, me, result in out:
+        if result == "won":
+            assert model not in winners, f"two winners in {model}"
+            winners[model] = me
+    assert sorted(winners) == models

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+from datetime import timedelta
 
 import pytest
 
 from g2rpo import storage as storage_module
 from g2rpo.errors import G2RPOError
-from g2rpo.manifest import MANIFEST_NAME, download_dir, has_manifest, publish_dir, read_manifest
+from g2rpo.manifest import MANIFEST_NAME, download_dir, gc, has_manifest, publish_dir, read_manifest
 from g2rpo.storage import MiB, S3Settings, open_store
 
 pytestmark = pytest.mark.integration
@@ -72,6 +73,16 @@ def test_storage_server_killed_mid_upload_then_recovers(own_server, tmp_path, mo
     assert not has_manifest(store)  # no version visible
     with pytest.raises(G2RPOError, match="upload never finished"):
         read_manifest(store)
+
+    # The killed multipart upload's parts are still on the server; GC aborts them.
+    bucket = open_store("s3://fault", settings)
+    leftover = [key for key, _, _ in bucket.incomplete_uploads()]
+    assert leftover == ["exports/v1/model.safetensors"]
+    report = gc("s3://fault", timedelta(0), settings=settings)
+    assert report.uploads_aborted == ["s3://fault/exports/v1/model.safetensors"]
+    assert bucket.incomplete_uploads() == []
+    # GC also removed the unpublished prefix (marker + config.json); publishing again recreates it.
+    assert report.removed == ["s3://fault/exports/v1"]
 
     manifest = publish_dir(src, uri, settings=settings)  # the same call succeeds now
     assert store.head("model.safetensors").etag.strip('"').endswith("-8")
