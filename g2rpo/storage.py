@@ -171,6 +171,11 @@ class S3Settings(Section):
         8 * MiB, ge=S3_MIN_PART, le=S3_MAX_PART, description="smallest part size; grows with the file (part_size_for)"
     )
     max_concurrency: int = Field(4, ge=1, le=64, description="parallel part uploads/downloads per file")
+    checksums: Literal["when_supported", "when_required"] = Field(
+        "when_supported",
+        description="botocore request checksums (CRC32 on uploads); 'when_required' for S3-compatible "
+        "stores that reject them (g2rpo's own sha256 checks apply either way)",
+    )
     connect_timeout: float = Field(10.0, gt=0, description="seconds to open a connection")
     read_timeout: float = Field(60.0, gt=0, description="seconds to wait for a response")
 
@@ -684,6 +689,8 @@ def _new_s3_client(settings: S3Settings):
         retries={"mode": settings.retry_mode, "max_attempts": settings.max_attempts},
         connect_timeout=settings.connect_timeout,
         read_timeout=settings.read_timeout,
+        request_checksum_calculation=settings.checksums,
+        response_checksum_validation=settings.checksums,
     )
     session = boto3.session.Session()
     return session.client("s3", endpoint_url=settings.endpoint_url, config=config)

@@ -51,9 +51,10 @@ def test_storage_conditional_writes(root_uri):
     assert store.get_bytes("state.json") == (b'{"r": 2}', etag2)
 
 
-def test_storage_multipart_upload_round_trip(s3_env, tmp_path):
+@pytest.mark.parametrize("checksums", ["when_supported", "when_required"])
+def test_storage_multipart_upload_round_trip(s3_env, tmp_path, checksums):
     # 12 MiB + 1 byte with 5 MiB parts and a 5 MiB threshold: ceil(12.000001 / 5) = 3 parts.
-    settings = S3Settings(multipart_threshold=5 * MiB, min_part_size=5 * MiB, max_concurrency=2)
+    settings = S3Settings(multipart_threshold=5 * MiB, min_part_size=5 * MiB, max_concurrency=2, checksums=checksums)
     data = os.urandom(12 * MiB + 1)
     src = tmp_path / "big.bin"
     src.write_bytes(data)
