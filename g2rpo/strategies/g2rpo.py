@@ -98,7 +98,6 @@ class G2RPO:
         if len(draws.prompt_indices) != num_prompts:
             raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {num_prompts}")
         sigmas = make_grid(cfg, length).to(device)  # [T+1]
-        t_steps = cfg.num_steps
         nfe = NFECounters()
         steps = torch.tensor([self.branch_steps(draws, p) for p in range(num_prompts)], dtype=torch.long)  # [P, K]
         num_slots = steps.shape[1]
@@ -116,19 +115,9 @@ class G2RPO:
             x = core.ode_step(x, v, sigmas[i], sigmas[i + 1])
 
         # 2. G SDE branches per (prompt, k) from the anchor's v[k].
-        noise = torch.stack(
-            [
-                torch.stack(
-                    [
-                        torch.stack(
-                            [draws.normal(latent_shape, "branch-noise", p, int(steps[p, s]), g) for g in range(group)]
-                        )
-                        for s in range(num_slots)
-                    ]
-                )
-                for p in range(num_prompts)
-            ]
-        ).to(device)  # [P, K, G, L, C]
+        keys = [(p, int(steps[p, s]), g) for p in range(num_prompts) for s in range(num_slots) for g in range(group)]
+        noise = torch.stack([draws.normal(latent_shape, "branch-noise", p, k, g) for p, k, g in keys])
+        noise = noise.reshape(num_prompts, num_slots, group, length, channels).to(device)  # [P, K, G, L, C]
         mean, std = self._transition(x_k, v_k, steps_dev, sigmas)  # [P, K, 1, L, C], [P, K, 1, 1, 1]
         branches = mean + std * noise  # [P, K, G, L, C]
         log_prob_old = core.gaussian_log_prob(branches, mean, std, cfg.log_prob_reduce, batch_dims=3)  # [P, K, G]
