@@ -60,11 +60,18 @@ def _register(args) -> int:
     from g2rpo.registry import BaseModelRef, EvalScores
 
     reg = _registry(args)
-    path = Path(args.scores)
-    if not path.is_file():
-        raise G2RPOError(problem("--scores", args.scores, "no such file; pass the eval's per-prompt scores JSON"))
+    if args.scores.startswith("s3://"):
+        from g2rpo.storage import locate
+
+        store, key = locate(args.scores, settings_from_args(args))
+        text = store.get_bytes(key)[0].decode("utf-8")
+    else:
+        path = Path(args.scores)
+        if not path.is_file():
+            raise G2RPOError(problem("--scores", args.scores, "no such file; pass the eval's per-prompt scores JSON"))
+        text = path.read_text(encoding="utf-8")
     try:
-        scores = EvalScores.model_validate(json.loads(path.read_text()))
+        scores = EvalScores.model_validate(json.loads(text))
     except Exception as exc:  # pydantic or JSON errors: say which file and what
         raise G2RPOError(problem("--scores", args.scores, f"not a valid scores file ({exc.__class__.__name__}: "
                                  f"{str(exc).splitlines()[0]}); see docs/registry.md")) from None
@@ -152,7 +159,7 @@ def add_commands(sub) -> None:
     p = verbs.add_parser("register", help="record a new version from a published export and its eval scores")
     p.add_argument("model")
     p.add_argument("--export", required=True, help="URI of the exported model (a published artifact)")
-    p.add_argument("--scores", required=True, help="per-prompt eval scores JSON (format: docs/registry.md)")
+    p.add_argument("--scores", required=True, help="per-prompt eval scores JSON, local or s3:// (format: docs/registry.md)")
     p.add_argument("--source-run", required=True, help="pipeline run that produced the model")
     p.add_argument("--config-hash", required=True, help="hash of the training config")
     p.add_argument("--base-model", required=True, help="base model id, e.g. black-forest-labs/FLUX.1-dev")

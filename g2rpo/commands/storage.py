@@ -28,9 +28,15 @@ def _put(args) -> int:
     settings = settings_from_args(args)
     source = Path(args.source)
     if source.is_dir():
-        manifest = publish_dir(source, args.dest, producer=args.producer, config_hash=args.config_hash,
+        dest = args.dest
+        if args.unique:
+            from g2rpo.manifest import unique_prefix
+
+            parent, _, name = dest.rstrip("/").rpartition("/")
+            dest = f"{parent}/{unique_prefix(name)}" if parent else unique_prefix(name)
+        manifest = publish_dir(source, dest, producer=args.producer, config_hash=args.config_hash,
                                settings=settings)
-        print(f"published {len(manifest.files)} file(s), {manifest.total_size} bytes → {args.dest}")
+        print(f"published {len(manifest.files)} file(s), {manifest.total_size} bytes → {dest}")
         return 0
     if not source.is_file():
         raise G2RPOError(problem("source", args.source, "no such file or folder"))
@@ -113,6 +119,8 @@ def add_commands(sub) -> None:
     p.add_argument("dest", help=f"destination: {_URI_HELP}; for a folder, a new artifact prefix")
     p.add_argument("--producer", default="g2rpo storage put", help="recorded in the manifest")
     p.add_argument("--config-hash", default=None, help="config hash recorded in the manifest")
+    p.add_argument("--unique", action="store_true",
+                   help="folder: publish under DEST-<UTC time>-<8 hex> (a fresh prefix) and print it")
     _add_s3_options(p)
     p.set_defaults(handler=_put)
 

@@ -56,7 +56,15 @@ def test_registry_cli_full_cycle(root_uri, tmp_path, capsys):
     out = capsys.readouterr().out
     assert '"source_run": "r2"' in out and "FAILED" in out
 
-    assert _register(reg_uri, root_uri, tmp_path, make_scores({"hps": 0.30, "clip": 0.30}), "r3") == 0
+    # Scores may also be read from the store itself (here: put there first).
+    local = tmp_path / "s3.json"
+    local.write_text(make_scores({"hps": 0.30, "clip": 0.30}).model_dump_json())
+    assert main(["storage", "put", str(local), f"{root_uri}/evals/r3.json"]) == 0
+    assert main([
+        "registry", "register", "flux-g2rpo", "--registry", reg_uri, "--export", publish_export(root_uri, tmp_path, "r3"),
+        "--scores", f"{root_uri}/evals/r3.json" if root_uri.startswith("s3://") else str(local),
+        "--source-run", "r3", "--config-hash", "abc", "--base-model", "b", "--licence", "l",
+    ]) == 0
     assert main(["registry", "promote", "flux-g2rpo", "3", *common, "--dry-run"]) == 0
     assert "dry run: nothing recorded" in capsys.readouterr().out
     assert Registry(reg_uri).read_state("flux-g2rpo")[0].aliases["champion"] == 1

@@ -23,13 +23,18 @@ def test_storage_cli_put_get_ls_verify(root_uri, tmp_path, capsys):
     assert "published 2 file(s), 102 bytes" in capsys.readouterr().out
     assert json.loads(open_store(f"{root_uri}/ckpt-1").get_bytes(MANIFEST_NAME)[0])["config_hash"] == "h1"
 
+    assert main(["storage", "put", str(src), f"{root_uri}/runs/model", "--unique"]) == 0
+    published = capsys.readouterr().out.strip().rsplit(" → ", 1)[1]
+    assert published.startswith(f"{root_uri}/runs/model-") and published != f"{root_uri}/runs/model"
+    assert main(["storage", "verify", published]) == 0
+
     single = tmp_path / "prompts.txt"
     single.write_text("a cat\na dog\n")
     assert main(["storage", "put", str(single), f"{root_uri}/prompts/p.txt"]) == 0
 
     assert main(["storage", "ls", root_uri]) == 0
     listing = capsys.readouterr().out
-    for key in ("ckpt-1/sub/w.bin", "ckpt-1/cfg.json", f"ckpt-1/{MANIFEST_NAME}", "prompts/p.txt"):
+    for key in ("ckpt-1/sub/w.bin", "ckpt-1/cfg.json", f"ckpt-1/{MANIFEST_NAME}", "prompts/p.txt", "runs/model-"):
         assert key in listing
 
     assert main(["storage", "get", f"{root_uri}/ckpt-1", str(tmp_path / "back")]) == 0
