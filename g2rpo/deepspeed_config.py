@@ -236,12 +236,17 @@ def validate_deepspeed_config(config: dict[str, Any], world_size: int) -> None:
 def _deepspeed_parser_problems(config: dict[str, Any], world_size: int) -> list[str]:
     from deepspeed.runtime.config import DeepSpeedConfig
 
-    import torch.distributed as dist
+    # DeepSpeed's parser takes the world size from deepspeed.comm (1 before it is initialised),
+    # whatever torch.distributed says; state the batch as it will count it.
+    try:
+        from deepspeed import comm
 
+        parser_world = comm.get_world_size() if comm.is_initialized() else 1
+    except Exception:
+        parser_world = 1
     as_parsed = dict(config)
-    if not (dist.is_available() and dist.is_initialized()) and isinstance(config.get("train_batch_size"), int):
-        # DeepSpeed takes the world size from torch.distributed (1 when uninitialised).
-        as_parsed["train_batch_size"] = config["train_batch_size"] // max(world_size, 1)
+    if isinstance(config.get("train_batch_size"), int) and parser_world != world_size:
+        as_parsed["train_batch_size"] = config["train_batch_size"] // max(world_size, 1) * parser_world
     try:
         with _quiet_deepspeed():
             DeepSpeedConfig(as_parsed)

@@ -34,7 +34,9 @@ def tiny_overrides(model_dir: Path, out_dir: Path, **extra: Any) -> dict[str, An
             "progress": False,
             "deterministic": True,
         },
-        "deepspeed": {"enabled": False},
+        # DeepSpeed allocates whole reduction buckets (default 5e8 elements = 2 GB fp32): keep them
+        # tiny for a 135k-parameter model on the CPU.
+        "deepspeed": {"enabled": False, "reduce_bucket_size": 1_000_000},
         "output": {"dir": str(out_dir)},
     }
     for dotted, value in extra.items():

@@ -1,0 +1,69 @@
+"""Data-parallel training: 2 processes under torchrun on the CPU (gloo), DeepSpeed ZeRO-2.
+
+The first DeepSpeed start on a machine JIT-compiles a shared-memory comm op (~45 s, cached under
+``.cache/torch_extensions``); later starts take seconds.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.tiny_flux_fixture import make_tiny_flux
+from trainer_testlib import REPO, export_weights, run_train, subprocess_env, tiny_overrides
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+WORKER = Path(__file__).resolve().parent / "trainer_ddp_worker.py"
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory) -> Path:
+    return make_tiny_flux(tmp_path_factory.mktemp("ds_tiny_flux"))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_ranks_zero2_keep_identical_parameters_that_move(tiny_model, tmp_path):
+    out = tmp_path / "ddp"
+    out.mkdir()
+    torchrun = Path(sys.executable).parent / "torchrun"
+    done = subprocess.run(
+        [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+         str(WORKER), str(tiny_model), str(out), "2"],
+        env=subprocess_env(), cwd=REPO, capture_output=True, text=True, timeout=800,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    ranks = [torch.load(out / f"rank-{r}.pt", weights_only=False) for r in range(2)]
+    names = list(ranks[0]["end"])
+    assert names == list(ranks[1]["end"])
+    for name in names:
+        assert torch.equal(ranks[0]["end"][name], ranks[1]["end"][name]), name  # replicas agree
+        assert torch.equal(ranks[0]["start"][name], ranks[1]["start"][name]), name
+    moved = [n for n in names if not torch.equal(ranks[0]["start"][n], ranks[0]["end"][n])]
+    assert len(moved) > len(names) // 2  # training changed most tensors
+    # each iteration's 4 prompts are split 2 + 2, and the ranks hold different ones
+    for p0, p1 in zip(ranks[0]["prompts"], ranks[1]["prompts"]):
+        assert len(p0) == len(p1) == 2 and not set(p0) & set(p1)
+
+
+def test_single_rank_zero2_fp32_equals_plain_adamw(tiny_model, tmp_path):
+    # DeepSpeed ZeRO-2 with torch AdamW, fp32 and one rank must take exactly the plain torch step
+    # (same clipping, same accumulation over the strategy's loss terms).
+    runs = {}
+    for name, enabled in (("torch", False), ("zero2", True)):
+        out = tmp_path / name
+        done = run_train(tiny_overrides(tiny_model, out, **{"train.iterations": 2, "deepspeed.enabled": enabled}), timeout=800)
+        assert done.returncode == 0, done.stderr[-4000:]
+        runs[name] = export_weights(out)
+    assert runs["torch"].keys() == runs["zero2"].keys()
+    assert all(torch.equal(runs["torch"][k], runs["zero2"][k]) for k in runs["torch"])
