@@ -74,6 +74,17 @@ def test_storage_server_killed_mid_upload_then_recovers(own_server, tmp_path, mo
     with pytest.raises(G2RPOError, match="upload never finished"):
         read_manifest(store)
 
+    # Nor can it become a registry version: registering needs the export's manifest.
+    from g2rpo.registry import BaseModelRef, EvalRecord, MetricSummary, Registry
+
+    registry = Registry("s3://fault/registry", settings)
+    eval_record = EvalRecord(prompt_set="p", seeds=[0], n=1, metrics={"hps": MetricSummary(mean=0.3, ci_low=0.3,
+                             ci_high=0.3, n=1)}, scores_uri="s3://fault/none", scores_sha256="0" * 64)
+    with pytest.raises(G2RPOError, match="upload never finished"):
+        registry.register("flux-g2rpo", export_uri=uri, eval_record=eval_record, source_run="r", config_hash="h",
+                          base_model=BaseModelRef(name="b", licence="l"))
+    assert registry.models() == []
+
     # The killed multipart upload's parts are still on the server; GC aborts them.
     bucket = open_store("s3://fault", settings)
     leftover = [key for key, _, _ in bucket.incomplete_uploads()]
