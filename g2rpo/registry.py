@@ -56,6 +56,7 @@ __all__ = [
     "RegistryState",
     "Registry",
     "validate_model_name",
+    "find_registries",
 ]
 
 SCHEMA_VERSION = 1
@@ -159,6 +160,20 @@ class RegistryState(_Record):
     revision: int = 0
     aliases: dict[str, int] = Field(default_factory=dict)
     history: list[HistoryEvent] = Field(default_factory=list)
+
+
+_STATE_KEY = re.compile(r"^(?:(.*)/)?models/[^/]+/state\.json$")
+
+
+def find_registries(uri: str, settings: S3Settings | None = None) -> list[str]:
+    """Root URIs of the registries stored anywhere under ``uri`` (those with at least one model state)."""
+    store = open_store(uri, settings)
+    roots = []
+    for info in store.list():
+        match = _STATE_KEY.match(info.key)
+        if match:
+            roots.append(store.uri_for(match.group(1) or ""))
+    return list(dict.fromkeys(roots))
 
 
 def validate_model_name(model: str) -> str:

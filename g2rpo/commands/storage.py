@@ -84,10 +84,11 @@ def _gc(args) -> int:
 
     settings = settings_from_args(args)
     older_than = parse_duration(args.older_than)
-    protected = []
-    for registry_uri in args.registry or []:
-        from g2rpo.registry import Registry
+    from g2rpo.registry import Registry, find_registries
 
+    registries = list(args.registry or []) + find_registries(args.uri, settings)
+    protected = []
+    for registry_uri in dict.fromkeys(registries):
         protected += Registry(registry_uri, settings).protected_uris()
     report = gc(args.uri, older_than, protected=protected, dry_run=args.dry_run, settings=settings)
     verb = "would remove" if args.dry_run else "removed"
@@ -145,12 +146,14 @@ def add_commands(sub) -> None:
         "gc",
         help="remove artifact prefixes whose upload never got a manifest",
         description="Remove prefixes under URI that started a publish but never got a manifest.json and have had "
-        "no write for --older-than. Published artifacts are never touched, nor the champions of --registry.",
+        "no write for --older-than (on S3, also abort multipart uploads older than that). Published artifacts are "
+        "never touched, nor the champions' artifacts of --registry and of every registry found under URI.",
     )
     p.add_argument("uri", help=f"root to scan: {_URI_HELP}")
     p.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 90s, 30m, 12h, 7d, 2w")
     p.add_argument("--registry", action="append", metavar="URI",
-                   help="registry whose champions' artifacts are protected (repeatable)")
+                   help="registry whose champions' artifacts are protected (repeatable; registries under URI are "
+                   "found automatically)")
     p.add_argument("--dry-run", action="store_true", help="only report what would be removed")
     _add_s3_options(p)
     p.set_defaults(handler=_gc)

@@ -94,10 +94,15 @@ def test_registry_cli_gc_spares_champion(root_uri, tmp_path, capsys):
     store.delete("manifest.json")
     store.put_bytes(MARKER_NAME, b"{}")
     capsys.readouterr()
-    assert main(["storage", "gc", root_uri, "--older-than", "0s", "--registry", reg_uri]) == 0
+    assert main(["storage", "gc", f"{root_uri}/exports", "--older-than", "0s", "--registry", reg_uri]) == 0
     assert f"kept (protected) {store.uri}" in capsys.readouterr().out
     assert store.exists("base_model.json")
+    # Without --registry, a registry stored under the scanned root is found and protects too.
     assert main(["storage", "gc", root_uri, "--older-than", "0s"]) == 0
+    assert f"kept (protected) {store.uri}" in capsys.readouterr().out
+    assert store.exists("base_model.json")
+    # Scanning only the exports, with no registry named, the damaged export is fair game.
+    assert main(["storage", "gc", f"{root_uri}/exports", "--older-than", "0s"]) == 0
     assert not store.exists("base_model.json")
 
 
