@@ -60,7 +60,7 @@ class Aesthetic(RewardModel):
 
     def __init__(self, clip: CLIPScore, mlp: AestheticMLP):
         self.clip = clip
-        self.mlp = mlp.to(clip.device).float().eval()
+        self.mlp = mlp.to(clip.device).float().eval().requires_grad_(False)
 
     @classmethod
     def from_files(

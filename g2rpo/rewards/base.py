@@ -64,10 +64,14 @@ class RewardModel(ABC):
 
     name: str = "reward"
 
-    def score(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
-        """Scores ``[B]`` (float32, on the images' device) in the model's native scale."""
+    def score(self, images: torch.Tensor, prompts: Sequence[str], *, grad: bool = False) -> torch.Tensor:
+        """Scores ``[B]`` (float32, on the images' device) in the model's native scale.
+
+        Runs under ``torch.no_grad()`` unless ``grad=True`` (reward backpropagation into the
+        images; the JPEG head is not differentiable and returns scores without a graph).
+        """
         images, prompts = validate_inputs(self.name, images, prompts, needs_prompts=self.needs_prompts)
-        with torch.no_grad():
+        with torch.set_grad_enabled(grad):
             out = self._score(images, prompts)
         return out.float().to(images.device)
 
@@ -117,11 +121,11 @@ def validate_inputs(
         )
     if images.shape[0] == 0 or images.shape[2] == 0 or images.shape[3] == 0:
         raise G2RPOError(problem(f"{field}.shape", tuple(images.shape), "the batch and both image sides must be non-empty"))
-    finite = torch.isfinite(images)
+    finite = torch.isfinite(images.detach())
     if not bool(finite.all()):
         bad = int((~finite.flatten(1).all(dim=1)).sum())
         raise G2RPOError(problem(field, f"{bad} image(s) with NaN/inf pixels", "drop or regenerate those images"))
-    lo, hi = float(images.min()), float(images.max())
+    lo, hi = float(images.detach().min()), float(images.detach().max())
     if lo < -tolerance or hi > 1.0 + tolerance:
         hint = " (they look like [-1, 1] decoder output: map them with (x + 1) / 2)" if lo < -0.5 else ""
         hint = " (they look like [0, 255] pixels: divide by 255)" if hi > 2.0 else hint

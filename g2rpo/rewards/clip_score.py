@@ -71,7 +71,7 @@ class CLIPScore(RewardModel):
     name = "clip"
 
     def __init__(self, model: torch.nn.Module, tokenizer, preprocess_cfg: dict, *, device="cpu", dtype=torch.float32):
-        self.model = model.to(device=device, dtype=dtype).eval()
+        self.model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.preprocess_cfg = preprocess_cfg
         self.device = torch.device(device)

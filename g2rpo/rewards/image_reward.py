@@ -254,7 +254,7 @@ class ImageReward(RewardModel):
     name = "image_reward"
 
     def __init__(self, net: ImageRewardNet, tokenizer, *, device="cpu", dtype=torch.float32):
-        self.net = net.to(device=device, dtype=dtype).eval()
+        self.net = net.to(device=device, dtype=dtype).eval().requires_grad_(False)
         self.net.head.float()  # the reference runs the MLP on .float() features
         self.tokenizer = tokenizer
         self.device = torch.device(device)

@@ -62,7 +62,7 @@ class PickScore(RewardModel):
     name = "pickscore"
 
     def __init__(self, model, tokenizer, settings: dict, *, device="cpu", dtype=torch.float32):
-        self.model = model.to(device=device, dtype=dtype).eval()
+        self.model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
         self.tokenizer = tokenizer
         self.settings = settings
         self.device = torch.device(device)

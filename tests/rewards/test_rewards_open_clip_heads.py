@@ -230,3 +230,13 @@ def test_full_size_vit_h_14_hps_loads_and_scores(tmp_path):
     scores = head.score(torch.rand(2, 3, 256, 320), PROMPTS[:2])
     assert scores.shape == (2,) and bool(torch.isfinite(scores).all())
     assert np.all(np.abs(scores.numpy()) <= 1.0)
+
+
+def test_grad_flag_backpropagates_into_the_images_only(tiny_hps):
+    head = HPSv21.from_checkpoint(tiny_hps["checkpoint"], open_clip_config=tiny_hps["open_clip_config"])
+    images = _images(2, 40, 40).requires_grad_(True)
+    assert not head.score(images, PROMPTS[:2]).requires_grad  # default: no graph
+    scores = head.score(images, PROMPTS[:2], grad=True)
+    scores.sum().backward()
+    assert images.grad is not None and float(images.grad.abs().sum()) > 0
+    assert all(p.grad is None for p in head.model.parameters())  # the reward model stays frozen
