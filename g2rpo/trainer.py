@@ -516,7 +516,7 @@ class Trainer:
             reward_names=self.reward_names,
             reward_mean_global=self._global_mean(stats.reward_mean_all),
             prompt_indices=indices,
-            extra={"world_size": ctx.world_size, "rank": ctx.rank},
+            extra={"world_size": ctx.world_size, "rank": ctx.rank, "decoded_images": int(images.shape[0])},
         )
         self.iteration += 1
         if ctx.is_main:
