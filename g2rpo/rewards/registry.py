@@ -245,6 +245,8 @@ def build_reward(
     if dtype is None:
         dtype = getattr(cfg, "dtype", "float32")
     if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise G2RPOError(problem(f"{cfg.name}.dtype", dtype, f"use one of {', '.join(_DTYPES)}"))
         dtype = _DTYPES[dtype]
     return spec.build(cfg, torch.device(device), dtype, cache_dir)
 
