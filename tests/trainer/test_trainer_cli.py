@@ -1,0 +1,78 @@
+"""The run-config commands: validate lists every problem at once; describe/show; the config hash;
+the prepared GPU benchmark parses its arguments here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from g2rpo.cli import main
+from g2rpo.config import load_config
+from g2rpo.run_config import RunConfig, resume_hash
+from trainer_testlib import REPO
+
+TINY = REPO / "configs" / "tiny-cpu.yaml"
+
+
+def test_validate_lists_every_problem_at_once(capsys):
+    code = main([
+        "validate", "--world-size", "2", "--config", str(TINY),
+        "algorithm.group_size=1",                 # schema: G ≥ 2
+        "model.lr=3",                             # unknown key
+        "rewards.models=[{name: jpeg}]",          # unknown reward name
+        "train.prompts_per_iteration=3",          # not divisible by 2 ranks
+        "deepspeed.enabled=true",
+        "deepspeed.extra={gradient_clippping: 1}",  # misspelt top-level DeepSpeed key
+        "data.prompts=/nonexistent/prompts.txt",  # missing file
+    ])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "6 configuration problem(s)" in err
+    for needle in ("algorithm.group_size", "model.lr", "jpeg", "train.prompts_per_iteration=3",
+                   "did you mean gradient_clipping", "data.prompts"):
+        assert needle in err, needle
+
+
+def test_validate_ok_prints_the_hash(capsys):
+    assert main(["validate", "--config", str(TINY)]) == 0
+    config = load_config(RunConfig, TINY)
+    assert resume_hash(config) in capsys.readouterr().out
+
+
+def test_bf16_without_deepspeed_is_refused_with_the_fix():
+    from g2rpo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="deepspeed.enabled=true"):
+        load_config(RunConfig, TINY, ["train.precision=bf16"])
+
+
+def test_config_hash_covers_model_algorithm_data_only():
+    base = load_config(RunConfig, TINY)
+    same = load_config(RunConfig, TINY, ["train.iterations=99", "output.dir=/elsewhere", "train.learning_rate=1"])
+    assert resume_hash(base) == resume_hash(same)
+    for change in ("algorithm.group_size=3", "model.height=128", "data.max_sequence_length=16"):
+        assert resume_hash(load_config(RunConfig, TINY, [change])) != resume_hash(base), change
+
+
+def test_describe_and_show(capsys):
+    assert main(["config", "describe"]) == 0
+    text = capsys.readouterr().out
+    assert "train.learning_rate (float, default 2e-06)" in text and "deepspeed.zero_stage" in text
+    assert main(["config", "show", "--config", str(TINY), "train.iterations=5"]) == 0
+    shown = capsys.readouterr().out
+    assert "iterations: 5" in shown and "zero_stage: 2" in shown
+
+
+def test_example_configs_are_valid():
+    h200 = load_config(RunConfig, REPO / "configs" / "flux-dev-h200.yaml")
+    assert h200.deepspeed.enabled and h200.train.precision == "bf16"
+    assert h200.train.learning_rate == 2e-6 and h200.algorithm.group_size == 12 and h200.algorithm.num_steps == 16
+
+
+def test_gpu_benchmark_parses_arguments_here():
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_flux_step", "--help"], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "MFU" in done.stdout
