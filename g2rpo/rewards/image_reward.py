@@ -160,12 +160,14 @@ class _MLPHead(nn.Module):
 class ImageRewardNet(nn.Module):
     """BLIP ViT + BLIP image-grounded text encoder + MLP head, as transformers modules."""
 
-    def __init__(self, med_config: dict[str, Any], vision_config: dict[str, Any]):
+    def __init__(self, med_config: dict[str, Any], vision_config: dict[str, Any] | None = None):
+        """``vision_config`` keys override :data:`BLIP_LARGE_VISION` (None: the published ViT-L/16)."""
         super().__init__()
         from transformers import BlipTextConfig, BlipVisionConfig, BlipVisionModel
         from transformers.models.blip.modeling_blip_text import BlipTextModel
 
-        vcfg = BlipVisionConfig(hidden_act="gelu", attention_dropout=0.0, **vision_config)
+        vision = {**BLIP_LARGE_VISION, **(vision_config or {})}
+        vcfg = BlipVisionConfig(hidden_act="gelu", attention_dropout=0.0, **vision)
         tcfg = BlipTextConfig(
             vocab_size=med_config["vocab_size"],
             hidden_size=med_config["hidden_size"],

@@ -134,3 +134,33 @@ def test_missing_files_are_errors(tiny_image_reward, tmp_path):
     del med["hidden_size"]
     with pytest.raises(G2RPOError, match="missing BERT keys"):
         _load({**tiny_image_reward, "med_config": med})
+
+
+@pytest.mark.slow
+def test_full_size_image_reward_layout_loads_and_scores(tmp_path, tiny_image_reward):
+    """BLIP ViT-L/16 @ 224 + BERT-base with cross-attention (ImageReward's published sizes, random
+    weights, ≈ 450 M parameters) saved in the published key layout, loaded with the defaults."""
+    from g2rpo.rewards.image_reward import ImageRewardNet
+
+    # BLIP's med_config.json as ImageReward publishes it (train/src/config/med_config.json)
+    med = {
+        "architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.1, "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
+        "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "bert", "num_attention_heads": 12,
+        "num_hidden_layers": 12, "pad_token_id": 0, "type_vocab_size": 2, "vocab_size": 30524,
+        "encoder_width": 768, "add_cross_attention": True,
+    }
+    net = ImageRewardNet(med)  # vision_config None → BLIP_LARGE_VISION
+    state = to_reference_image_reward_keys(net.state_dict())
+    state["blip.vision_proj.weight"] = torch.zeros(256, 1024)
+    state["blip.vision_proj.bias"] = torch.zeros(256)
+    state["blip.text_proj.weight"] = torch.zeros(256, 768)
+    state["blip.text_proj.bias"] = torch.zeros(256)
+    torch.save(state, tmp_path / "ImageReward.pt")
+    del net, state
+    head = ImageReward.from_checkpoint(
+        tmp_path / "ImageReward.pt", med_config=med, tokenizer_dir=tiny_image_reward["tokenizer_dir"]
+    )
+    assert head.net.image_size == 224 and len(head.net.vision.encoder.layers) == 24
+    scores = head.score(torch.rand(2, 3, 256, 320), PROMPTS)
+    assert scores.shape == (2,) and bool(torch.isfinite(scores).all())
