@@ -128,3 +128,20 @@ def test_retention_keeps_last_n_and_named_and_never_overwrites(tmp_path):
     assert manager.latest() == tmp_path / "iter-000006"
     with pytest.raises(G2RPOError, match="incomplete"):
         manager.read_state(tmp_path / "iter-000008")
+
+
+@pytest.mark.slow
+def test_deepspeed_zero2_sigkill_resume_is_bit_identical(tiny_model, tmp_path):
+    # The same as above through DeepSpeed's own checkpoints (engine.save/load_checkpoint):
+    # three DeepSpeed starts (~10 s each once its comm op is compiled).
+    extra = {"train.iterations": ITERATIONS, "deepspeed.enabled": True}
+    straight = tmp_path / "straight"
+    assert run_train(tiny_overrides(tiny_model, straight, **extra), timeout=800).returncode == 0
+    out = tmp_path / "killed"
+    config = tiny_overrides(tiny_model, out, **extra)
+    assert run_train(config, fault="iteration:3", timeout=800).returncode == -signal.SIGKILL
+    assert (out / "checkpoints" / "iter-000002" / "deepspeed" / "state").is_dir()
+    done = run_train(config, timeout=800)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [e["iteration"] for e in _events(out) if e.get("event") == "resumed"] == [2]
+    _assert_same_weights(straight, out)
