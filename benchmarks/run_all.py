@@ -1,0 +1,28 @@
+"""Run every CPU benchmark in turn (what `make bench` does).
+
+Each benchmark writes its own JSON under ``benchmarks/results/`` and prints its table. The GPU
+benchmark (``benchmarks/gpu_flux_step.py``) is not run here: it needs a CUDA device.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from benchmarks import bench_core_rollout, bench_rewards, bench_train
+
+CPU_BENCHMARKS = {
+    "core rollout (batched vs batch-1, forward counts)": bench_core_rollout.main,
+    "reward heads (batched vs per-image PIL)": bench_rewards.main,
+    "training iteration (seconds per phase, NFE)": bench_train.main,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    for title, run in CPU_BENCHMARKS.items():
+        print(f"\n=== {title} ===", flush=True)
+        run([])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
