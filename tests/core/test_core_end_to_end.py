@@ -7,7 +7,7 @@ import json
 import torch
 
 from g2rpo.cli import main
-from g2rpo.demo import LATENT_SHAPE, evaluate_ode_reward, run_demo
+from g2rpo.demo import LATENT_SHAPE, evaluate_ode_reward, run_toy_demo
 from g2rpo.strategies._shared import make_grid
 from g2rpo.strategies.config import AlgorithmConfig
 from g2rpo.toy import make_toy_problem
@@ -18,7 +18,7 @@ def test_g2rpo_updates_raise_the_mean_reward(tmp_path):
     # Flux). The paper's learning rate moves a 6k-parameter model too slowly to see (spec §6). The
     # ratio clip stays at the reference 1e-4: with one optimiser step per iteration every term is
     # evaluated at the sampling parameters (ratio 1), so ε does not limit the update.
-    result = run_demo(iterations=15, out_root=tmp_path, lr=1e-2, num_prompts=4, seed=0, progress=False, echo=lambda *_: None)
+    result = run_toy_demo(iterations=15, out_root=tmp_path, lr=1e-2, num_prompts=4, seed=0, progress=False, echo=lambda *_: None)
     # The reward is scored on the deterministic ODE sample of one fixed noise, before and after.
     # Measured: −0.39 → −0.25 (best possible 0); asserting a gain of at least 0.05.
     assert result.reward_after > result.reward_before + 0.05
@@ -27,7 +27,7 @@ def test_g2rpo_updates_raise_the_mean_reward(tmp_path):
 
 def test_seeded_training_is_reproducible(tmp_path):
     runs = [
-        run_demo(iterations=3, out_root=tmp_path / str(i), seed=4, progress=False, echo=lambda *_: None) for i in range(2)
+        run_toy_demo(iterations=3, out_root=tmp_path / str(i), seed=4, progress=False, echo=lambda *_: None) for i in range(2)
     ]
     assert [s.as_dict() for s in runs[0].history] == [s.as_dict() for s in runs[1].history]
 
@@ -40,7 +40,7 @@ def test_untrained_evaluation_is_deterministic():
 
 
 def test_cli_demo_runs_and_writes_metrics_and_plot(tmp_path, capsys):
-    code = main(["demo", "--iterations", "2", "--out", str(tmp_path), "--no-progress", "--set", "granularities=[1,2]"])
+    code = main(["demo", "--toy", "--iterations", "2", "--out", str(tmp_path), "--no-progress", "--set", "granularities=[1,2]"])
     assert code == 0
     out = capsys.readouterr().out
     assert "sampling forwards" in out and "before" in out and "after" in out
@@ -57,9 +57,9 @@ def test_cli_demo_runs_and_writes_metrics_and_plot(tmp_path, capsys):
 
 
 def test_cli_demo_rejects_bad_settings(tmp_path, capsys):
-    assert main(["demo", "--iterations", "1", "--out", str(tmp_path), "--set", "group_size=1"]) == 2
+    assert main(["demo", "--toy", "--iterations", "1", "--out", str(tmp_path), "--set", "group_size=1"]) == 2
     assert "group_size=1" in capsys.readouterr().err
-    assert main(["demo", "--iterations", "0", "--out", str(tmp_path)]) == 2
+    assert main(["demo", "--toy", "--iterations", "0", "--out", str(tmp_path)]) == 2
 
 
 def test_demo_never_reuses_a_run_folder(tmp_path):
