@@ -341,7 +341,8 @@ def export_model(
         **(extra or {}),
     }
     (directory / "base_model.json").write_text(json.dumps(info, indent=1, sort_keys=True))
-    write_manifest(directory, producer="g2rpo.trainer.export", config_hash=config_hash, metadata={"kind": f"export-{kind}"})
+    metadata = {"kind": f"export-{kind}", **{k: v for k, v in (extra or {}).items() if k in ("iterations", "ema")}}
+    write_manifest(directory, producer="g2rpo.trainer.export", config_hash=config_hash, metadata=metadata)
     return directory
 
 

@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from g2rpo.checkpoint import CheckpointManager, TrainerState, export_model
+from g2rpo.checkpoint import CheckpointManager, TrainerState, export_model, is_complete, manifest_metadata
 from g2rpo.config import to_yaml
 from g2rpo.distributed import DistContext, init_distributed, prompts_per_rank
 from g2rpo.errors import ConfigError, G2RPOError, problem
@@ -198,17 +198,16 @@ class DeepSpeedDriver:
             self.engine.step()  # a micro-step: DeepSpeed only counts it
 
     def zero_loss(self, rollout: Any) -> torch.Tensor:
-        """A loss of exactly 0 whose backward reaches every trainable parameter (for padding).
+        """A loss of exactly 0 made by one real forward of one row (padding for lock-step ranks).
 
-        ZeRO ≤ 2 holds whole parameters: 0·Σθ. ZeRO-3 partitions them, so one real forward of
-        one row, times 0, lets its hooks gather and reduce as usual.
+        A real forward (not 0·Σθ) so that ZeRO-3 gathers and every stage's gradient hooks fire in
+        the same order as for a loss term: ZeRO-2 packs gradients into reduction buckets in the
+        order they arrive, and ranks must agree on it.
         """
-        if self.zero_stage == 3:
-            row = rollout.final_latents[:1]
-            cond = rollout.cond[rollout.final_prompt[:1].to(torch.long)]
-            sigma = torch.full((1,), 0.5, device=row.device)
-            return self.engine(row, sigma, cond).sum() * 0.0
-        return sum(p.sum() for p in self.module.parameters() if p.requires_grad) * 0.0
+        row = rollout.final_latents[:1]
+        cond = rollout.cond[rollout.final_prompt[:1].to(torch.long)]
+        sigma = torch.full((1,), 0.5, device=row.device)
+        return self.engine(row, sigma, cond).sum() * 0.0
 
     def step(self) -> float | None:
         self.engine.step()
@@ -310,7 +309,7 @@ class Trainer:
         if problems:
             raise ConfigError(problems, source="run config")
         self.per_rank = prompts_per_rank(cfg.train.prompts_per_iteration, self.ctx.world_size)
-        if self.ctx.distributed and cfg.algorithm.optimizer_step != "per_iteration":
+        if self.ctx.distributed and cfg.algorithm.optimizer_step != "per_iteration":  # see _optimise
             raise G2RPOError(
                 problem(
                     "algorithm.optimizer_step",
@@ -350,6 +349,8 @@ class Trainer:
             state = self.checkpoints.load(resume_from, self.driver, self.ema)
             self.iteration = state.iteration
             self._log_event({"event": "resumed", "from": str(resume_from), "iteration": state.iteration})
+            if self.ctx.is_main:  # the resumed run's config, next to the original (never overwritten)
+                (self.out / f"config-resumed-iter-{state.iteration:06d}.yaml").write_text(to_yaml(cfg))
         elif self.ctx.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "config.yaml").write_text(to_yaml(cfg))
@@ -528,31 +529,37 @@ class Trainer:
     def _optimise(self, rollout: Any, advantages: Any) -> tuple[list[Any], float | None]:
         """Backward every loss term; step where the strategy says (see the module docstring).
 
-        Several ranks must run the same number of backward passes between optimiser steps (each
-        one reduces gradients collectively), but a rank whose groups were dropped (NaN reward)
-        yields fewer terms. So with several ranks the strategy's terms never close a step; at the
-        end every rank pads to the largest count with zero-loss backward passes plus one, the
-        last of which is the accumulation boundary, and all ranks step together.
+        One process: the strategy's ``step_optimizer`` flags close the steps. Several ranks must
+        issue the same collectives in the same order — ZeRO-2/3 reduce gradients inside every
+        backward, ZeRO-3 also gathers weights inside every forward — but a rank whose groups were
+        dropped (NaN reward) yields fewer terms. So the ranks advance in lock-step rounds: each
+        takes its next term, or, when it has none left, a zero loss made by a real one-row forward
+        (same modules, same gather/reduce order as a term); one all-reduce tells whether any rank
+        still had a term; if so every rank back-propagates what it holds, else the zero losses
+        close the accumulation and all ranks step together. Cost: one extra one-row forward and
+        backward per iteration, and a scalar all-reduce per term.
         """
-        terms, grad_norm, count = [], None, 0
-        synced = self.ctx.distributed
-        for term in self.strategy.loss_terms(self.driver.policy, rollout, advantages):
-            boundary = term.step_optimizer and not synced
-            self.driver.backward(term.loss, boundary=boundary)
-            terms.append(term.detached())
-            count += 1
-            if boundary:
-                grad_norm = self._optimizer_step()
-        if synced:
-            most = torch.tensor([count], dtype=torch.long)
-            torch.distributed.all_reduce(most, op=torch.distributed.ReduceOp.MAX)
-            most = int(most.item())
-            if most > 0:
-                pad = most - count + 1
-                for i in range(pad):
-                    self.driver.backward(self.driver.zero_loss(rollout), boundary=i == pad - 1)
-                grad_norm = self._optimizer_step()
-        return terms, grad_norm
+        terms, grad_norm = [], None
+        stream = self.strategy.loss_terms(self.driver.policy, rollout, advantages)
+        if not self.ctx.distributed:
+            for term in stream:
+                self.driver.backward(term.loss, boundary=term.step_optimizer)
+                terms.append(term.detached())
+                if term.step_optimizer:
+                    grad_norm = self._optimizer_step()
+            return terms, grad_norm
+        while True:
+            term = next(stream, None)
+            loss = term.loss if term is not None else self.driver.zero_loss(rollout)
+            flag = torch.tensor([0 if term is None else 1], dtype=torch.long)
+            torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+            last_round = int(flag.item()) == 0
+            self.driver.backward(loss, boundary=last_round)
+            if term is not None:
+                terms.append(term.detached())
+            if last_round:
+                break
+        return terms, self._optimizer_step()
 
     def _optimizer_step(self) -> float | None:
         norm = self.driver.step()
@@ -626,8 +633,16 @@ class Trainer:
     def export(self) -> Path | None:
         """Export the trained transformer (or LoRA adapters) to ``output.dir/export`` (rank 0)."""
         cfg = self.config
-        gathered = self.driver.full_state_dict()  # collective under ZeRO-3
         directory = self.out / "export"
+        if is_complete(directory):
+            done = (manifest_metadata(directory) or {}).get("iterations")
+            if done == self.iteration:
+                return directory  # this very model is exported already (a re-run of a finished job)
+            # A longer run resumed after an earlier export: keep that one, write beside it.
+            directory = self.out / f"export-iter-{self.iteration:06d}"
+            if is_complete(directory):
+                return directory
+        gathered = self.driver.full_state_dict()  # collective under ZeRO-3
         if self.ctx.is_main:
             from g2rpo.models.loading import base_model_record
 

@@ -33,17 +33,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_ranks_zero2_keep_identical_parameters_that_move(tiny_model, tmp_path):
-    out = tmp_path / "ddp"
+def _torchrun_worker(tiny_model: Path, out: Path, *extra: str, stage: int = 2) -> list[dict]:
     out.mkdir()
     torchrun = Path(sys.executable).parent / "torchrun"
     done = subprocess.run(
         [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-         str(WORKER), str(tiny_model), str(out), "2"],
+         str(WORKER), str(tiny_model), str(out), str(stage), *extra],
         env=subprocess_env(), cwd=REPO, capture_output=True, text=True, timeout=800,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    ranks = [torch.load(out / f"rank-{r}.pt", weights_only=False) for r in range(2)]
+    return [torch.load(out / f"rank-{r}.pt", weights_only=False) for r in range(2)]
+
+
+def test_two_ranks_zero2_keep_identical_parameters_that_move(tiny_model, tmp_path):
+    ranks = _torchrun_worker(tiny_model, tmp_path / "ddp")
     names = list(ranks[0]["end"])
     assert names == list(ranks[1]["end"])
     for name in names:
@@ -54,6 +57,31 @@ def test_two_ranks_zero2_keep_identical_parameters_that_move(tiny_model, tmp_pat
     # each iteration's 4 prompts are split 2 + 2, and the ranks hold different ones
     for p0, p1 in zip(ranks[0]["prompts"], ranks[1]["prompts"]):
         assert len(p0) == len(p1) == 2 and not set(p0) & set(p1)
+
+
+def test_rank_with_all_groups_dropped_pads_its_backward_passes(tiny_model, tmp_path):
+    # Rank 1's reward is NaN everywhere: every group it holds is dropped and it yields no loss
+    # terms, while rank 0 yields |M| = 2 per iteration. Without padding the ranks would run
+    # different numbers of collective reductions and hang (the test's timeout would fire).
+    ranks = _torchrun_worker(tiny_model, tmp_path / "ddp-nan", "nan-rank1")
+    assert all(d == t and steps == 0 for d, t, steps in ranks[1]["dropped"])  # all dropped, no terms
+    assert all(d == 0 and steps == 1 for d, _, steps in ranks[0]["dropped"])
+    for name in ranks[0]["end"]:
+        assert torch.equal(ranks[0]["end"][name], ranks[1]["end"][name]), name
+    moved = [n for n in ranks[0]["end"] if not torch.equal(ranks[0]["start"][n], ranks[0]["end"][n])]
+    assert moved  # rank 0's gradient (averaged with rank 1's zeros) still trained both replicas
+
+
+@pytest.mark.slow
+def test_two_ranks_zero3_lock_step_with_a_dropped_rank(tiny_model, tmp_path):
+    # ZeRO-3 gathers weights inside every forward, so the padding rounds must forward too.
+    # (At tiny size DeepSpeed keeps parameters under 1e5 elements unpartitioned, so the
+    # comparison of replicas below is on whole tensors.)
+    ranks = _torchrun_worker(tiny_model, tmp_path / "ddp-z3", "nan-rank1", stage=3)
+    assert all(d == t and steps == 0 for d, t, steps in ranks[1]["dropped"])
+    for name in ranks[0]["end"]:
+        assert torch.equal(ranks[0]["end"][name], ranks[1]["end"][name]), name
+    assert any(not torch.equal(ranks[0]["start"][n], ranks[0]["end"][n]) for n in ranks[0]["end"])
 
 
 def test_single_rank_zero2_fp32_equals_plain_adamw(tiny_model, tmp_path):

@@ -1,5 +1,7 @@
 """Run under torchrun by test_trainer_deepspeed.py: train the tiny model with DeepSpeed and dump
-this rank's parameters and the prompts it trained (argv: model dir, output dir, zero stage)."""
+this rank's parameters and the prompts it trained (argv: model dir, output dir, zero stage, and
+optionally ``nan-rank1``: rank 1's reward returns NaN, so all its groups are dropped and it yields
+no loss terms while rank 0 yields its usual ones)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from trainer_testlib import tiny_overrides  # noqa: E402
 
 from g2rpo.config import load_config  # noqa: E402
+from g2rpo.rewards.base import RewardModel  # noqa: E402
 from g2rpo.run_config import RunConfig  # noqa: E402
 from g2rpo.trainer import Trainer  # noqa: E402
+
+
+class NaNReward(RewardModel):
+    """A reward that fails on every image (as a broken reward model would)."""
+
+    name = "nan_reward"
+    needs_prompts = False
+
+    def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        return torch.full((images.shape[0],), float("nan"))
 
 
 def main() -> None:
@@ -30,12 +43,16 @@ def main() -> None:
         ),
     )
     trainer = Trainer(config).setup()
+    if len(sys.argv) > 4 and sys.argv[4] == "nan-rank1" and trainer.ctx.rank == 1:
+        trainer.reward_models = [NaNReward()]
     start = {n: p.detach().clone() for n, p in trainer.driver.module.named_parameters()}
-    prompts = []
+    prompts, dropped = [], []
     for _ in range(config.train.iterations):
-        prompts.append(trainer.step().prompt_indices)
+        record = trainer.step()
+        prompts.append(record.prompt_indices)
+        dropped.append((record.stats.dropped_groups, record.stats.total_groups, record.stats.optimizer_steps))
     end = {n: p.detach().clone() for n, p in trainer.driver.module.named_parameters()}
-    torch.save({"start": start, "end": end, "prompts": prompts}, out / f"rank-{trainer.ctx.rank}.pt")
+    torch.save({"start": start, "end": end, "prompts": prompts, "dropped": dropped}, out / f"rank-{trainer.ctx.rank}.pt")
 
 
 if __name__ == "__main__":
