@@ -76,3 +76,21 @@ def test_gpu_benchmark_parses_arguments_here():
     done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_flux_step", "--help"], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "MFU" in done.stdout
+
+
+def test_bad_inputs_are_listed_with_fixes(tmp_path, capsys):
+    # a partial model directory (model_index.json only) and a prompt file with an empty line and
+    # a non-UTF-8 line: validate names each, and nothing is written
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model_index.json").write_text('{"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]}')
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_bytes(b"a cat\n\n\xff\xfe broken\n")
+    out = tmp_path / "run"
+    code = main(["validate", "--config", str(TINY), f"model.path={model}", "model.create_tiny=false",
+                 f"data.prompts={prompts}", f"output.dir={out}"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "model.path" in err and "transformer" in err
+    assert "data.prompts" in err and "prompts.txt:2: empty prompt" in err and "prompts.txt:3: not UTF-8" in err
+    assert not out.exists()
