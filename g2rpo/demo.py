@@ -137,6 +137,8 @@ def run_demo(
     }
     config = load_config(RunConfig, config_path, _merge(_merge(DEMO_OVERRIDES, base), user))
     algo = config.algorithm
+    if not config.output.export:
+        raise G2RPOError(problem("output.export", False, "the demo publishes and registers the export: leave it true"))
 
     echo(f"g2rpo demo → {run_dir}")
     if Path(config.model.path).exists():

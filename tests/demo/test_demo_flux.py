@@ -97,8 +97,8 @@ def test_demo_before_and_after_are_what_the_evaluation_computes(demo):
         ev = sample_and_score(velocity, vae, cond, prompts, EVAL_SEEDS, {"jpeg_compressibility": JPEGCompressibility()}, sigmas)
         numbers.append(ev)
     before, after = numbers
-    torch.testing.assert_close(before.scores["jpeg_compressibility"], result.before.scores["jpeg_compressibility"], rtol=0, atol=1e-6)
-    torch.testing.assert_close(after.scores["jpeg_compressibility"], result.after.scores["jpeg_compressibility"], rtol=0, atol=1e-6)
+    assert torch.equal(before.scores["jpeg_compressibility"], result.before.scores["jpeg_compressibility"])
+    assert torch.equal(after.scores["jpeg_compressibility"], result.after.scores["jpeg_compressibility"])
     assert not torch.equal(before.images, after.images)  # three updates moved the weights
     # the printed summary carries the same numbers
     assert f"before {result.reward_before:.4f}, after {result.reward_after:.4f}" in printed
@@ -115,6 +115,8 @@ def test_demo_cli_runs_and_refuses_toy_only_options(tmp_path, capsys):
     assert "--set train.learning_rate=0.1" in capsys.readouterr().err
     assert main(["demo", "--iterations", "1", "--out", str(tmp_path), "--set", "algorithm.group_size=1"]) == 2
     assert "algorithm.group_size" in capsys.readouterr().err
+    assert main(["demo", "--iterations", "1", "--out", str(tmp_path), "--set", "output.export=false"]) == 2
+    assert "output.export" in capsys.readouterr().err
 
 
 @pytest.mark.slow
