@@ -354,6 +354,8 @@ class Trainer:
         elif self.ctx.is_main:
             self.out.mkdir(parents=True, exist_ok=True)
             (self.out / "config.yaml").write_text(to_yaml(cfg))
+            if (self.out / "metrics.jsonl").exists():  # a run killed before its first checkpoint
+                self._log_event({"event": "restarted", "iteration": 0})
         self.ctx.barrier()
         self._is_setup = True
         return self
