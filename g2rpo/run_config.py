@@ -82,8 +82,8 @@ class DataSection(Section):
 
     prompts: str = Field(
         "",
-        description="prompt file: UTF-8 text, one prompt per line (or .jsonl with a 'prompt' field); encoded once at "
-        "start-up with the pipeline's text encoders, which are then freed",
+        description="prompt file (local path or s3:// URI): UTF-8 text, one prompt per line, or .jsonl with a 'prompt' "
+        "field (g2rpo data prep's train.jsonl); encoded once at start-up with the pipeline's text encoders, then freed",
     )
     embeddings: str | None = Field(
         None,
@@ -255,11 +255,11 @@ def run_problems(config: Any, world_size: int = 1) -> list[str]:
                 check_model_dir(Path(model.path), needed)
             except G2RPOError as exc:
                 problems.append(f"model.path: {exc}")
-    if data is not None and data.prompts:
-        from g2rpo.data import read_prompt_file
+    if data is not None and data.prompts and not data.prompts.startswith("s3://"):
+        from g2rpo.data import read_prompt_location
 
         try:
-            read_prompt_file(data.prompts)
+            read_prompt_location(data.prompts)
         except G2RPOError as exc:
             problems.append(f"data.prompts: {exc}")
     if data is not None and data.embeddings and not (Path(data.embeddings) / "manifest.json").is_file():

@@ -434,13 +434,13 @@ class Trainer:
     def _load_data(self) -> None:
         """Prompt texts and their conditioning for every global prompt index (CPU, read lazily
         from the embedding cache, or encoded once here and the text encoders freed)."""
-        from g2rpo.data import EmbeddingCache, dedupe_prompts, read_prompt_file
+        from g2rpo.data import EmbeddingCache, dedupe_prompts, read_prompt_location
 
         data = self.config.data
         if data.embeddings:
             cache = EmbeddingCache(data.embeddings)
             if data.prompts:
-                wanted, _ = dedupe_prompts(read_prompt_file(data.prompts))
+                wanted, _ = dedupe_prompts(read_prompt_location(data.prompts))
                 if wanted != cache.prompts:
                     raise G2RPOError(
                         problem(
@@ -456,7 +456,7 @@ class Trainer:
         from g2rpo.models.flux import FluxConditioning
         from g2rpo.models.loading import load_text_encoder
 
-        self.prompts, _ = dedupe_prompts(read_prompt_file(data.prompts))
+        self.prompts, _ = dedupe_prompts(read_prompt_location(data.prompts))
         dtype = "bfloat16" if self.config.train.precision == "bf16" else "float32"
         encoder = load_text_encoder(self.config.model.path, dtype=dtype, max_sequence_length=data.max_sequence_length)
         parts = [encoder.encode(self.prompts[i : i + 16]) for i in range(0, len(self.prompts), 16)]

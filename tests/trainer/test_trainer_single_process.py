@@ -138,3 +138,32 @@ def test_global_batch_depends_only_on_seed_and_iteration():
     stream = [i for it in range(5) for i in global_prompt_indices(7, it, 2, 5)]
     assert sorted(stream[:5]) == list(range(5)) and sorted(stream[5:10]) == list(range(5))
     assert global_prompt_indices(7, 3, 2, 5) == global_prompt_indices(7, 3, 2, 5)
+
+
+def test_training_from_the_embedding_cache_equals_start_up_encoding(tiny_model, tmp_path):
+    # The cache stores the text encoders' outputs bit-exactly, so a run that reads it trains the
+    # same weights as a run that encodes the prompts itself at start-up.
+    from g2rpo.data import dedupe_prompts, read_prompt_file, write_embedding_cache
+    from g2rpo.models.loading import load_text_encoder
+    from trainer_testlib import PROMPTS
+
+    prompts, _ = dedupe_prompts(read_prompt_file(PROMPTS))
+    cache = tmp_path / "embeddings"
+    write_embedding_cache(cache, prompts, load_text_encoder(tiny_model, dtype="float32"), shard_rows=3)
+    weights = {}
+    for name, extra in (("encoded", {}), ("cached", {"data.embeddings": str(cache), "data.prompts": ""})):
+        out = tmp_path / name
+        _trainer(tiny_model, out, **{"train.iterations": 2, "train.checkpoint_every": 100, **extra}).run()
+        weights[name] = export_weights(out)
+    assert all(torch.equal(weights["encoded"][k], weights["cached"][k]) for k in weights["encoded"])
+
+
+def test_cache_with_other_prompts_than_the_prompt_file_is_refused(tiny_model, tmp_path):
+    from g2rpo.data import write_embedding_cache
+    from g2rpo.models.loading import load_text_encoder
+
+    cache = tmp_path / "embeddings"
+    write_embedding_cache(cache, ["a cat", "a dog"], load_text_encoder(tiny_model, dtype="float32"))
+    trainer = _trainer(tiny_model, tmp_path / "run", **{"data.embeddings": str(cache)})
+    with pytest.raises(G2RPOError, match="holds other prompts"):
+        trainer.setup()
