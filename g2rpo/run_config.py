@@ -194,6 +194,15 @@ class RunConfig(Section):
             problems.append(
                 problem("train.ema.enabled", True, "EMA is kept on full weights: use zero_stage ≤ 2, or turn EMA off")
             )
+        if self.train.lora.enabled and self.deepspeed.enabled and self.deepspeed.zero_stage == 3:
+            problems.append(
+                problem(
+                    "deepspeed.zero_stage",
+                    3,
+                    "LoRA trains a few adapters on a frozen base: use zero_stage ≤ 2 (the adapters are exported "
+                    "from whole weights; ZeRO-3 would shard them)",
+                )
+            )
         if self.output.export_ema and not self.train.ema.enabled:
             problems.append(problem("output.export_ema", True, "needs train.ema.enabled=true"))
         if self.train.resume not in ("auto", "never") and not Path(self.train.resume).exists():

@@ -94,3 +94,13 @@ def test_bad_inputs_are_listed_with_fixes(tmp_path, capsys):
     assert "model.path" in err and "transformer" in err
     assert "data.prompts" in err and "prompts.txt:2: empty prompt" in err and "prompts.txt:3: not UTF-8" in err
     assert not out.exists()
+
+
+def test_cross_section_checks_are_listed_together():
+    from g2rpo.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_config(RunConfig, TINY, ["train.lora.enabled=true", "deepspeed.enabled=true", "deepspeed.zero_stage=3",
+                                      "train.ema.enabled=true", "output.export_ema=false", "train.precision=fp32"])
+    message = str(info.value)
+    assert "LoRA" in message and "EMA is kept on full weights" in message
