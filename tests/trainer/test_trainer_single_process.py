@@ -167,3 +167,14 @@ def test_cache_with_other_prompts_than_the_prompt_file_is_refused(tiny_model, tm
     trainer = _trainer(tiny_model, tmp_path / "run", **{"data.embeddings": str(cache)})
     with pytest.raises(G2RPOError, match="holds other prompts"):
         trainer.setup()
+
+
+def test_gradient_checkpointing_changes_memory_not_the_result(tiny_model, tmp_path):
+    weights = {}
+    for flag in (False, True):
+        out = tmp_path / f"ckpt-{flag}"
+        trainer = _trainer(tiny_model, out, **{"train.iterations": 1, "train.gradient_checkpointing": flag}).setup()
+        assert trainer.transformer.is_gradient_checkpointing is flag
+        trainer.run()
+        weights[flag] = export_weights(out)
+    assert all(torch.allclose(weights[False][k], weights[True][k], rtol=0, atol=1e-6) for k in weights[False])
