@@ -11,7 +11,6 @@ from g2rpo.evaluation import EvalResult, ode_sample, sample_and_score, save_befo
 from g2rpo.models.flux import FluxTextEncoder, FluxVelocity, decode_latents
 from g2rpo.rewards.jpeg import JPEGCompressibility
 
-pytest_plugins = ["tests.tiny_flux_fixture"]
 pytestmark = pytest.mark.integration
 
 PROMPTS = ["a photo of a cat", "a red car in the city"]

@@ -119,6 +119,15 @@ def test_demo_cli_runs_and_refuses_toy_only_options(tmp_path, capsys):
     assert "output.export" in capsys.readouterr().err
 
 
+def test_demo_uses_an_existing_model_dir_as_it_is(tmp_path, tiny_flux_dir):
+    lines: list[str] = []
+    before = sorted(p.relative_to(tiny_flux_dir) for p in tiny_flux_dir.rglob("*"))
+    result = run_demo(iterations=1, out_root=tmp_path, overrides=[f"model.path={tiny_flux_dir}"], progress=False, echo=lines.append)
+    assert any("exists; used as it is" in line for line in lines)
+    assert not (result.run_dir / "tiny-flux").exists()
+    assert sorted(p.relative_to(tiny_flux_dir) for p in tiny_flux_dir.rglob("*")) == before  # nothing written there
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_demo_default_run_raises_the_reward_on_the_fixed_set(tmp_path, seed):
