@@ -8,7 +8,8 @@ is data, the velocity is ``v = ε − x_0``. A grid is a decreasing float32 tens
 
 Departures from the reference code (``bcmi/Granular-GRPO``):
 - the reference's σ = 1 fix (``1 − σ`` replaced by ``1 − σ[1]``) is kept, but the value is passed
-  in explicitly (``sigma_one_substitute``) instead of being read from a global grid;
+  in (``sigma_one_substitute``; by default the step's own σ', which is σ[1] for the step from
+  σ[0] = 1) instead of being read from a global grid;
 - :func:`stride_schedule` starts striding at σ[k+1] (the reference's ``σ[:k+2] + σ[k+2::λ]`` takes
   one stride-1 step first; available as ``mode="reference"``);
 - :func:`group_advantages` returns exact zeros for a group whose rewards are all equal (the
@@ -157,7 +158,13 @@ def sde_mean_std(
 
     with s_σ from :func:`sde_noise_scale`. ``x``, ``v`` ``[B, ...]``; σ, σ' scalars or ``[B]``.
     Returns μ ``[B, ...]`` and std broadcastable to it (``[]`` or ``[B, 1, ...]``).
+
+    At σ = 1 the denominator of s_σ uses ``sigma_one_substitute``, by default σ' itself: on a grid
+    the only step that starts at σ[0] = 1 goes to σ[1], which is what the reference code (and
+    Flow-GRPO) substitute. Pass ``sigmas[1]`` explicitly for a step from σ = 1 to elsewhere.
     """
+    if sigma_one_substitute is None:
+        sigma_one_substitute = sigma_next
     s = _rows(sde_noise_scale(torch.as_tensor(sigma).to(x.device), eta, sigma_one_substitute, noise_form), x)
     sig = _rows(sigma, x)
     h = sig - _rows(sigma_next, x)
@@ -180,7 +187,8 @@ def sde_step(
 
     x' = μ + std·ξ with (μ, std) from :func:`sde_mean_std` and ξ = ``noise`` ``[B, ...]``.
     Returns ``(x', μ, std)``. With η = 0, μ = x − h·v = :func:`ode_step` and std = 0.
-    At σ = 1 pass ``sigma_one_substitute = sigmas[1]`` (see :func:`sde_noise_scale`).
+    Finite at σ = 1: the denominator of s_σ then uses ``sigma_one_substitute``, by default
+    σ' (= σ[1] for the grid's first step; see :func:`sde_mean_std`).
     """
     mean, std = sde_mean_std(x, v, sigma, sigma_next, eta, sigma_one_substitute, noise_form)
     return mean + std * noise, mean, std

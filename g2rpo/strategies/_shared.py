@@ -62,6 +62,8 @@ def reward_weight_tensor(reward_weights: Sequence[float] | None, num_rewards: in
     w = torch.as_tensor(list(reward_weights), dtype=torch.float32)
     if w.shape != (num_rewards,):
         raise ValueError(f"reward_weights must have one weight per reward model ({num_rewards}), got {list(reward_weights)}")
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError(f"reward_weights must be finite numbers, got {list(reward_weights)}")
     return w
 
 

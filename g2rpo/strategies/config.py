@@ -30,7 +30,15 @@ class AlgorithmConfig(Section):
     )
     num_steps: int = Field(16, ge=2, description="T, denoising steps of the sampler grid (≥ 2; paper 16)")
     group_size: int = Field(12, ge=2, description="G, samples per group (≥ 2; paper 12)")
-    eta: float = Field(0.7, ge=0.0, description="η, SDE noise scale s_σ = η·sqrt(σ/(1−σ)) (≥ 0; paper 0.7)")
+    eta: float = Field(
+        0.7,
+        gt=0.0,
+        allow_inf_nan=False,
+        description=(
+            "η, SDE noise scale s_σ = η·sqrt(σ/(1−σ)) (> 0; paper 0.7): η = 0 makes the G branches identical "
+            "and their log-probability undefined"
+        ),
+    )
     sde_noise: Literal["flow_grpo", "dancegrpo"] = Field(
         "flow_grpo",
         description=(
@@ -61,20 +69,20 @@ class AlgorithmConfig(Section):
             "σ[:k+2] + σ[k+2::λ] (one stride-1 step first), finished with an Euler step to 0"
         ),
     )
-    stride_weights: list[float] | None = Field(
-        None, description="α_j, one weight per granularity for the advantage sum; null = all 1"
+    stride_weights: list[Annotated[float, Field(ge=0.0, allow_inf_nan=False)]] | None = Field(
+        None, description="α_j ≥ 0, one weight per granularity for the advantage sum (not all 0); null = all 1"
     )
-    advantage_clip: float = Field(5.0, gt=0.0, description="clip the mixed advantage to ±this after the sum (paper 5)")
-    advantage_eps: float = Field(1e-8, gt=0.0, description="δ in (R − mean)/(std + δ)")
+    advantage_clip: float = Field(5.0, gt=0.0, allow_inf_nan=False, description="clip the mixed advantage to ±this after the sum (paper 5)")
+    advantage_eps: float = Field(1e-8, gt=0.0, allow_inf_nan=False, description="δ in (R − mean)/(std + δ)")
     unbiased_std: bool = Field(True, description="group std with Bessel's correction (torch.std default)")
-    ratio_clip: float = Field(1e-4, gt=0.0, description="ε of the clipped surrogate (reference code 1e-4)")
+    ratio_clip: float = Field(1e-4, gt=0.0, allow_inf_nan=False, description="ε of the clipped surrogate (reference code 1e-4)")
     log_prob_reduce: Literal["mean", "sum"] = Field(
         "mean", description="reduce the Gaussian log-prob over latent dims by mean (reference) or sum"
     )
     grid: Literal["flux", "static_shift"] = Field(
         "flux", description="σ grid: flux (FluxPipeline's resolution-dependent shift) or static_shift (reference code)"
     )
-    shift: float = Field(3.0, gt=0.0, description="s of the static_shift grid σ = s·t/(1+(s−1)·t) (reference 3)")
+    shift: float = Field(3.0, gt=0.0, allow_inf_nan=False, description="s of the static_shift grid σ = s·t/(1+(s−1)·t) (reference 3)")
     truncate_timestep: bool = Field(
         False, description="feed the model int(σ·1000)/1000 as the reference code does (the step math keeps σ)"
     )
@@ -87,7 +95,7 @@ class AlgorithmConfig(Section):
         None, description="rows per training forward; a trained step with more rows is split into several terms; null = no split"
     )
     dancegrpo_train_fraction: float = Field(
-        0.6, gt=0.0, le=1.0, description="DanceGRPO: fraction of the T steps trained, drawn at random per prompt (0.6)"
+        0.6, gt=0.0, le=1.0, allow_inf_nan=False, description="DanceGRPO: fraction of the T steps trained, drawn at random per prompt (0.6)"
     )
     dancegrpo_shared_noise: bool = Field(
         True, description="DanceGRPO: one initial noise for the whole group (false = independent, Flow-GRPO style)"
@@ -129,6 +137,10 @@ class AlgorithmConfig(Section):
                     self.stride_weights,
                     f"give one weight per granularity ({len(self.granularities)} for {self.granularities}), or null",
                 )
+            )
+        if self.stride_weights is not None and self.stride_weights and not any(self.stride_weights):
+            problems.append(
+                problem("stride_weights", self.stride_weights, "all weights are 0, so every advantage would be 0: give at least one weight > 0")
             )
         if self.strategy == "mixgrpo" and t < 3:
             problems.append(problem("num_steps", t, "MixGRPO keeps its window below step T − 2: use num_steps ≥ 3"))

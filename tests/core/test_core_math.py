@@ -80,8 +80,19 @@ def test_sde_step_at_sigma_one_is_finite_with_grid_substitute():
     assert torch.isfinite(nxt).all()
     assert mean.item() == pytest.approx(0.705, abs=1e-6)
     assert std.item() == pytest.approx(0.7, abs=1e-6)
+    # The issue's six-argument call is finite at σ = 1 too: the substitute defaults to σ' (= σ[1]
+    # for the grid's first step), so it gives the same numbers.
+    nxt6, mean6, std6 = core.sde_step(x, v, 1.0, 0.9, 0.7, torch.zeros(1, 1, 1))
+    assert (nxt6.item(), mean6.item(), std6.item()) == (nxt.item(), mean.item(), std.item())
+    # per-row σ with the first row at σ = 1: only that row uses σ' in the denominator
+    #   row 1: σ = 0.5 → 0.25 is the hand example above, μ = 0.721875, std = 0.35
+    x2, v2 = torch.ones(2, 1, 1), torch.full((2, 1, 1), 0.5)
+    _, mean2, std2 = core.sde_step(x2, v2, torch.tensor([1.0, 0.5]), torch.tensor([0.9, 0.25]), 0.7, torch.zeros(2, 1, 1))
+    assert mean2.flatten().tolist() == pytest.approx([0.705, 0.721875], abs=1e-6)
+    assert std2.flatten().tolist() == pytest.approx([0.7, 0.35], abs=1e-6)
+    # the bare noise scale has no σ' to fall back on: at σ = 1 it asks for the substitute
     with pytest.raises(ValueError, match="sigma_one_substitute"):
-        core.sde_step(x, v, 1.0, 0.9, 0.7, torch.zeros(1, 1, 1))
+        core.sde_noise_scale(1.0, 0.7)
 
 
 def test_sde_dancegrpo_noise_form_matches_its_score_based_step():

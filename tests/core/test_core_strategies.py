@@ -236,6 +236,8 @@ def test_nan_and_inf_rewards_drop_their_groups_and_are_counted():
     assert all(map(lambda row: all(torch.isfinite(torch.tensor(row))), stats.reward_mean))
     with pytest.raises(ValueError, match="one weight per reward model"):
         strategy.advantages(rollout, rewards, reward_weights=[1.0])
+    with pytest.raises(ValueError, match="reward_weights must be finite"):
+        strategy.advantages(rollout, rewards, reward_weights=[1.0, float("nan")])
     with pytest.raises(ValueError, match="rewards must be"):
         strategy.advantages(rollout, rewards[:, :2])
 
@@ -420,6 +422,32 @@ def test_config_reports_every_bad_value_at_once():
         load_config(AlgorithmConfig, overrides=["branch_steps=[0, 16]"])
     with pytest.raises(ConfigError, match="stride_weights"):
         load_config(AlgorithmConfig, overrides=["stride_weights=[1, 2]"])
+
+
+def test_config_rejects_zero_eta_and_non_finite_numbers():
+    # η = 0 is the ODE: the G branches coincide and the Gaussian log-prob has std 0 (NaN ratios that
+    # would silently turn the weights into NaN); inf/NaN settings would silently drop or zero every
+    # group. Each is one named problem, all reported together.
+    with pytest.raises(ConfigError, match="eta=0: Input should be greater than 0 .*η = 0 makes the G branches identical"):
+        load_config(AlgorithmConfig, overrides=["eta=0"])
+    bad = [
+        "eta=.inf",
+        "shift=.nan",
+        "advantage_eps=.inf",
+        "ratio_clip=.inf",
+        "advantage_clip=.inf",
+        "stride_weights=[.nan, 1, -1]",
+    ]
+    with pytest.raises(ConfigError) as err:
+        load_config(AlgorithmConfig, overrides=bad)
+    text = str(err.value)
+    for field in ("eta=inf", "shift=nan", "advantage_eps=inf", "ratio_clip=inf", "advantage_clip=inf", "stride_weights.0=nan"):
+        assert f"{field}: Input should be a finite number" in text
+    assert "stride_weights.2=-1: Input should be greater than or equal to 0" in text
+    assert len(err.value.problems) == 7
+    with pytest.raises(ConfigError, match=r"stride_weights=\[0\.0, 0\.0, 0\.0\]: all weights are 0"):
+        load_config(AlgorithmConfig, overrides=["stride_weights=[0, 0, 0]"])
+    assert load_config(AlgorithmConfig, overrides=["stride_weights=[0, 1, 2]"]).stride_weight_values == [0.0, 1.0, 2.0]
 
 
 def test_config_defaults_and_derived_values():
