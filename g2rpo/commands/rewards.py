@@ -11,7 +11,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         help="list the reward models and score images with one",
         description="Reward models (HPS-v2.1, CLIP, PickScore, ImageReward, weight-free scorers). See docs/rewards.md.",
     )
-    sub = rewards.add_subparsers(dest="rewards_command", metavar="SUBCOMMAND")
+    sub = rewards.add_subparsers(dest="rewards_command", metavar="SUBCOMMAND", required=True)
     lst = sub.add_parser(
         "list",
         help="print every registered reward with what it needs",

@@ -19,12 +19,17 @@ already has the model's resolution the resize is the identity in every path and 
 float precision; otherwise torch bicubic (antialiased, float) and PIL bicubic (uint8) differ by a
 few 1e-3 in pixel value (measured numbers: docs/rewards.md).
 
-Non-finite scores are reported by reward name and count (:func:`non_finite_report`,
-:func:`check_finite`) so the trainer can refuse or log a bad batch.
+Non-finite scores are reported by reward name and count: every :meth:`RewardModel.score` call
+that returns a NaN/inf score logs a warning on the ``g2rpo.rewards`` logger
+(:func:`non_finite_report`: ``reward 'hps_v21' returned NaN/inf for 2 of 8 image(s) (indices
+[1, 5])``) and returns the scores unchanged, so that a caller such as the trainer can keep them and
+drop the affected groups; :func:`check_finite` (used by :func:`~g2rpo.rewards.registry.score_batched`)
+raises the same line as an error instead.
 """
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
@@ -51,6 +56,8 @@ __all__ = [
     "strict_key_check",
 ]
 
+_log = logging.getLogger("g2rpo.rewards")
+
 # Pixels may leave [0, 1] by this much (bf16/fp16 decoder rounding) before it is an error.
 RANGE_TOLERANCE = 1e-2
 
@@ -68,12 +75,17 @@ class RewardModel(ABC):
         """Scores ``[B]`` (float32, on the images' device) in the model's native scale.
 
         Runs under ``torch.no_grad()`` unless ``grad=True`` (reward backpropagation into the
-        images; the JPEG head is not differentiable and returns scores without a graph).
+        images; the JPEG head is not differentiable and returns scores without a graph). NaN/inf
+        scores are returned as they are and logged as a warning naming the reward and the count.
         """
         images, prompts = validate_inputs(self.name, images, prompts, needs_prompts=self.needs_prompts)
         with torch.set_grad_enabled(grad):
             out = self._score(images, prompts)
-        return out.float().to(images.device)
+        out = out.float().to(images.device)
+        report = non_finite_report(self.name, out)
+        if report is not None:
+            _log.warning(report)
+        return out
 
     #: Weight-free image-only scorers set this to False: they accept empty prompts.
     needs_prompts: bool = True

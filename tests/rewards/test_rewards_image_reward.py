@@ -73,12 +73,25 @@ def test_score_is_the_standardised_mlp_of_the_cls_output(tiny_image_reward):
         ).last_hidden_state[:, 0]
         r = net.head(h).squeeze(-1)
     torch.testing.assert_close(scores, (r - REWARD_MEAN) / REWARD_STD, rtol=0, atol=1e-6)
-    # standardisation hand-worked: a raw MLP output of 0.16717… maps to 0, one std above to 1
-    assert (REWARD_MEAN - REWARD_MEAN) / REWARD_STD == 0.0
-    assert abs((REWARD_MEAN + REWARD_STD - REWARD_MEAN) / REWARD_STD - 1.0) < 1e-12
     # cross-attention is live: the same prompt scores differently on different images
     same = head.score(images, [PROMPTS[0]] * 2)
     assert float((same[0] - same[1]).abs()) > 0
+
+
+def test_standardisation_uses_the_published_constants(tiny_image_reward):
+    # The published constants (ImageReward/ImageReward.py: self.mean, self.std).
+    assert (REWARD_MEAN, REWARD_STD) == (0.16717362830052426, 1.0333394966054072)
+    # Hand-worked: with the MLP's last layer zeroed and its bias set to b, the raw reward is
+    # r = b for every input, so the score is (b − mean) / std: b = mean → 0, b = mean + std → 1,
+    # b = mean − 2·std → −2.
+    head = _load(tiny_image_reward)
+    last = head.net.head.layers[-1]
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        last.weight.zero_()
+        for bias, expected in ((REWARD_MEAN, 0.0), (REWARD_MEAN + REWARD_STD, 1.0), (REWARD_MEAN - 2 * REWARD_STD, -2.0)):
+            last.bias.fill_(bias)
+            torch.testing.assert_close(head.score(images, PROMPTS), torch.full((2,), expected), rtol=0, atol=1e-6)
 
 
 def test_batched_equals_one_at_a_time(tiny_image_reward):

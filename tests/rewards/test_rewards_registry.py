@@ -90,6 +90,53 @@ def test_build_every_head_from_config(tiny_hps, tiny_clip_dir, tiny_pickscore, t
         assert head.name == entry.name
         scores = head.score(images, prompts)
         assert scores.shape == (2,) and scores.dtype == torch.float32 and bool(torch.isfinite(scores).all())
+    # each builder loads its own files: the same scores as the head's loader on them directly
+    from g2rpo.rewards.clip_score import CLIPScore
+    from g2rpo.rewards.hps import HPSv21
+    from g2rpo.rewards.image_reward import ImageReward
+
+    direct = {
+        "hps_v21": HPSv21.from_checkpoint(tiny_hps["checkpoint"], open_clip_config=tiny_hps["open_clip_config"]),
+        "clip": CLIPScore.from_local_dir(tiny_clip_dir["dir"]),
+        "image_reward": ImageReward.from_checkpoint(
+            tiny_image_reward["checkpoint"], med_config=tiny_image_reward["med_config"],
+            vision_config=tiny_image_reward["vision_config"], tokenizer_dir=tiny_image_reward["tokenizer_dir"],
+        ),
+    }
+    for entry in entries[:6]:
+        if entry.name in direct:
+            assert torch.equal(build_reward(entry).score(images, prompts), direct[entry.name].score(images, prompts)), entry
+    assert not torch.equal(direct["hps_v21"].score(images, prompts), direct["clip"].score(images, prompts))
+
+
+def test_any_float_dtype_is_accepted_and_scored_like_float32(
+    tiny_hps, tiny_clip_dir, tiny_pickscore, tiny_image_reward, tiny_aesthetic
+):
+    """The interface takes images in any float dtype. Pixels k/256 (k = 0..255) need at most 8
+    significant bits, so float16, bfloat16 (8-bit significand) and float64 hold them exactly; every
+    head computes in its own dtype from the same values, so the scores must be identical."""
+    entries = [
+        RewardModelConfig(name="hps_v21", weights=str(tiny_hps["checkpoint"].parent)),
+        RewardModelConfig(name="clip", weights=str(tiny_clip_dir["dir"])),
+        RewardModelConfig(name="pickscore", weights=str(tiny_pickscore["dir"])),
+        RewardModelConfig(name="image_reward", weights=str(tiny_image_reward["checkpoint"])),
+        RewardModelConfig(name="aesthetic", weights=str(tiny_aesthetic["mlp"]), backbone=str(tiny_aesthetic["clip_dir"])),
+        RewardModelConfig(name="jpeg_compressibility"),
+        RewardModelConfig(name="sharpness"),
+        RewardModelConfig(name="total_variation"),
+    ]
+    levels = torch.randint(0, 256, (2, 3, 40, 36), generator=torch.Generator().manual_seed(4))
+    images = levels.float() / 256.0  # [2, 3, 40, 36], exact in every float dtype
+    prompts = ["a cat", "a dog"]
+    for entry in entries:
+        head = build_reward(entry)
+        reference = head.score(images, prompts)
+        for dtype in (torch.float16, torch.bfloat16, torch.float64):
+            cast = images.to(dtype)
+            assert torch.equal(cast.double(), images.double())  # the premise: no rounding
+            scores = head.score(cast, prompts)
+            assert scores.dtype == torch.float32
+            assert torch.equal(scores, reference), (entry.name, dtype, scores, reference)
 
 
 def test_image_reward_without_its_config_files_is_an_error(tiny_image_reward, tmp_path):
@@ -98,7 +145,7 @@ def test_image_reward_without_its_config_files_is_an_error(tiny_image_reward, tm
         build_reward(RewardModelConfig(name="image_reward", weights=str(tmp_path / "ImageReward.pt")))
 
 
-def test_score_batched_equals_one_call_and_reports_nan(tiny_hps, tmp_path):
+def test_score_batched_equals_one_call_and_reports_nan(tiny_hps, tmp_path, caplog):
     head = build_reward(RewardModelConfig(name="hps_v21", weights=str(tiny_hps["checkpoint"].parent)))
     images = torch.rand(5, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     prompts = ["a cat", "a dog", "a car", "a tree", "the sea"]
@@ -111,6 +158,18 @@ def test_score_batched_equals_one_call_and_reports_nan(tiny_hps, tmp_path):
     broken = build_reward(RewardModelConfig(name="hps_v21", weights=str(tmp_path)))
     with pytest.raises(G2RPOError, match="reward 'hps_v21' returned NaN/inf for 5 of 5 image"):
         score_batched(broken, images, prompts, batch_size=2)
+    # score() itself keeps the NaN scores (the trainer drops their groups) and logs them by name
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="g2rpo.rewards"):
+        scores = broken.score(images[:3], prompts[:3])
+    assert bool(torch.isnan(scores).all())
+    assert [r.getMessage() for r in caplog.records] == [
+        "reward 'hps_v21' returned NaN/inf for 3 of 3 image(s) (indices [0, 1, 2])"
+    ]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="g2rpo.rewards"):
+        head.score(images[:3], prompts[:3])
+    assert caplog.records == []  # finite scores: nothing logged
 
 
 @pytest.mark.integration
@@ -141,6 +200,15 @@ def test_cli_rewards_list(capsys):
     assert main(["rewards", "list", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in rows] == EXPECTED_NAMES
+
+
+def test_cli_rewards_without_a_subcommand_names_it(capsys):
+    from g2rpo.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["rewards"])
+    assert exit_info.value.code == 2
+    assert "g2rpo rewards: error: the following arguments are required: SUBCOMMAND" in capsys.readouterr().err
 
 
 def test_cli_rewards_score(tmp_path, capsys, tiny_hps):
