@@ -46,7 +46,7 @@ class AlgorithmConfig(Section):
             "or dancegrpo s_σ = η (DanceGRPO's original step)"
         ),
     )
-    branch_steps: list[Annotated[int, Field(ge=0)]] | None = Field(
+    branch_steps: list[int] | None = Field(
         None,
         description=(
             "M, the grid indices k where G²RPO branches (0 = noisiest, each < num_steps); "
@@ -57,7 +57,7 @@ class AlgorithmConfig(Section):
         None,
         description="draw this many steps of M at random each iteration (per prompt, seeded); null = all of M",
     )
-    granularities: list[PositiveInt] = Field(
+    granularities: list[int] = Field(
         [1, 2, 3],
         min_length=1,
         description="Λ, the strides each branch is finished with (integers ≥ 1; paper [1, 2, 3], reference [1, 2])",
@@ -107,8 +107,22 @@ class AlgorithmConfig(Section):
     @field_validator("granularities")
     @classmethod
     def _distinct_strides(cls, value: list[int]) -> list[int]:
+        below = [lam for lam in value if lam < 1]
+        if below:
+            raise ValueError(f"{value!r} has strides {below} below 1: each stride is an integer ≥ 1, e.g. [1, 2, 3]")
         if len(set(value)) != len(value):
             raise ValueError(f"{value!r} repeats a stride: list each stride once, e.g. [1, 2, 3]")
+        return value
+
+    @field_validator("branch_steps")
+    @classmethod
+    def _steps_on_the_grid(cls, value: list[int] | None) -> list[int] | None:
+        # k ≥ num_steps is checked with num_steps below; a negative k is outside any grid.
+        negative = [k for k in value or [] if k < 0]
+        if negative:
+            raise ValueError(
+                f"{value!r} has steps {negative} outside the grid: each k is a grid index 0..num_steps−1 (0 = noisiest)"
+            )
         return value
 
     @model_validator(mode="after")

@@ -414,8 +414,10 @@ def test_config_reports_every_bad_value_at_once():
     for field in ("group_size=1", "granularities=[]", "eta=-0.5", "num_steps=1", "ratio_clip=0", "learning_rate"):
         assert field in text
     assert len(err.value.problems) == 6
-    with pytest.raises(ConfigError, match=r"granularities\.1=0"):
-        load_config(AlgorithmConfig, overrides=["granularities=[1, 0]"])
+    with pytest.raises(ConfigError, match=r"granularities: \[1, 0, -2\] has strides \[0, -2\] below 1: each stride is an integer ≥ 1"):
+        load_config(AlgorithmConfig, overrides=["granularities=[1, 0, -2]"])
+    with pytest.raises(ConfigError, match=r"branch_steps: \[-1, 3\] has steps \[-1\] outside the grid"):
+        load_config(AlgorithmConfig, overrides=["branch_steps=[-1, 3]"])
     with pytest.raises(ConfigError, match="repeats a stride"):
         load_config(AlgorithmConfig, overrides=["granularities=[2, 2]"])
     with pytest.raises(ConfigError, match=r"branch_steps=\[0, 16\]: steps \[16\] are outside the grid: each k must be in 0..15"):
