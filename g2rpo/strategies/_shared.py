@@ -125,7 +125,7 @@ def trajectory_loss_terms(
     trajectory's advantage broadcast to that step. Each term is scaled so their sum is
     ``mean over valid trajectories and trained slots`` of the surrogate."""
     st = rollout.states
-    states, lp_old, trained = st["states"], st["log_prob_old"], st["trained_steps"]  # [P,G,T+1,L,C] [P,G,T] [P,G,S]
+    states, lp_old, trained = st.latents, st.log_prob_old, st.trained_steps  # [P,G,T+1,L,C] [P,G,T] [P,G,S]
     sigmas = rollout.sigmas
     num_prompts, group, num_slots = trained.shape
     valid_p = advantages.valid.nonzero().flatten()  # prompts kept

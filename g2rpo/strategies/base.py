@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -60,6 +60,8 @@ __all__ = [
     "Strategy",
     "Draws",
     "NFECounters",
+    "G2RPOStates",
+    "TrajectoryStates",
     "Rollout",
     "Advantages",
     "TermStats",
@@ -125,11 +127,32 @@ class NFECounters:
 
 
 @dataclass
+class G2RPOStates:
+    """What a G²RPO rollout keeps for its loss (K = |M| trained steps per prompt this iteration)."""
+
+    steps: torch.Tensor  # [P, K] long, the grid index k of each slot (sorted per prompt)
+    x_k: torch.Tensor  # [P, K, L, C] the anchor's state x[k], shared by the G branches
+    branches: torch.Tensor  # [P, K, G, L, C] the SDE samples y_i at σ[k+1]
+    log_prob_old: torch.Tensor  # [P, K, G] log π_old(y_i | x[k]), as sampled
+
+
+@dataclass
+class TrajectoryStates:
+    """What a whole-trajectory rollout (DanceGRPO, MixGRPO) keeps for its loss (S trained slots)."""
+
+    latents: torch.Tensor  # [P, G, T+1, L, C] every state of every trajectory, x at σ[0] … σ[T]
+    log_prob_old: torch.Tensor  # [P, G, T] log π_old of step i (NaN where step i was an ODE step)
+    trained_steps: torch.Tensor  # [P, G, S] long, the grid indices each trajectory trains
+    window: list[int] | None = None  # MixGRPO: the SDE window this iteration
+
+
+@dataclass
 class Rollout:
     """What a strategy sampled for a batch of P prompts, and what its loss needs later.
 
-    Common fields are read by the trainer; ``states`` holds strategy-specific tensors (documented
-    in each strategy module), which only that strategy's ``advantages``/``loss_terms`` read.
+    Common fields are read by the trainer; ``states`` holds the strategy's own typed record
+    (:class:`G2RPOStates` or :class:`TrajectoryStates`), which only that strategy's
+    ``advantages``/``loss_terms`` read.
     All tensors are detached (the rollout runs without grad).
     """
 
@@ -142,7 +165,7 @@ class Rollout:
     reward_dims: tuple[str, ...]  # names of reward_shape's axes, e.g. ("prompt", "step", "stride", "branch")
     final_prompt: torch.Tensor  # [N] long, batch position of the prompt of each final latent
     nfe: NFECounters
-    states: dict[str, Any] = field(default_factory=dict)
+    states: G2RPOStates | TrajectoryStates
 
     @property
     def num_prompts(self) -> int:

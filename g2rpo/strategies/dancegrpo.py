@@ -19,8 +19,8 @@ backward passes is the mean surrogate over kept trajectories and trained steps.
 DanceGRPO's reference code uses ``int`` for S on a T+1-long schedule; rounding f·T gives the
 "~115 per prompt" count of spec §8 most closely (12·round(9.6) = 120).
 
-Rollout ``states``: ``states`` ``[P, G, T+1, L, C]``, ``log_prob_old`` ``[P, G, T]``,
-``trained_steps`` ``[P, G, S]`` long.
+Rollout ``states`` (:class:`~g2rpo.strategies.base.TrajectoryStates`): ``latents``
+``[P, G, T+1, L, C]``, ``log_prob_old`` ``[P, G, T]``, ``trained_steps`` ``[P, G, S]`` long.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 from g2rpo import core
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import make_grid, sample_velocity, terminal_advantages, trajectory_loss_terms
-from g2rpo.strategies.base import Advantages, Conditioning, LossTerm, NFECounters, Rollout, VelocityModel
+from g2rpo.strategies.base import Advantages, Conditioning, LossTerm, NFECounters, Rollout, TrajectoryStates, VelocityModel
 from g2rpo.strategies.config import AlgorithmConfig
 
 __all__ = ["DanceGRPO"]
@@ -100,11 +100,11 @@ class DanceGRPO:
             reward_dims=("prompt", "branch"),
             final_prompt=torch.arange(num_prompts).repeat_interleave(group),
             nfe=nfe,
-            states={
-                "states": torch.stack(states, dim=1).reshape(num_prompts, group, t_steps + 1, length, channels),
-                "log_prob_old": torch.stack(log_probs, dim=1).reshape(num_prompts, group, t_steps),
-                "trained_steps": trained.to(device),
-            },
+            states=TrajectoryStates(
+                latents=torch.stack(states, dim=1).reshape(num_prompts, group, t_steps + 1, length, channels),
+                log_prob_old=torch.stack(log_probs, dim=1).reshape(num_prompts, group, t_steps),
+                trained_steps=trained.to(device),
+            ),
         )
 
     def advantages(

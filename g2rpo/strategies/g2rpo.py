@@ -29,9 +29,9 @@ is dropped (advantage 0, no loss term rows) and counted.
 
 "G²RPO without MGAI" is this strategy with Λ = {1} (``strategy: g2rpo_no_mgai``).
 
-Rollout ``states``: ``steps`` ``[P, K]`` long (the k of each slot; with
-``branch_steps_per_iteration`` each prompt draws its own subset), ``x_k`` ``[P, K, L, C]``,
-``branches`` ``[P, K, G, L, C]`` (the y_i at σ[k+1]), ``log_prob_old`` ``[P, K, G]``.
+Rollout ``states`` (:class:`~g2rpo.strategies.base.G2RPOStates`): ``steps`` ``[P, K]`` long (the k
+of each slot; with ``branch_steps_per_iteration`` each prompt draws its own subset), ``x_k``
+``[P, K, L, C]``, ``branches`` ``[P, K, G, L, C]`` (the y_i at σ[k+1]), ``log_prob_old`` ``[P, K, G]``.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from g2rpo.strategies._shared import (
     sample_velocity,
     surrogate_term,
 )
-from g2rpo.strategies.base import Advantages, Conditioning, LossTerm, NFECounters, Rollout, VelocityModel
+from g2rpo.strategies.base import Advantages, Conditioning, G2RPOStates, LossTerm, NFECounters, Rollout, VelocityModel
 from g2rpo.strategies.config import AlgorithmConfig
 
 __all__ = ["G2RPO", "sampling_forwards"]
@@ -135,7 +135,7 @@ class G2RPO:
             reward_dims=("prompt", "step", "stride", "branch"),
             final_prompt=torch.arange(num_prompts).repeat_interleave(num_slots * len(strides) * group),
             nfe=nfe,
-            states={"steps": steps, "x_k": x_k, "branches": branches, "log_prob_old": log_prob_old},
+            states=G2RPOStates(steps=steps, x_k=x_k, branches=branches, log_prob_old=log_prob_old),
         )
 
     def _transition(
@@ -225,7 +225,7 @@ class G2RPO:
     def loss_terms(self, model: VelocityModel, rollout: Rollout, advantages: Advantages) -> Iterator[LossTerm]:
         cfg = self.config
         st = rollout.states
-        steps, x_k, branches, log_prob_old = st["steps"], st["x_k"], st["branches"], st["log_prob_old"]
+        steps, x_k, branches, log_prob_old = st.steps, st.x_k, st.branches, st.log_prob_old
         sigmas = rollout.sigmas
         device = x_k.device
         kept = int(advantages.valid.sum())

@@ -20,8 +20,9 @@ computed once per prompt, not G times. Sampling forwards per prompt: l + G·(T �
 forwards: G·|window|. Advantages and loss as DanceGRPO (terminal advantage broadcast to the
 window steps; one term per window step).
 
-Rollout ``states``: ``states`` ``[P, G, T+1, L, C]``, ``log_prob_old`` ``[P, G, T]`` (NaN outside
-the window), ``trained_steps`` ``[P, G, |window|]``.
+Rollout ``states`` (:class:`~g2rpo.strategies.base.TrajectoryStates`): ``latents``
+``[P, G, T+1, L, C]``, ``log_prob_old`` ``[P, G, T]`` (NaN outside the window), ``trained_steps``
+``[P, G, |window|]``, ``window``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 from g2rpo import core
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import make_grid, sample_velocity, terminal_advantages, trajectory_loss_terms
-from g2rpo.strategies.base import Advantages, Conditioning, LossTerm, NFECounters, Rollout, VelocityModel
+from g2rpo.strategies.base import Advantages, Conditioning, LossTerm, NFECounters, Rollout, TrajectoryStates, VelocityModel
 from g2rpo.strategies.config import AlgorithmConfig
 
 __all__ = ["MixGRPO", "window_steps"]
@@ -115,12 +116,12 @@ class MixGRPO:
             reward_dims=("prompt", "branch"),
             final_prompt=torch.arange(num_prompts).repeat_interleave(group),
             nfe=nfe,
-            states={
-                "states": torch.stack(states, dim=1).reshape(num_prompts, group, t_steps + 1, length, channels),
-                "log_prob_old": torch.stack(log_probs, dim=1).reshape(num_prompts, group, t_steps),
-                "trained_steps": trained,
-                "window": window,
-            },
+            states=TrajectoryStates(
+                latents=torch.stack(states, dim=1).reshape(num_prompts, group, t_steps + 1, length, channels),
+                log_prob_old=torch.stack(log_probs, dim=1).reshape(num_prompts, group, t_steps),
+                trained_steps=trained,
+                window=window,
+            ),
         )
 
     def advantages(

@@ -16,7 +16,7 @@ from g2rpo.config import load_config
 from g2rpo.errors import ConfigError
 from g2rpo.seeding import Draws, derive_seed
 from g2rpo.strategies import build_strategy
-from g2rpo.strategies.base import Conditioning, Strategy, VelocityModel, summarize_step
+from g2rpo.strategies.base import Conditioning, G2RPOStates, Strategy, TrajectoryStates, VelocityModel, summarize_step
 from g2rpo.strategies.config import AlgorithmConfig
 from g2rpo.strategies.g2rpo import sampling_forwards
 from g2rpo.strategies.mixgrpo import window_steps
@@ -135,7 +135,7 @@ def test_shared_velocity_loss_and_gradients_equal_separate_forwards():
         shared_loss += term.loss.detach()
         clip_seen += term.stats.clip_fraction
     shared_grads = [p.grad.clone() for p in model.parameters()]
-    num_terms = rollout.states["steps"].shape[1]
+    num_terms = rollout.states.steps.shape[1]
     assert 0 < clip_seen < num_terms  # some ratios clipped, some not
     assert sum(float(g.abs().sum()) for g in shared_grads) > 0
 
@@ -143,18 +143,18 @@ def test_shared_velocity_loss_and_gradients_equal_separate_forwards():
     model.zero_grad()
     st = rollout.states
     sig = rollout.sigmas
-    num_prompts, num_slots, group = st["log_prob_old"].shape
+    num_prompts, num_slots, group = st.log_prob_old.shape
     separate_loss = torch.zeros(())
     for p in range(num_prompts):
         for s in range(num_slots):
-            k = int(st["steps"][p, s])
+            k = int(st.steps[p, s])
             for g in range(group):
-                x = st["x_k"][p, s][None]
+                x = st.x_k[p, s][None]
                 v = model(x, sig[k].reshape(1), cond[torch.tensor([p])])
                 mean, std = core.sde_mean_std(x, v, sig[k].reshape(1), sig[k + 1].reshape(1), cfg.eta, sig[1])
-                lp = core.gaussian_log_prob(st["branches"][p, s, g][None], mean, std)
+                lp = core.gaussian_log_prob(st.branches[p, s, g][None], mean, std)
                 loss, _ = core.clipped_surrogate(
-                    lp, st["log_prob_old"][p, s, g][None], advantages.values[p, s, g][None], cfg.ratio_clip
+                    lp, st.log_prob_old[p, s, g][None], advantages.values[p, s, g][None], cfg.ratio_clip
                 )
                 loss = loss / (group * num_prompts * num_slots)
                 loss.backward()
@@ -309,10 +309,10 @@ def test_finishes_match_a_sequential_ode_per_stride(mode):
     finals = rollout.final_latents.reshape(*rollout.reward_shape, *LATENT)  # [P, K, J, G, L, C]
     sig = rollout.sigmas
     with torch.no_grad():
-        for s, k in enumerate(rollout.states["steps"][0].tolist()):
+        for s, k in enumerate(rollout.states.steps[0].tolist()):
             for j, lam in enumerate(cfg.strides):
                 for g in range(cfg.group_size):
-                    x = rollout.states["branches"][0, s, g][None]
+                    x = rollout.states.branches[0, s, g][None]
                     idx = core.stride_indices(cfg.num_steps, k, lam, mode)
                     for a, b in zip(idx[:-1], idx[1:]):
                         x = core.ode_step(x, model(x, sig[a].reshape(1), cond[torch.tensor([0])]), sig[a], sig[b])
@@ -324,11 +324,16 @@ def test_branches_share_the_anchor_state_and_differ_only_by_noise():
     cfg = config(num_steps=8, group_size=5, granularities=[1])
     rollout = build_strategy(cfg).rollout(model, cond, Draws(0, 0, (0, 1)), LATENT)
     st = rollout.states
-    assert st["steps"].tolist() == [[0, 1, 2, 3]] * 2
+    # the typed record: x[k], branches and old log-probs per (prompt, k), final latents per stride
+    assert isinstance(st, G2RPOStates)
+    assert (st.x_k.shape, st.branches.shape, st.log_prob_old.shape) == ((2, 4, *LATENT), (2, 4, 5, *LATENT), (2, 4, 5))
+    assert rollout.reward_dims == ("prompt", "step", "stride", "branch") and rollout.reward_shape == (2, 4, 1, 5)
+    assert rollout.final_latents.shape == (2 * 4 * 1 * 5, *LATENT) and rollout.nfe.sampling_forwards == model.rows
+    assert st.steps.tolist() == [[0, 1, 2, 3]] * 2
     # x[0] is the initial noise of each prompt, drawn under its global prompt index
-    torch.testing.assert_close(st["x_k"][1, 0], Draws(0, 0, (0, 1)).normal(LATENT, "initial-noise", 1))
+    torch.testing.assert_close(st.x_k[1, 0], Draws(0, 0, (0, 1)).normal(LATENT, "initial-noise", 1))
     # the G branches of one group are distinct samples around one mean
-    branches = st["branches"][0, 2]  # [G, L, C]
+    branches = st.branches[0, 2]  # [G, L, C]
     assert torch.cdist(branches.flatten(1), branches.flatten(1)).triu(1).gt(0).sum() == 5 * 4 / 2
 
 
@@ -342,11 +347,11 @@ def test_draws_do_not_depend_on_the_batch_layout_or_on_earlier_draws():
     shape = (*whole.reward_shape, *LATENT)
     joined = torch.cat([first.final_latents.reshape(2, *shape[1:]), second.final_latents.reshape(2, *shape[1:])])
     torch.testing.assert_close(whole.final_latents.reshape(shape), joined, atol=1e-6, rtol=1e-5)
-    assert torch.equal(whole.states["steps"], torch.cat([first.states["steps"], second.states["steps"]]))
+    assert torch.equal(whole.states.steps, torch.cat([first.states.steps, second.states.steps]))
     # random subsets of M: 2 of {0, 1, 2} per prompt, and another iteration draws other noise
-    assert all(len(set(row)) == 2 and set(row) <= {0, 1, 2} for row in whole.states["steps"].tolist())
+    assert all(len(set(row)) == 2 and set(row) <= {0, 1, 2} for row in whole.states.steps.tolist())
     other = strategy.rollout(model, cond, Draws(7, 4, (10, 11, 12, 13)), LATENT)
-    assert not torch.equal(other.states["branches"], whole.states["branches"])
+    assert not torch.equal(other.states.branches, whole.states.branches)
 
 
 def test_derive_seed_is_stable_across_processes():
@@ -366,15 +371,16 @@ def test_dancegrpo_sde_every_step_shared_noise_and_trained_fraction():
     model, cond, _ = toy(num_prompts=2)
     strategy = build_strategy(config(strategy="dancegrpo", num_steps=10, group_size=4))
     rollout = strategy.rollout(model, cond, Draws(0, 0, (0, 1)), LATENT)
-    states = rollout.states["states"]  # [P, G, T+1, L, C]
+    assert isinstance(rollout.states, TrajectoryStates)
+    states = rollout.states.latents  # [P, G, T+1, L, C]
     assert torch.equal(states[:, :1, 0].expand(-1, 4, -1, -1), states[:, :, 0])  # one initial noise per group
     assert not torch.equal(states[:, 0, 1], states[:, 1, 1])  # SDE from the first step on
-    assert torch.isfinite(rollout.states["log_prob_old"]).all()
-    trained = rollout.states["trained_steps"]  # [P, G, S], S = round(0.6·10) = 6
+    assert torch.isfinite(rollout.states.log_prob_old).all()
+    trained = rollout.states.trained_steps  # [P, G, S], S = round(0.6·10) = 6
     assert trained.shape == (2, 4, 6)
     assert all(len(set(row)) == 6 for row in trained.reshape(-1, 6).tolist())
     independent = build_strategy(config(strategy="dancegrpo", num_steps=10, group_size=4, dancegrpo_shared_noise=False))
-    states = independent.rollout(model, cond, Draws(0, 0, (0, 1)), LATENT).states["states"]
+    states = independent.rollout(model, cond, Draws(0, 0, (0, 1)), LATENT).states.latents
     assert not torch.equal(states[:, 0, 0], states[:, 1, 0])
 
 
@@ -393,8 +399,8 @@ def test_mixgrpo_ode_outside_the_window():
     model, cond, _ = toy(num_prompts=2)
     strategy = build_strategy(config(strategy="mixgrpo", num_steps=8, group_size=3, mixgrpo_window_size=2))
     rollout = strategy.rollout(model, cond, Draws(0, 50, (0, 1)), LATENT)  # iteration 50: window [2, 3]
-    assert rollout.states["window"] == [2, 3]
-    states, lp = rollout.states["states"], rollout.states["log_prob_old"]
+    assert rollout.states.window == [2, 3]
+    states, lp = rollout.states.latents, rollout.states.log_prob_old
     assert torch.equal(states[:, :1, :3].expand(-1, 3, -1, -1, -1), states[:, :, :3])  # identical up to σ[2]
     assert not torch.equal(states[:, 0, 3], states[:, 1, 3])
     assert torch.isfinite(lp[:, :, 2:4]).all() and torch.isnan(lp[:, :, [0, 1, 4, 5, 6, 7]]).all()
