@@ -34,10 +34,12 @@ class CountingModel(torch.nn.Module):
         self.rows = 0
         self.calls = 0
         self.grad_rows = 0
+        self.largest_call = 0
 
     def forward(self, x, sigma, cond):
         self.rows += x.shape[0]
         self.calls += 1
+        self.largest_call = max(self.largest_call, x.shape[0])
         if torch.is_grad_enabled():
             self.grad_rows += x.shape[0]
         return self.inner(x, sigma, cond)
@@ -81,6 +83,15 @@ def test_g2rpo_forward_counts_follow_the_documented_formula():
     rollout = strategy.rollout(model, cond, Draws(0, 0, (0, 1)), LATENT)
     assert rollout.nfe.sampling_forwards == 2 * 1892 == model.rows
     assert rollout.nfe.model_calls == model.calls
+    # Batched, not one row per call: the anchor is one call of P = 2 rows per step (8), the shared
+    # first finishing forward is P·|M|·G = 192 rows (3 calls of ≤ 64), and finishing round r ≥ 1
+    # holds every (prompt, k, λ, branch) row whose stride-λ finish from k has more than r steps.
+    active = [
+        sum(2 * 12 for k in range(8) for lam in (1, 2, 3) if len(core.stride_indices(16, k, lam)) - 1 > r)
+        for r in range(1, 15)
+    ]
+    assert model.largest_call == 64
+    assert model.calls == 8 + 3 + sum(math.ceil(a / 64) for a in active if a)
     assert rollout.reward_shape == (2, 8, 3, 12) and rollout.final_latents.shape == (2 * 8 * 3 * 12, *LATENT)
     model.rows = 0
     advantages = strategy.advantages(rollout, rewards_of(rollout, reward))
