@@ -253,6 +253,23 @@ def test_nan_and_inf_rewards_drop_their_groups_and_are_counted():
         strategy.advantages(rollout, rewards[:, :2])
 
 
+@pytest.mark.parametrize("name", ["dancegrpo", "mixgrpo"])
+def test_baselines_drop_a_prompt_with_a_nan_or_inf_reward(name):
+    model, cond, reward = toy(num_prompts=3)
+    strategy = build_strategy(config(strategy=name, num_steps=6, group_size=4, mixgrpo_window_size=2))
+    rollout = strategy.rollout(model, cond, Draws(0, 0, (0, 1, 2)), LATENT)
+    rewards = rewards_of(rollout, reward)  # [1, P=3, G=4]
+    rewards[0, 1, 3] = float("inf")
+    advantages = strategy.advantages(rollout, rewards)
+    assert advantages.valid.tolist() == [True, False, True] and advantages.dropped_groups == 1
+    assert torch.equal(advantages.values[1], torch.zeros(4)) and torch.isfinite(advantages.values).all()
+    terms = [t.detached() for t in strategy.loss_terms(model, rollout, advantages)]
+    trained = rollout.states.trained_steps.shape[-1]  # DanceGRPO round(0.6·6) = 4 steps; MixGRPO window of 2
+    assert trained == {"dancegrpo": 4, "mixgrpo": 2}[name]
+    assert sum(t.stats.forwards for t in terms) == 2 * 4 * trained  # the 2 kept prompts × G × trained steps
+    assert all(math.isfinite(t.stats.loss) for t in terms)
+
+
 def test_every_group_dropped_yields_no_terms():
     model, cond, reward = toy(num_prompts=2)
     strategy = build_strategy(config(num_steps=4, group_size=3, granularities=[1]))
