@@ -66,6 +66,7 @@ __all__ = [
     "fetch_to_cache",
     "default_cache_dir",
     "unique_prefix",
+    "unique_uri",
     "parse_duration",
     "gc",
     "GcReport",
@@ -119,6 +120,26 @@ def unique_prefix(name: str) -> str:
     """``name-<UTC timestamp>-<8 hex>``: a fresh prefix per publish (no two writers share one)."""
     validate_key(name, field="name")
     return f"{name}-{_now():%Y%m%dT%H%M%SZ}-{secrets.token_hex(4)}"
+
+
+def unique_uri(uri: str) -> str:
+    """``uri`` with its last segment made unique: ``s3://b/exports/model`` → ``s3://b/exports/model-<t>-<hex>``.
+
+    The URI must name something below its bucket or folder (``s3://bucket`` alone is refused: a
+    unique *bucket* name is not what anyone wants).
+    """
+    from g2rpo.storage import _parse
+
+    scheme, where, prefix = _parse(uri)
+    if scheme == "s3":
+        if not prefix:
+            raise G2RPOError(problem("uri", uri, "name the artifact below the bucket, e.g. s3://bucket/exports/model"))
+        parent, _, name = prefix.rpartition("/")
+        return f"s3://{where}/{parent + '/' if parent else ''}{unique_prefix(name)}"
+    path = Path(where).expanduser().absolute()
+    if not path.name:
+        raise G2RPOError(problem("uri", uri, "name the artifact folder, e.g. artifacts/model"))
+    return str(path.parent / unique_prefix(path.name))
 
 
 # --------------------------------------------------------------------------- writing
@@ -268,6 +289,15 @@ def publish_dir(
             f"{exc}\nnothing was published at {store.uri} (no {MANIFEST_NAME}); run the same publish again to "
             "retry (`g2rpo storage gc` removes abandoned partial uploads)"
         ) from None
+    # A manifest must never name a file that is not there: re-check every size before writing it
+    # (one HEAD per file), in case a GC with too short an --older-than or another writer got in.
+    changed = [e.path for e in files if (info := store.head(e.path)) is None or info.size != e.size]
+    if changed:
+        raise G2RPOError(
+            f"{len(changed)} file(s) under {store.uri} vanished or changed during the publish (e.g. {changed[0]}): "
+            f"another writer or a `g2rpo storage gc` with a shorter --older-than than the upload took; nothing was "
+            "published: run the same publish again"
+        )
     manifest = write_manifest(store, "", files, producer, config_hash, metadata)
     store.delete(MARKER_NAME)
     return manifest
@@ -405,9 +435,11 @@ def gc(
 ) -> GcReport:
     """Delete unpublished artifact prefixes under ``uri`` whose newest object is older than ``older_than``.
 
-    On S3 it also aborts multipart uploads under ``uri`` started before the cutoff. An unpublished prefix has the publish marker but no manifest. ``protected`` URIs (e.g. the
-    registry's champions) are never touched, nor any prefix that contains or lies inside one.
-    Published artifacts and objects outside artifact prefixes are never deleted.
+    An unpublished prefix has the publish marker but no manifest; a multipart upload in flight
+    under it counts as a write at its start time. On S3 it also aborts multipart uploads under
+    ``uri`` started before the cutoff, except those of a prefix kept as recent. ``protected`` URIs
+    (e.g. the registry's champions) are never touched, nor any prefix that contains or lies inside
+    one. Published artifacts and objects outside artifact prefixes are never deleted.
     """
     if older_than < timedelta(0):
         raise G2RPOError(problem("older_than", str(older_than), "must not be negative"))
@@ -421,11 +453,15 @@ def gc(
         elif store.uri.startswith(p.rstrip("/") + "/"):
             protected_keys.append("")  # the whole GC root lies inside a protected artifact
     objects = store.list()
+    # Multipart uploads in flight (or killed) are invisible to listings; they count as writes to
+    # their prefix, so a publish still uploading a big file is not collected under its feet.
+    uploads = store.incomplete_uploads() if isinstance(store, S3Store) else []
     prefixes = sorted(
         {o.key[: -len(MARKER_NAME)].rstrip("/") for o in objects if o.key.rsplit("/", 1)[-1] == MARKER_NAME}
     )
     published = {o.key[: -len(MANIFEST_NAME)].rstrip("/") for o in objects if o.key.rsplit("/", 1)[-1] == MANIFEST_NAME}
     report = GcReport()
+    recent: list[str] = []
     for prefix in prefixes:
         if prefix in published:
             continue  # finished but the marker's removal failed: a published artifact
@@ -436,9 +472,12 @@ def gc(
         if any(_related(prefix, p) for p in protected_keys):
             report.kept_protected.append(where)
             continue
-        newest = max(o.modified for o in members)
+        newest = max(
+            [o.modified for o in members] + [t for k, _, t in uploads if prefix == "" or k.startswith(prefix + "/")]
+        )
         if now - newest < older_than:
             report.kept_recent.append(where)
+            recent.append(prefix)
             continue
         report.removed.append(where)
         report.bytes_freed += sum(o.size for o in members)
@@ -447,8 +486,8 @@ def gc(
     if isinstance(store, S3Store):
         # Parts of multipart uploads that were never completed (a killed upload) are invisible to
         # listings but still stored: abort those older than the cutoff.
-        for key, upload_id, initiated in store.incomplete_uploads():
-            if now - initiated < older_than or any(_related(key, p) for p in protected_keys):
+        for key, upload_id, initiated in uploads:
+            if now - initiated < older_than or any(_related(key, p) for p in [*protected_keys, *recent]):
                 continue
             report.uploads_aborted.append(store.uri_for(key))
             if not dry_run:

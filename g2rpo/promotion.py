@@ -126,6 +126,8 @@ def default_gates_path() -> Path:
 def load_gates(path: str | Path | None = None, overrides=()) -> tuple[Gates, str]:
     """``(gates, sha256 of the file)``; the packaged default when ``path`` is None."""
     path = Path(path) if path is not None else default_gates_path()
+    if not path.is_file():
+        raise G2RPOError(problem("gates", str(path), "no such file; pass a gates YAML (see g2rpo/gates/default.yaml)"))
     gates = load_config(Gates, path, overrides)
     return gates, hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -170,6 +172,11 @@ def paired_differences(challenger: EvalScores, champion: EvalScores, metric: str
             problem("seeds", challenger.seeds, f"the champion used seeds {champion.seeds}; use the same seeds")
         )
     a, b = challenger.keyed(metric), champion.keyed(metric)
+    if not b:
+        raise G2RPOError(
+            problem(metric, champion.prompt_set, "the champion's eval has no scores for this metric; re-evaluate the "
+                    "champion with it, or remove the metric's gate")
+        )
     if set(a) != set(b):
         only = sorted(set(a) ^ set(b))[:3]
         raise G2RPOError(

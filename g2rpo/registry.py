@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import math
 import re
 import socket
 import tempfile
@@ -35,7 +36,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from g2rpo import __version__
 from g2rpo.errors import G2RPOError, problem
@@ -99,6 +100,29 @@ class EvalScores(_Record):
     prompt_set_sha256: str | None = Field(None, description="digest of the prompt set file, when known")
     seeds: list[int] = Field(description="sampling seeds used for every prompt")
     items: list[ScoreItem] = Field(description="one entry per (prompt, seed)")
+
+    @model_validator(mode="after")
+    def _one_finite_score_per_item(self):
+        # Refused rather than repaired: a duplicate would be silently dropped by the pairing, a
+        # stray seed would pair with nothing, and a NaN would poison every mean and CI.
+        if not self.items:
+            raise ValueError(problem("items", [], "an eval needs at least one (prompt, seed) item"))
+        if len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(problem("seeds", self.seeds, "list each seed once"))
+        seen: set[tuple[str, int]] = set()
+        for k, item in enumerate(self.items):
+            where = f"items[{k}]"
+            if (item.prompt_id, item.seed) in seen:
+                raise ValueError(problem(where, (item.prompt_id, item.seed), "a (prompt_id, seed) may appear once"))
+            seen.add((item.prompt_id, item.seed))
+            if item.seed not in self.seeds:
+                raise ValueError(problem(f"{where}.seed", item.seed, f"is not in seeds {self.seeds}; add it or fix it"))
+            for metric, value in item.scores.items():
+                if not math.isfinite(value):
+                    raise ValueError(
+                        problem(f"{where}.scores.{metric}", value, "scores must be finite; re-run that evaluation")
+                    )
+        return self
 
     def metric_names(self) -> list[str]:
         names: set[str] = set()

@@ -135,7 +135,12 @@ def _parse(uri: str) -> tuple[str, str, str]:
         bucket = parsed.netloc
         if len(bucket) < 3:
             raise G2RPOError(problem("uri", uri, "S3 bucket names have at least 3 characters: s3://bucket/prefix"))
-        prefix = parsed.path.strip("/")
+        if parsed.query or parsed.fragment or uri.endswith(("?", "#")):
+            raise G2RPOError(problem("uri", uri, "'?' and '#' are not allowed in S3 keys here; rename the object"))
+        # One '/' after the bucket, and one trailing '/' naming a prefix ('s3://b/runs/'), are
+        # separators; anything else empty ('s3://b//x', 's3://b/a//x') is refused by validate_key.
+        prefix = parsed.path[1:] if parsed.path.startswith("/") else parsed.path
+        prefix = prefix[:-1] if prefix.endswith("/") else prefix
         if prefix:
             validate_key(prefix, field="uri path")
         return "s3", bucket, prefix
@@ -686,7 +691,7 @@ def _new_s3_client(settings: S3Settings):
     config = Config(
         region_name=settings.region,
         s3={"addressing_style": settings.addressing_style},
-        retries={"mode": settings.retry_mode, "max_attempts": settings.max_attempts},
+        retries={"mode": settings.retry_mode, "total_max_attempts": settings.max_attempts},  # first one included
         connect_timeout=settings.connect_timeout,
         read_timeout=settings.read_timeout,
         request_checksum_calculation=settings.checksums,
@@ -710,6 +715,8 @@ def open_store(uri: str, settings: S3Settings | None = None) -> Store:
 def locate(uri: str, settings: S3Settings | None = None) -> tuple[Store, str]:
     """``(store, key)`` for a URI that names one object: the store is rooted at its parent."""
     scheme, where, prefix = _parse(uri)
+    if uri.endswith("/"):
+        raise G2RPOError(problem("uri", uri, "names a folder/prefix; name the object itself, e.g. .../prompts.txt"))
     if scheme == "s3":
         if not prefix:
             raise G2RPOError(problem("uri", uri, "name an object inside the bucket: s3://bucket/path/to/object"))

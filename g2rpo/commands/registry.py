@@ -70,11 +70,24 @@ def _register(args) -> int:
         if not path.is_file():
             raise G2RPOError(problem("--scores", args.scores, "no such file; pass the eval's per-prompt scores JSON"))
         text = path.read_text(encoding="utf-8")
+    from pydantic import ValidationError
+
     try:
         scores = EvalScores.model_validate(json.loads(text))
-    except Exception as exc:  # pydantic or JSON errors: say which file and what
-        raise G2RPOError(problem("--scores", args.scores, f"not a valid scores file ({exc.__class__.__name__}: "
-                                 f"{str(exc).splitlines()[0]}); see docs/registry.md")) from None
+    except json.JSONDecodeError as exc:
+        raise G2RPOError(problem("--scores", args.scores, f"not JSON ({exc}); see docs/registry.md")) from None
+    except ValidationError as exc:
+        details = "; ".join(
+            (f"{'.'.join(str(part) for part in e['loc'])}: " if e["loc"] else "") + e["msg"].removeprefix("Value error, ")
+            for e in exc.errors()[:3]
+        )
+        raise G2RPOError(problem("--scores", args.scores, f"not a valid scores file: {details}; see docs/registry.md")) from None
+    # Check the export before anything is written, so that a refused registration leaves no
+    # published (and so never garbage-collected) eval artifact behind.
+    from g2rpo.manifest import read_manifest
+    from g2rpo.storage import open_store
+
+    read_manifest(open_store(args.export, settings_from_args(args)))
     scores_uri, scores_sha = reg.publish_scores(args.model, scores)
     record = reg.register(
         args.model,
@@ -151,13 +164,13 @@ def add_commands(sub) -> None:
     p.set_defaults(handler=_list)
 
     p = verbs.add_parser("show", help="a version's record and its promotion decisions")
-    p.add_argument("model")
+    p.add_argument("model", help="model name, e.g. flux-g2rpo")
     p.add_argument("version", help="number (3 or v3), champion or challenger")
     common(p)
     p.set_defaults(handler=_show)
 
     p = verbs.add_parser("register", help="record a new version from a published export and its eval scores")
-    p.add_argument("model")
+    p.add_argument("model", help="model name, e.g. flux-g2rpo")
     p.add_argument("--export", required=True, help="URI of the exported model (a published artifact)")
     p.add_argument("--scores", required=True, help="per-prompt eval scores JSON, local or s3:// (format: docs/registry.md)")
     p.add_argument("--source-run", required=True, help="pipeline run that produced the model")
@@ -172,7 +185,7 @@ def add_commands(sub) -> None:
         "promote",
         help="apply the gates; make the version champion if it passes (exit 1 if it fails)",
     )
-    p.add_argument("model")
+    p.add_argument("model", help="model name, e.g. flux-g2rpo")
     p.add_argument("version", help="number (3 or v3) or challenger")
     p.add_argument("--gates", default=None, help="gates YAML (default: the packaged g2rpo/gates/default.yaml)")
     p.add_argument("--dry-run", action="store_true", help="print the decision, record nothing")
@@ -181,13 +194,13 @@ def add_commands(sub) -> None:
     p.set_defaults(handler=_promote)
 
     p = verbs.add_parser("rollback", help="point champion back at its predecessor (or --to), without gates")
-    p.add_argument("model")
+    p.add_argument("model", help="model name, e.g. flux-g2rpo")
     p.add_argument("--to", default=None, help="version to make champion (default: the one before)")
     p.add_argument("--reason", required=True, help="why (recorded in the history)")
     common(p)
     p.set_defaults(handler=_rollback)
 
     p = verbs.add_parser("history", help="every alias change, oldest first")
-    p.add_argument("model")
+    p.add_argument("model", help="model name, e.g. flux-g2rpo")
     common(p)
     p.set_defaults(handler=_history)

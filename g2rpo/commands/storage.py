@@ -30,16 +30,17 @@ def _put(args) -> int:
     if source.is_dir():
         dest = args.dest
         if args.unique:
-            from g2rpo.manifest import unique_prefix
+            from g2rpo.manifest import unique_uri
 
-            parent, _, name = dest.rstrip("/").rpartition("/")
-            dest = f"{parent}/{unique_prefix(name)}" if parent else unique_prefix(name)
+            dest = unique_uri(dest)
         manifest = publish_dir(source, dest, producer=args.producer, config_hash=args.config_hash,
                                settings=settings)
         print(f"published {len(manifest.files)} file(s), {manifest.total_size} bytes → {dest}")
         return 0
     if not source.is_file():
         raise G2RPOError(problem("source", args.source, "no such file or folder"))
+    if args.unique:
+        raise G2RPOError(problem("--unique", True, "only applies to a folder (an artifact); name the object in DEST"))
     store, key = locate(args.dest, settings)
     store.put_file(key, source)
     print(f"uploaded {source} → {store.uri_for(key)}")
@@ -55,7 +56,13 @@ def _get(args) -> int:
         manifest = download_dir(args.source, args.dest, settings)
         print(f"downloaded and verified {len(manifest.files)} file(s), {manifest.total_size} bytes → {args.dest}")
         return 0
+    from pathlib import Path
+
+    from g2rpo.errors import G2RPOError, problem
+
     store, key = locate(args.source, settings)
+    if Path(args.dest).exists():
+        raise G2RPOError(problem("dest", args.dest, "already exists; choose a new path or remove it first"))
     store.get_file(key, args.dest)
     print(f"downloaded {store.uri_for(key)} → {args.dest}")
     return 0

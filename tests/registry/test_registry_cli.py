@@ -110,3 +110,25 @@ def test_registry_cli_needs_a_registry(monkeypatch, capsys):
     monkeypatch.delenv("G2RPO_REGISTRY_URI", raising=False)
     assert main(["registry", "list"]) == 2
     assert "--registry URI" in capsys.readouterr().err
+
+
+def test_registry_cli_refused_register_writes_nothing(root_uri, tmp_path, capsys):
+    reg_uri = f"{root_uri}/registry"
+    good = tmp_path / "scores.json"
+    good.write_text(make_scores({"hps": 0.3}).model_dump_json())
+    common = ["--source-run", "r", "--config-hash", "h", "--base-model", "b", "--licence", "l", "--registry", reg_uri]
+    # An export that was never published: refused before the scores are stored (a published eval
+    # artifact that no version points to would never be garbage-collected).
+    assert main(["registry", "register", "flux-g2rpo", "--export", f"{root_uri}/exports/never",
+                 "--scores", str(good), *common]) == 2
+    assert "has no manifest.json" in capsys.readouterr().err
+    assert open_store(reg_uri).list() == []
+    # A scores file with a NaN: the message names the item and metric, and nothing is stored.
+    bad = tmp_path / "bad.json"
+    bad.write_text(good.read_text().replace('"hps":0.3', '"hps":NaN', 1))
+    assert main(["registry", "register", "flux-g2rpo", "--export", publish_export(root_uri, tmp_path, "r"),
+                 "--scores", str(bad), *common]) == 2
+    err = capsys.readouterr().err
+    assert f"--scores='{bad}': not a valid scores file" in err
+    assert "items[0].scores.hps=nan: scores must be finite" in err
+    assert open_store(reg_uri).list() == []

@@ -17,6 +17,7 @@ from g2rpo.promotion import (
     load_gates,
     paired_differences,
 )
+from g2rpo.registry import EvalScores
 
 
 def _gates(**metrics) -> Gates:
@@ -137,3 +138,36 @@ def test_registry_decision_printout():
     text = format_decision(decision)
     assert text.splitlines()[0] == "flux-g2rpo v3 vs champion v2: FAILED"
     assert "+0.0500" in text and "-0.0500" in text and "FAIL" in text
+
+
+@pytest.mark.parametrize(
+    ("mutate", "named"),
+    [
+        (lambda d: d["items"].append(dict(d["items"][0], scores={"hps": 9.0})), "items[16]=('p0', 0)"),
+        (lambda d: d["items"][3].update(seed=7), "items[3].seed=7: is not in seeds [0, 1]"),
+        (lambda d: d["items"][5]["scores"].update(hps=float("nan")), "items[5].scores.hps=nan"),
+        (lambda d: d["items"][5]["scores"].update(hps=float("inf")), "items[5].scores.hps=inf"),
+        (lambda d: d.update(items=[]), "items=[]"),
+        (lambda d: d.update(seeds=[0, 1, 1]), "seeds=[0, 1, 1]"),
+    ],
+)
+def test_registry_eval_scores_refuse_what_pairing_would_hide(mutate, named):
+    # A duplicate (prompt, seed) would be dropped by the pairing dict, a stray seed would pair with
+    # nothing, and a NaN would poison means and CIs (and is stored as null, breaking the record).
+    data = make_scores({"hps": 0.3}).model_dump()
+    mutate(data)
+    with pytest.raises(ValueError) as err:
+        EvalScores.model_validate(data)
+    assert named in str(err.value)
+
+
+def test_registry_missing_gates_file_names_the_option(tmp_path):
+    with pytest.raises(G2RPOError, match=r"gates='.*nope.yaml': no such file"):
+        load_gates(tmp_path / "nope.yaml")
+
+
+def test_registry_champion_without_the_gated_metric_is_a_clear_error():
+    # A gate added after the champion was evaluated: say so instead of "different items".
+    gates = _gates(hps=HPS_IN, clip=CLIP_OUT)
+    with pytest.raises(G2RPOError, match="clip=.*the champion's eval has no scores for this metric"):
+        decide(make_scores({"hps": 0.35, "clip": 0.3}), make_scores({"hps": 0.30}), gates)

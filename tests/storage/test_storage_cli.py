@@ -70,3 +70,38 @@ def test_storage_cli_gc(root_uri, capsys):
     assert main(["storage", "gc", root_uri, "--older-than", "0s"]) == 0
     assert "removed 1 unpublished prefix(es), 7 bytes" in capsys.readouterr().out
     assert store.list() == []
+
+
+def test_storage_cli_unique_needs_a_name_below_the_bucket(s3_env, tmp_path, capsys):
+    src = tmp_path / "ckpt"
+    src.mkdir()
+    (src / "w.bin").write_bytes(b"123")
+    # It used to publish to the *bucket* 's3://<bucket>-<time>-<hex>'.
+    assert main(["storage", "put", str(src), s3_env.uri, "--unique"]) == 2
+    assert "name the artifact below the bucket" in capsys.readouterr().err
+    assert open_store(s3_env.uri).list() == []
+    assert main(["storage", "put", str(src), f"{s3_env.uri}/exports/model/", "--unique"]) == 0
+    published = capsys.readouterr().out.strip().rsplit(" → ", 1)[1]
+    assert published.startswith(f"{s3_env.uri}/exports/model-")
+    assert [i.key.split("/", 1)[1] for i in open_store(f"{s3_env.uri}/exports").list()] == [MANIFEST_NAME, "w.bin"]
+
+
+def test_storage_cli_refuses_to_lose_or_ignore(tmp_path, capsys):
+    store_root = tmp_path / "store"
+    single = tmp_path / "p.txt"
+    single.write_text("remote")
+    assert main(["storage", "put", str(single), f"{store_root}/p.txt"]) == 0
+    # --unique names a fresh artifact prefix; for a single object it would be silently ignored.
+    assert main(["storage", "put", str(single), f"{store_root}/q.txt", "--unique"]) == 2
+    assert "--unique=True" in capsys.readouterr().err
+    assert not (store_root / "q.txt").exists()
+    # A download never overwrites a local file that is already there.
+    local = tmp_path / "mine.txt"
+    local.write_text("local work")
+    assert main(["storage", "get", f"{store_root}/p.txt", str(local)]) == 2
+    assert f"dest='{local}': already exists" in capsys.readouterr().err
+    assert local.read_text() == "local work"
+    # An object URI with a trailing '/' names a prefix, not an object.
+    assert main(["storage", "put", str(single), f"{store_root}/dir/"]) == 2
+    assert "names a folder/prefix" in capsys.readouterr().err
+    assert not (store_root / "dir").exists()

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
 
 from g2rpo.errors import G2RPOError
-from g2rpo.manifest import parse_duration
+from g2rpo.manifest import parse_duration, unique_uri
 from g2rpo.storage import MiB, FileStore, S3Store, locate, open_store, part_size_for, validate_key
 
 
@@ -86,3 +87,36 @@ def test_storage_durations():
     assert parse_duration("2w") == timedelta(days=14)
     with pytest.raises(G2RPOError, match="--older-than='7 days'"):
         parse_duration("7 days")
+
+
+def test_storage_uri_separators_are_not_silently_dropped(tmp_path):
+    # An empty segment right after the bucket is refused (it used to be stripped: 's3://b//x' wrote 'x').
+    with pytest.raises(G2RPOError, match="uri path='/x'.*drop the leading '/'"):
+        open_store("s3://bucket//x")
+    with pytest.raises(G2RPOError, match="empty path segment"):
+        open_store("s3://bucket/a//x")
+    # One trailing '/' names a prefix, so a store root may be written either way ...
+    assert open_store("s3://bucket/runs/").prefix == "runs"
+    # ... but an object URI must name the object: 's3://b/a/' used to upload to the key 'a'.
+    with pytest.raises(G2RPOError, match="names a folder/prefix"):
+        locate("s3://bucket/prompts/")
+    with pytest.raises(G2RPOError, match="names a folder/prefix"):
+        locate(f"{tmp_path}/prompts/")
+    # urlparse would silently cut a query or fragment off the key.
+    with pytest.raises(G2RPOError, match="'\\?' and '#'"):
+        open_store("s3://bucket/a?versionId=1")
+    with pytest.raises(G2RPOError, match="'\\?' and '#'"):
+        locate("s3://bucket/a#b")
+
+
+def test_storage_unique_uri_keeps_bucket_and_parent(tmp_path):
+    uri = unique_uri("s3://bucket/exports/model")
+    # 'model-' + 16-character UTC stamp + '-' + 8 hex digits.
+    assert re.fullmatch(r"s3://bucket/exports/model-\d{8}T\d{6}Z-[0-9a-f]{8}", uri), uri
+    assert re.fullmatch(r"s3://bucket/model-\d{8}T\d{6}Z-[0-9a-f]{8}", unique_uri("s3://bucket/model/")), uri
+    local = unique_uri(str(tmp_path / "runs" / "model"))
+    assert local.startswith(str(tmp_path / "runs" / "model-"))
+    # A unique *bucket* name is never what the caller meant.
+    for bucket_only in ("s3://bucket", "s3://bucket/"):
+        with pytest.raises(G2RPOError, match="name the artifact below the bucket"):
+            unique_uri(bucket_only)

@@ -146,3 +146,53 @@ def test_storage_gc_removes_only_old_unpublished_prefixes(root_uri, tmp_path):
     assert not any(k.startswith("crashed/") for k in keys)
     assert "guarded/model.bin" in keys and "notes.txt" in keys
     assert f"done/{MANIFEST_NAME}" in keys and "done/config.json" in keys
+
+
+def test_storage_publish_refuses_manifest_for_a_file_removed_meanwhile(root_uri, tmp_path, monkeypatch):
+    # Another actor (here: a delete, as a GC with too short an --older-than would do) removes a file
+    # that was already uploaded while the publish is still uploading the next one.
+    src = _artifact(tmp_path)
+    uri = f"{root_uri}/racing"
+    store_cls = type(open_store(uri))
+    real_put_file = store_cls.put_file
+
+    def put_file_then_lose_config(self, key, path, *, callback=None):
+        real_put_file(self, key, path, callback=callback)
+        if key == "transformer/model.safetensors":  # the last file (sorted order)
+            self.delete("config.json")
+
+    monkeypatch.setattr(store_cls, "put_file", put_file_then_lose_config)
+    with pytest.raises(G2RPOError, match=r"1 file\(s\) .* vanished or changed during the publish \(e.g. config.json\)"):
+        publish_dir(src, uri)
+    monkeypatch.setattr(store_cls, "put_file", real_put_file)
+    assert not has_manifest(open_store(uri))
+    publish_dir(src, uri)  # the same call succeeds once nobody interferes
+    verify(open_store(uri), deep=True)
+
+
+def test_storage_gc_spares_a_prefix_with_a_multipart_upload_in_flight(s3_env):
+    # The marker is old, but a big file is still being uploaded in parts (invisible to listings).
+    import time
+
+    store = open_store(f"{s3_env.uri}/root")
+    store.put_bytes(f"busy/{MARKER_NAME}", b"{}")
+    marker_time = store.head(f"busy/{MARKER_NAME}").modified
+    client = s3_env.server.client()
+    # Server timestamps have 1 s resolution: wait until the upload starts ≥ 2 s after the marker.
+    upload = None
+    for _ in range(100):
+        upload = client.create_multipart_upload(Bucket=s3_env.bucket, Key="root/busy/model.bin")
+        initiated = store.incomplete_uploads()[-1][2]
+        if (initiated - marker_time).total_seconds() >= 2:
+            break
+        client.abort_multipart_upload(Bucket=s3_env.bucket, Key="root/busy/model.bin", UploadId=upload["UploadId"])
+        time.sleep(0.5)
+    assert [k for k, _, _ in store.incomplete_uploads()] == ["busy/model.bin"]
+    # 1 s after the upload started, with a 1.5 s cutoff: the marker (≥ 3 s old) alone would be collected.
+    report = gc(store.uri, timedelta(seconds=1.5), now=initiated + timedelta(seconds=1))
+    assert report.kept_recent == [store.uri_for("busy")] and report.removed == [] and report.uploads_aborted == []
+    assert store.exists(f"busy/{MARKER_NAME}") and len(store.incomplete_uploads()) == 1
+    # An hour later it is abandoned: the prefix goes and the upload's parts are aborted.
+    report = gc(store.uri, timedelta(seconds=1.5), now=initiated + timedelta(hours=1))
+    assert report.removed == [store.uri_for("busy")] and report.uploads_aborted == [store.uri_for("busy/model.bin")]
+    assert store.list() == [] and store.incomplete_uploads() == []

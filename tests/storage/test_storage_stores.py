@@ -104,3 +104,31 @@ def test_storage_missing_bucket_is_a_clear_error(s3_env):
     # (SeaweedFS creates a bucket on a first PUT by an Admin identity, so this reads.)
     with pytest.raises(G2RPOError, match="bucket does not exist"):
         open_store("s3://no-such-bucket-here").list()
+
+
+@pytest.mark.parametrize("max_attempts", [1, 3])
+def test_storage_botocore_retries_make_exactly_max_attempts(max_attempts, monkeypatch):
+    # Nothing listens on this loopback port: every attempt is refused at once, and botocore's own
+    # retry handler (standard mode) decides to try again; g2rpo has no retry loop of its own.
+    # (botocore's "max_attempts" key counts retries only: S3Settings.max_attempts maps to "total_max_attempts".)
+    import socket
+
+    from g2rpo.storage import S3Store, make_s3_client
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    settings = S3Settings(endpoint_url=f"http://127.0.0.1:{port}", region="us-east-1", max_attempts=max_attempts,
+                          connect_timeout=1)
+    client = make_s3_client(settings)
+    sent = []
+    client.meta.events.register("before-send.s3.GetObject", lambda request, **_: sent.append(request.url))
+    try:
+        with pytest.raises(G2RPOError, match="cannot reach the S3 endpoint after retries"):
+            S3Store("bucket", "", settings).get_bytes("x")
+    finally:
+        client.meta.events.unregister("before-send.s3.GetObject")
+    assert len(sent) == max_attempts
+    assert sent[0] == f"http://127.0.0.1:{port}/bucket/x"  # path-style addressing
