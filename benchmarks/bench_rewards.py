@@ -14,6 +14,12 @@ input so that preprocessing resizes) are scored two ways with the *same* loaded 
 Timing: ``time.perf_counter``, one warm-up, the best of ``--repeats`` runs, ``torch`` on
 ``--threads`` threads. Writes ``benchmarks/results/bench_rewards.json`` and prints a table.
 
+Both paths must compute the same reward: the images hold uint8 levels (k/255), so the PIL
+conversion is lossless, and each row records ``max_abs_diff`` = max |batched − per-image| over the
+images. It is float rounding for hps_v21 (hpsv2 resizes the tensor with the same kernel) and the
+weight-free heads, and the PIL-vs-torch resize difference for the heads whose references resize a
+PIL image (docs/rewards.md, "Resizing").
+
 What the ratio means at tiny size: the models here are ~10⁵–10⁶ parameters, so a forward costs
 about as much as the Python, tokenizer and PIL work around it; the ratio measures how much
 per-call overhead batching removes. At full size (ViT-H-14, ≈ 1 B parameters, seconds per image
@@ -168,7 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    images = torch.rand(args.n, 3, args.size, args.size)
+    images = torch.randint(0, 256, (args.n, 3, args.size, args.size)).float() / 255.0  # uint8 levels: PIL-lossless
     prompts = [f"a photo of a cat number {i} sitting on a red chair" for i in range(args.n)]
 
     rows = []
@@ -177,11 +183,14 @@ def main(argv: list[str] | None = None) -> dict:
         for name, (head, single) in cases.items():
             batched_s = _time(lambda: head.score(images, prompts), args.repeats)
             single_s = _time(lambda: single(images, prompts), args.repeats)
+            batched = head.score(images, prompts)
+            per_image = torch.tensor([float(v) for v in single(images, prompts)])
             rows.append({
                 "reward": name,
                 "batched_images_per_s": args.n / batched_s,
                 "per_image_pil_images_per_s": args.n / single_s,
                 "speedup": single_s / batched_s,
+                "max_abs_diff": float((batched - per_image).abs().max()),
             })
     result = {
         "benchmark": "bench_rewards",
@@ -197,9 +206,10 @@ def main(argv: list[str] | None = None) -> dict:
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
-    print(f"{'reward':<22}{'batched img/s':>15}{'per-image PIL img/s':>22}{'ratio':>8}")
+    print(f"{'reward':<22}{'batched img/s':>15}{'per-image PIL img/s':>22}{'ratio':>8}{'max |Δ score|':>15}")
     for row in rows:
-        print(f"{row['reward']:<22}{row['batched_images_per_s']:>15.1f}{row['per_image_pil_images_per_s']:>22.1f}{row['speedup']:>7.1f}×")
+        print(f"{row['reward']:<22}{row['batched_images_per_s']:>15.1f}{row['per_image_pil_images_per_s']:>22.1f}"
+              f"{row['speedup']:>7.1f}×{row['max_abs_diff']:>15.2e}")
     print(f"({args.n} images of {args.size}×{args.size}, {args.threads} thread(s), best of {args.repeats}; JSON: {out})")
     return result
 

@@ -70,10 +70,20 @@ def _file_in(field: str, path: Path, name: str) -> Path:
     return path
 
 
-def _optional(cfg, key: str, folder: Path | None, default_name: str | None) -> Path | str | None:
+def _optional(cfg, key: str, folder: Path | None, default_name: str | None, cache_dir: str | None = None) -> Path | None:
+    """The path an optional key names, else ``folder/default_name`` when that exists, else None.
+
+    An ``s3://`` (or ``file://``) value is resolved like ``weights``; when it names an artifact
+    folder holding ``default_name`` (e.g. ``med_config.json``), that file is used.
+    """
     value = getattr(cfg, key, None)
     if value is not None:
-        return Path(value).expanduser()
+        if not value.startswith(("s3://", "file://")):
+            return Path(value).expanduser()
+        path = resolve_location(f"{cfg.name}.{key}", value, cache_dir)
+        if path.is_dir() and default_name and (path / default_name).is_file():
+            return path / default_name
+        return path
     if folder is not None and folder.is_dir() and default_name and (folder / default_name).exists():
         return folder / default_name
     return None
@@ -87,7 +97,7 @@ def _build_hps(cfg, device, dtype, cache_dir):
 
     loc = resolve_location("hps_v21.weights", cfg.weights, cache_dir)
     checkpoint = _file_in("hps_v21.weights", loc, "HPS_v2.1_compressed.pt")
-    oc_config = _optional(cfg, "arch_config", loc, "open_clip_config.json")
+    oc_config = _optional(cfg, "arch_config", loc, "open_clip_config.json", cache_dir)
     return HPSv21.from_checkpoint(
         checkpoint, arch=getattr(cfg, "arch", None) or "ViT-H-14", open_clip_config=oc_config, device=device, dtype=dtype
     )
@@ -100,7 +110,7 @@ def _build_clip(cfg, device, dtype, cache_dir):
     if loc.is_dir():
         return CLIPScore.from_local_dir(loc, device=device, dtype=dtype)
     arch = getattr(cfg, "arch", None)
-    oc_config = getattr(cfg, "arch_config", None)
+    oc_config = _optional(cfg, "arch_config", None, "open_clip_config.json", cache_dir)
     if arch is None and oc_config is None:
         raise G2RPOError(problem("clip.arch", None, "a bare state-dict file needs its open_clip architecture: set arch (e.g. ViT-H-14)"))
     return CLIPScore.from_checkpoint(loc, arch=arch or "custom", open_clip_config=oc_config, device=device, dtype=dtype)
@@ -124,9 +134,9 @@ def _build_image_reward(cfg, device, dtype, cache_dir):
     loc = resolve_location("image_reward.weights", cfg.weights, cache_dir)
     checkpoint = _file_in("image_reward.weights", loc, "ImageReward.pt")
     folder = loc if loc.is_dir() else loc.parent
-    med = _optional(cfg, "arch_config", folder, "med_config.json")
-    tokenizer = _optional(cfg, "tokenizer", folder, "tokenizer")
-    vision = _optional(cfg, "vision_config", folder, "vision_config.json")
+    med = _optional(cfg, "arch_config", folder, "med_config.json", cache_dir)
+    tokenizer = _optional(cfg, "tokenizer", folder, "tokenizer", cache_dir)
+    vision = _optional(cfg, "vision_config", folder, "vision_config.json", cache_dir)
     if med is None:
         raise G2RPOError(problem("image_reward.arch_config", None, "set it to BLIP's med_config.json (or put one next to the weights)"))
     if tokenizer is None:

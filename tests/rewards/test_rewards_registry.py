@@ -186,6 +186,35 @@ def test_weights_from_s3_artifact(tiny_hps, s3_env, tmp_path):
     assert list((tmp_path / "cache" / "artifacts").iterdir())  # cached by manifest digest
 
 
+@pytest.mark.integration
+def test_auxiliary_files_from_s3_artifacts(tiny_image_reward, s3_env, tmp_path):
+    """tokenizer / arch_config / vision_config may be s3:// artifacts too: a folder artifact is the
+    tokenizer folder, and a config artifact's file is found by its usual name."""
+    from g2rpo.manifest import publish_dir
+
+    configs = tmp_path / "configs"
+    configs.mkdir()
+    shutil.copy(tiny_image_reward["med_config"], configs / "med_config.json")
+    shutil.copy(tiny_image_reward["vision_config"], configs / "vision_config.json")
+    publish_dir(configs, f"s3://{s3_env.bucket}/rewards/ir-configs")
+    publish_dir(tiny_image_reward["tokenizer_dir"], f"s3://{s3_env.bucket}/rewards/ir-tokenizer")
+    alone = tmp_path / "weights"
+    alone.mkdir()
+    shutil.copy(tiny_image_reward["checkpoint"], alone / "ImageReward.pt")  # nothing beside it
+    remote = build_reward(
+        RewardModelConfig(
+            name="image_reward", weights=str(alone / "ImageReward.pt"),
+            arch_config=f"s3://{s3_env.bucket}/rewards/ir-configs",
+            vision_config=f"s3://{s3_env.bucket}/rewards/ir-configs",
+            tokenizer=f"s3://{s3_env.bucket}/rewards/ir-tokenizer",
+        ),
+        cache_dir=str(tmp_path / "cache"),
+    )
+    local = build_reward(RewardModelConfig(name="image_reward", weights=str(tiny_image_reward["checkpoint"])))
+    images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(remote.score(images, ["a cat", "a dog"]), local.score(images, ["a cat", "a dog"]))
+
+
 # --------------------------------------------------------------------------- CLI
 
 
