@@ -144,7 +144,7 @@ class AlgorithmConfig(Section):
             problems.append(
                 problem("branch_steps_per_iteration", self.branch_steps_per_iteration, f"must be ≤ |M| = {m}, or null for all of M")
             )
-        if self.stride_weights is not None and len(self.stride_weights) != len(self.granularities):
+        if self.stride_weights is not None and len(self.stride_weights) != len(self.granularities) and self.strategy != "g2rpo_no_mgai":
             problems.append(
                 problem(
                     "stride_weights",
@@ -156,6 +156,16 @@ class AlgorithmConfig(Section):
             problems.append(
                 problem("stride_weights", self.stride_weights, "all weights are 0, so every advantage would be 0: give at least one weight > 0")
             )
+        if self.strategy == "g2rpo_no_mgai":
+            # The ablation is defined as Λ = {1}; an explicit other Λ would be silently ignored.
+            if "granularities" in self.model_fields_set and self.granularities != [1]:
+                problems.append(
+                    problem("granularities", self.granularities, "strategy g2rpo_no_mgai always finishes with stride [1]: drop granularities, or use strategy g2rpo")
+                )
+            if self.stride_weights is not None:
+                problems.append(
+                    problem("stride_weights", self.stride_weights, "strategy g2rpo_no_mgai has one stride and weight 1: drop stride_weights")
+                )
         if self.strategy == "mixgrpo" and t < 3:
             problems.append(problem("num_steps", t, "MixGRPO keeps its window below step T − 2: use num_steps ≥ 3"))
         if problems:

@@ -493,3 +493,10 @@ def test_config_defaults_and_derived_values():
     assert load_config(AlgorithmConfig, overrides=["num_steps=7"]).trained_steps == [0, 1, 2, 3]  # ceil(7/2) = 4
     no_mgai = load_config(AlgorithmConfig, overrides=["strategy=g2rpo_no_mgai"])
     assert no_mgai.strides == [1] and no_mgai.stride_weight_values == [1.0]
+    assert load_config(AlgorithmConfig, overrides=["strategy=g2rpo_no_mgai", "granularities=[1]"]).strides == [1]
+    # the ablation is Λ = {1}: another Λ or stride weights would be silently ignored, so they are refused
+    with pytest.raises(ConfigError) as err:
+        load_config(AlgorithmConfig, overrides=["strategy=g2rpo_no_mgai", "granularities=[1, 2]", "stride_weights=[1, 1]"])
+    text = str(err.value)
+    assert "granularities=[1, 2]: strategy g2rpo_no_mgai always finishes with stride [1]: drop granularities" in text
+    assert "stride_weights=[1.0, 1.0]: strategy g2rpo_no_mgai has one stride and weight 1: drop stride_weights" in text
