@@ -69,7 +69,7 @@ class AlgorithmConfig(Section):
             "σ[:k+2] + σ[k+2::λ] (one stride-1 step first), finished with an Euler step to 0"
         ),
     )
-    stride_weights: list[Annotated[float, Field(ge=0.0, allow_inf_nan=False)]] | None = Field(
+    stride_weights: list[float] | None = Field(
         None, description="α_j ≥ 0, one weight per granularity for the advantage sum (not all 0); null = all 1"
     )
     advantage_clip: float = Field(5.0, gt=0.0, allow_inf_nan=False, description="clip the mixed advantage to ±this after the sum (paper 5)")
@@ -112,6 +112,14 @@ class AlgorithmConfig(Section):
             raise ValueError(f"{value!r} has strides {below} below 1: each stride is an integer ≥ 1, e.g. [1, 2, 3]")
         if len(set(value)) != len(value):
             raise ValueError(f"{value!r} repeats a stride: list each stride once, e.g. [1, 2, 3]")
+        return value
+
+    @field_validator("stride_weights")
+    @classmethod
+    def _weights_finite_non_negative(cls, value: list[float] | None) -> list[float] | None:
+        bad = [w for w in value or [] if not math.isfinite(w) or w < 0]
+        if bad:
+            raise ValueError(f"{value!r} has weights {bad} that are not finite numbers ≥ 0: give each α_j ≥ 0, e.g. [1, 1, 1]")
         return value
 
     @field_validator("branch_steps")
