@@ -360,6 +360,14 @@ def test_branches_share_the_anchor_state_and_differ_only_by_noise():
     assert st.steps.tolist() == [[0, 1, 2, 3]] * 2
     # x[0] is the initial noise of each prompt, drawn under its global prompt index
     torch.testing.assert_close(st.x_k[1, 0], Draws(0, 0, (0, 1)).normal(LATENT, "initial-noise", 1))
+    # x[k] is the anchor ODE's state at σ[k]: replay the ODE one prompt at a time
+    sig = rollout.sigmas
+    with torch.no_grad():
+        for p in range(2):
+            x = Draws(0, 0, (0, 1)).normal(LATENT, "initial-noise", p)[None]
+            for k in range(4):
+                torch.testing.assert_close(st.x_k[p, k], x[0], atol=1e-6, rtol=1e-5)
+                x = core.ode_step(x, model(x, sig[k].reshape(1), cond[torch.tensor([p])]), sig[k], sig[k + 1])
     # the G branches of one group are distinct samples around one mean
     branches = st.branches[0, 2]  # [G, L, C]
     assert torch.cdist(branches.flatten(1), branches.flatten(1)).triu(1).gt(0).sum() == 5 * 4 / 2
