@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from g2rpo.errors import G2RPOError, problem
-from g2rpo.rewards.base import RewardModel, check_finite
+from g2rpo.rewards.base import RewardModel, check_finite, validate_inputs
 
 __all__ = ["RewardSpec", "REWARDS", "reward_names", "get_spec", "build_reward", "resolve_location", "score_batched"]
 
@@ -252,13 +252,25 @@ def build_reward(
     for key in spec.required:
         if getattr(cfg, key, None) is None:
             raise G2RPOError(problem(f"{cfg.name}.{key}", None, f"'{cfg.name}' needs {spec.needs}"))
+    device = _device(cfg.name, device)
     if dtype is None:
         dtype = getattr(cfg, "dtype", "float32")
     if isinstance(dtype, str):
         if dtype not in _DTYPES:
             raise G2RPOError(problem(f"{cfg.name}.dtype", dtype, f"use one of {', '.join(_DTYPES)}"))
         dtype = _DTYPES[dtype]
-    return spec.build(cfg, torch.device(device), dtype, cache_dir)
+    return spec.build(cfg, device, dtype, cache_dir)
+
+
+def _device(name: str, device: str | torch.device) -> torch.device:
+    """``device`` as a torch.device, or a G2RPOError when torch cannot parse it or CUDA is absent."""
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise G2RPOError(problem(f"{name}.device", device, "use a torch device string such as cpu, cuda or cuda:1")) from None
+    if parsed.type == "cuda" and not torch.cuda.is_available():
+        raise G2RPOError(problem(f"{name}.device", str(device), "CUDA is not available on this machine: use cpu"))
+    return parsed
 
 
 def score_batched(model: RewardModel, images: torch.Tensor, prompts: Sequence[str], batch_size: int) -> torch.Tensor:
@@ -266,8 +278,9 @@ def score_batched(model: RewardModel, images: torch.Tensor, prompts: Sequence[st
 
     Raises :class:`G2RPOError` naming the reward and the count when any score is NaN/inf.
     """
-    if len(prompts) != images.shape[0]:
-        raise G2RPOError(problem(f"{model.name}.prompts", f"{len(prompts)} prompts for {images.shape[0]} images", "pass one prompt per image"))
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise G2RPOError(problem(f"{model.name}.batch_size", batch_size, "use a positive whole number of images per call"))
+    images, prompts = validate_inputs(model.name, images, prompts, needs_prompts=model.needs_prompts)
     parts = [
         model.score(images[i : i + batch_size], list(prompts[i : i + batch_size])).float().cpu()
         for i in range(0, images.shape[0], batch_size)

@@ -139,6 +139,30 @@ def test_any_float_dtype_is_accepted_and_scored_like_float32(
             assert torch.equal(scores, reference), (entry.name, dtype, scores, reference)
 
 
+def test_bad_device_is_a_clear_error():
+    with pytest.raises(G2RPOError, match=r"sharpness.device='gpu': use a torch device string such as cpu, cuda"):
+        build_reward("sharpness", device="gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(G2RPOError, match=r"sharpness.device='cuda': CUDA is not available on this machine: use cpu"):
+            build_reward("sharpness", device="cuda")
+    assert build_reward("sharpness", device=torch.device("cpu")).score(torch.rand(1, 3, 8, 8), [""]).shape == (1,)
+
+
+def test_score_batched_checks_its_inputs_like_score():
+    head = build_reward("total_variation")
+    images = torch.rand(3, 3, 8, 8, generator=torch.Generator().manual_seed(7))
+    for batch_size in (0, -1, 1.5, True):
+        with pytest.raises(G2RPOError, match=r"total_variation.batch_size=.*positive whole number"):
+            score_batched(head, images, ["", "", ""], batch_size)
+    with pytest.raises(G2RPOError, match=r"total_variation.images=.*torch.Tensor"):
+        score_batched(head, images.numpy(), ["", "", ""], 2)
+    with pytest.raises(G2RPOError, match="2 prompts for 3 images"):
+        score_batched(head, images, ["", ""], 2)
+    with pytest.raises(G2RPOError, match="range"):
+        score_batched(head, images * 255, ["", "", ""], 2)
+    torch.testing.assert_close(score_batched(head, images, ["", "", ""], 2), head.score(images, ["", "", ""]), rtol=0, atol=0)
+
+
 def test_image_reward_without_its_config_files_is_an_error(tiny_image_reward, tmp_path):
     shutil.copy(tiny_image_reward["checkpoint"], tmp_path / "ImageReward.pt")
     with pytest.raises(G2RPOError, match="image_reward.arch_config=None: set it to BLIP's med_config.json"):
