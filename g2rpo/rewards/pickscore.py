@@ -8,7 +8,9 @@ Algorithm (the PickScore model card's inference code): with a transformers ``CLI
 
 Weights: a local folder in transformers layout (``config.json`` + ``model.safetensors`` /
 ``pytorch_model.bin``, as ``yuvalkirstain/PickScore_v1`` on the Hub), loaded with
-``CLIPModel.from_pretrained(folder, local_files_only=True)``. The processor (tokenizer files and
+``CLIPModel.from_pretrained(folder, local_files_only=True)`` and held strict: a missing, unexpected
+or mis-shaped weight is a :class:`~g2rpo.errors.G2RPOError` naming the keys (transformers itself
+would initialise a missing weight at random with only a log line). The processor (tokenizer files and
 ``preprocessor_config.json``) comes from ``processor_dir``; the model card takes it from
 ``laion/CLIP-ViT-H-14-laion2B-s32B-b79K``. When None, the model folder must hold them.
 
@@ -92,9 +94,23 @@ class PickScore(RewardModel):
                         "has no preprocessor_config.json; pass the CLIP processor folder (laion/CLIP-ViT-H-14-laion2B-s32B-b79K)")
             )
         try:
-            model = CLIPModel.from_pretrained(str(model_path), local_files_only=True, dtype=dtype)
-        except (OSError, ValueError) as exc:
-            raise G2RPOError(problem("pickscore.weights", str(model_path), f"cannot be loaded as a CLIPModel ({exc})")) from None
+            model, info = CLIPModel.from_pretrained(
+                str(model_path), local_files_only=True, dtype=dtype, output_loading_info=True
+            )
+        except (OSError, ValueError, RuntimeError) as exc:  # RuntimeError: a tensor of the wrong shape
+            raise G2RPOError(
+                problem("pickscore.weights", str(model_path), f"cannot be loaded as a CLIPModel ({str(exc)[:300]})")
+            ) from None
+        # transformers initialises missing weights at random and drops unexpected ones with only a
+        # log line; here either is an error (its own position_ids buffers are already filtered out).
+        bad = {k: sorted(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+        if any(bad.values()):
+            parts = [f"{len(v)} {k.replace('_keys', '')} key(s): {', '.join(map(str, v[:8]))}" for k, v in bad.items() if v]
+            raise G2RPOError(
+                problem("pickscore.weights", str(model_path),
+                        "; ".join(parts) + ". The folder's weights do not match its config.json: pass the published "
+                        "PickScore_v1 folder unchanged")
+            )
         tokenizer = AutoTokenizer.from_pretrained(str(proc_path), local_files_only=True)
         settings = image_processor_settings(CLIPImageProcessor.from_pretrained(str(proc_path), local_files_only=True))
         return cls(model, tokenizer, settings, device=device, dtype=dtype)

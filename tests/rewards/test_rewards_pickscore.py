@@ -84,3 +84,38 @@ def test_processor_dir_and_errors(tiny_pickscore, tmp_path):
     empty.mkdir()
     with pytest.raises(G2RPOError, match="no config.json"):
         PickScore.from_pretrained_dir(empty)
+
+
+def test_wrong_keys_are_errors_not_random_initialisation(tiny_pickscore, tmp_path):
+    """transformers would initialise a missing weight at random and drop an unexpected one with
+    only a log line; the head refuses both, naming the keys. Position-id buffers that older
+    checkpoints (PickScore_v1) carry are not weights and still load."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    def variant(name, edit):
+        folder = tmp_path / name
+        shutil.copytree(tiny_pickscore["dir"], folder)
+        state = load_file(str(folder / "model.safetensors"))
+        edit(state)
+        save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+        return folder
+
+    missing = variant("missing", lambda s: s.pop("vision_model.post_layernorm.weight"))
+    with pytest.raises(G2RPOError, match=r"pickscore.weights=.*1 missing key\(s\): vision_model.post_layernorm.weight"):
+        PickScore.from_pretrained_dir(missing)
+    unexpected = variant("unexpected", lambda s: s.update({"visual_head.weight": torch.zeros(2)}))
+    with pytest.raises(G2RPOError, match=r"1 unexpected key\(s\): visual_head.weight"):
+        PickScore.from_pretrained_dir(unexpected)
+
+    wrong_shape = variant("shape", lambda s: s.update({"vision_model.post_layernorm.weight": torch.ones(7)}))
+    with pytest.raises(G2RPOError, match=r"pickscore.weights=.*cannot be loaded as a CLIPModel"):
+        PickScore.from_pretrained_dir(wrong_shape)
+
+    def with_position_ids(state):
+        state["text_model.embeddings.position_ids"] = torch.arange(77)[None]
+
+    images = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(8))
+    older = PickScore.from_pretrained_dir(variant("position_ids", with_position_ids))
+    assert torch.equal(older.score(images, ["a cat"]), PickScore.from_pretrained_dir(tiny_pickscore["dir"]).score(images, ["a cat"]))
