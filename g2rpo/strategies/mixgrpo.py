@@ -77,6 +77,8 @@ class MixGRPO:
         cfg = self.config
         length, channels = latent_shape
         num_prompts, group, t_steps = len(cond), cfg.group_size, cfg.num_steps
+        if len(draws.prompt_indices) != num_prompts:
+            raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {num_prompts}")
         sigmas = make_grid(cfg, length).to(device)
         nfe = NFECounters()
         window = self.window(draws.iteration)

@@ -390,6 +390,16 @@ def test_draws_do_not_depend_on_the_batch_layout_or_on_earlier_draws():
     assert not torch.equal(other.states.branches, whole.states.branches)
 
 
+@pytest.mark.parametrize("name", ["g2rpo", "dancegrpo", "mixgrpo"])
+def test_rollout_refuses_draws_for_another_number_of_prompts(name):
+    model, cond, _ = toy(num_prompts=2)
+    strategy = build_strategy(config(strategy=name, num_steps=4, group_size=2))
+    for prompt_indices in ((0,), (0, 1, 2)):
+        with pytest.raises(ValueError, match=f"draws cover {len(prompt_indices)} prompts, cond has 2"):
+            strategy.rollout(model, cond, Draws(0, 0, prompt_indices), LATENT)
+    assert model.rows == 0  # refused before any model call
+
+
 def test_derive_seed_is_stable_across_processes():
     code = "from g2rpo.seeding import derive_seed; print(derive_seed(7, 'branch-noise', 3, 12, 0, 5))"
     outs = set()
