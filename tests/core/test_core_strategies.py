@@ -176,10 +176,17 @@ def test_shared_velocity_loss_and_gradients_equal_separate_forwards():
 
 
 @pytest.mark.parametrize(
-    ("name", "noise"), [("g2rpo", "flow_grpo"), ("dancegrpo", "flow_grpo"), ("mixgrpo", "flow_grpo"), ("dancegrpo", "dancegrpo")]
+    ("name", "noise", "reduce"),
+    [
+        ("g2rpo", "flow_grpo", "mean"),
+        ("g2rpo", "flow_grpo", "sum"),
+        ("dancegrpo", "flow_grpo", "mean"),
+        ("mixgrpo", "flow_grpo", "mean"),
+        ("dancegrpo", "dancegrpo", "mean"),
+    ],
 )
-def test_first_update_after_sampling_sees_ratio_one(name, noise):
-    cfg = config(strategy=name, num_steps=6, group_size=4, granularities=[1, 3], sde_noise=noise)  # ε = 1e-4 (reference)
+def test_first_update_after_sampling_sees_ratio_one(name, noise, reduce):
+    cfg = config(strategy=name, num_steps=6, group_size=4, granularities=[1, 3], sde_noise=noise, log_prob_reduce=reduce)  # ε = 1e-4 (reference)
     model, cond, reward = toy(num_prompts=3)
     strategy = build_strategy(cfg)
     rollout = strategy.rollout(model, cond, Draws(2, 4, (5, 6, 7)), LATENT)
