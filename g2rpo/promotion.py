@@ -37,6 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from g2rpo.config import Section, load_config
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.registry import (
+    AliasConflict,
     EvalRecord,
     EvalScores,
     HistoryEvent,
@@ -373,7 +374,14 @@ def promote(
                                        version=None, previous=version, reason="promoted to champion"))
         return events
 
-    registry.update_state(model, change, expected=expected)
+    try:
+        registry.update_state(model, change, expected=expected)
+    except AliasConflict as exc:
+        raise AliasConflict(
+            f"{exc}\n(the decision that v{version} passed against champion "
+            f"{'none' if champion_version is None else f'v{champion_version}'} stays stored as {key}, "
+            "but was not applied; the history shows what happened)"
+        ) from None
     return decision
 
 

@@ -454,8 +454,8 @@ class Registry:
             current, _ = self.read_state(model)
             raise AliasConflict(
                 f"the aliases of {model!r} changed while this update was prepared (revision {state.revision} → "
-                f"{current.revision}, now {current.aliases or 'no aliases'}); nothing was written: "
-                "rerun the command to decide against the new state"
+                f"{current.revision}, now {current.aliases or 'no aliases'}); aliases and history were left as "
+                "they are: rerun the command to decide against the new state"
             ) from None
         return new
 

@@ -33,14 +33,18 @@ def _put(args) -> int:
             from g2rpo.manifest import unique_uri
 
             dest = unique_uri(dest)
-        manifest = publish_dir(source, dest, producer=args.producer, config_hash=args.config_hash,
+        manifest = publish_dir(source, dest, producer=args.producer or "g2rpo storage put", config_hash=args.config_hash,
                                settings=settings)
         print(f"published {len(manifest.files)} file(s), {manifest.total_size} bytes → {dest}")
         return 0
     if not source.is_file():
         raise G2RPOError(problem("source", args.source, "no such file or folder"))
-    if args.unique:
-        raise G2RPOError(problem("--unique", True, "only applies to a folder (an artifact); name the object in DEST"))
+    # These describe an artifact's manifest; a single object has none, so they would be ignored.
+    for option, value in (("--unique", args.unique or None), ("--producer", args.producer),
+                          ("--config-hash", args.config_hash)):
+        if value is not None:
+            raise G2RPOError(problem(option, value, "only applies to a folder (an artifact with a manifest); drop it "
+                                     "for a single file"))
     store, key = locate(args.dest, settings)
     store.put_file(key, source)
     print(f"uploaded {source} → {store.uri_for(key)}")
@@ -125,8 +129,8 @@ def add_commands(sub) -> None:
     p = verbs.add_parser("put", help="upload a file, or publish a folder as an artifact (manifest last)")
     p.add_argument("source", help="local file or folder")
     p.add_argument("dest", help=f"destination: {_URI_HELP}; for a folder, a new artifact prefix")
-    p.add_argument("--producer", default="g2rpo storage put", help="recorded in the manifest")
-    p.add_argument("--config-hash", default=None, help="config hash recorded in the manifest")
+    p.add_argument("--producer", default=None, help="folder: recorded in the manifest (default: 'g2rpo storage put')")
+    p.add_argument("--config-hash", default=None, help="folder: config hash recorded in the manifest")
     p.add_argument("--unique", action="store_true",
                    help="folder: publish under DEST-<UTC time>-<8 hex> (a fresh prefix) and print it")
     _add_s3_options(p)

@@ -108,7 +108,7 @@ def test_registry_stale_state_write_is_refused(root_uri, tmp_path):
                                            version=version, previous=state.aliases.get("champion"))]
 
     reg.update_state("m", to(1))
-    with pytest.raises(AliasConflict, match="nothing was written"):
+    with pytest.raises(AliasConflict, match="aliases and history were left as they are"):
         reg.update_state("m", to(2), expected=stale)  # create-only write of an existing state
     stale = reg.read_state("m")
     reg.update_state("m", to(2))
@@ -128,3 +128,29 @@ def test_registry_tampered_scores_are_refused(root_uri, tmp_path):
     store.put_bytes("scores.json", json.dumps(data).encode())
     with pytest.raises(G2RPOError, match="changed after registration"):
         reg.load_scores(record)
+
+
+def test_registry_promotion_that_loses_the_race_says_so(root_uri, tmp_path, monkeypatch):
+    reg = Registry(f"{root_uri}/registry")
+    v1 = register_version(reg, "m", root_uri, tmp_path, make_scores({"hps": 0.25, "clip": 0.30}), run="a")
+    v2 = register_version(reg, "m", root_uri, tmp_path, make_scores({"hps": 0.30, "clip": 0.30}), run="b")
+    promote(reg, "m", v1, GATES)
+    real_record = reg.record_decision
+
+    def record_then_other_writer_rolls_back(model, version, decision):
+        key = real_record(model, version, decision)
+        # Another operator acts between this promotion's read of the state and its write.
+        reg.set_alias("m", "challenger", v1, reason="someone else")
+        return key
+
+    monkeypatch.setattr(reg, "record_decision", record_then_other_writer_rolls_back)
+    with pytest.raises(AliasConflict) as err:
+        promote(reg, "m", v2, GATES)
+    message = str(err.value)
+    assert "aliases and history were left as they are" in message and "was not applied" in message
+    state, _ = reg.read_state("m")
+    # The other writer's change survives, and v2 did not become champion.
+    assert state.aliases == {"champion": v1, "challenger": v1}
+    assert [e.action for e in state.history] == ["promote", "set-alias"]
+    (stored,) = reg.decisions("m", v2)
+    assert stored["passed"] is True and f"models/m/decisions/{v2:06d}/" in message

@@ -93,7 +93,9 @@ def test_storage_cli_refuses_to_lose_or_ignore(tmp_path, capsys):
     assert main(["storage", "put", str(single), f"{store_root}/p.txt"]) == 0
     # --unique names a fresh artifact prefix; for a single object it would be silently ignored.
     assert main(["storage", "put", str(single), f"{store_root}/q.txt", "--unique"]) == 2
-    assert "--unique=True" in capsys.readouterr().err
+    assert "--unique=True: only applies to a folder" in capsys.readouterr().err
+    assert main(["storage", "put", str(single), f"{store_root}/q.txt", "--config-hash", "h1"]) == 2
+    assert "--config-hash='h1': only applies to a folder" in capsys.readouterr().err
     assert not (store_root / "q.txt").exists()
     # A download never overwrites a local file that is already there.
     local = tmp_path / "mine.txt"
