@@ -185,6 +185,12 @@ class S3Settings(Section):
     read_timeout: float = Field(60.0, gt=0, description="seconds to wait for a response")
 
     @model_validator(mode="after")
+    def _endpoint_is_a_url(self):
+        if self.endpoint_url is not None and not _is_http_url(self.endpoint_url):
+            raise ValueError(problem("endpoint_url", self.endpoint_url, "give a URL like http://127.0.0.1:8333"))
+        return self
+
+    @model_validator(mode="after")
     def _threshold_covers_part(self):
         if self.multipart_threshold < self.min_part_size:
             raise ValueError(
@@ -195,6 +201,11 @@ class S3Settings(Section):
                 )
             )
         return self
+
+
+def _is_http_url(text: str) -> bool:
+    parsed = urlparse(text)
+    return parsed.scheme in ("http", "https") and bool(parsed.netloc)
 
 
 def part_size_for(size: int, min_part: int = 8 * MiB, max_parts: int = S3_MAX_PARTS) -> int:
@@ -698,7 +709,13 @@ def _new_s3_client(settings: S3Settings):
         response_checksum_validation=settings.checksums,
     )
     session = boto3.session.Session()
-    return session.client("s3", endpoint_url=settings.endpoint_url, config=config)
+    try:
+        return session.client("s3", endpoint_url=settings.endpoint_url, config=config)
+    except ValueError as exc:  # e.g. AWS_ENDPOINT_URL_S3=127.0.0.1:9000 (no scheme)
+        for name in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"):
+            if os.environ.get(name) and not _is_http_url(os.environ[name]):
+                raise G2RPOError(problem(name, os.environ[name], "give a URL like http://127.0.0.1:8333")) from None
+        raise G2RPOError(f"cannot create an S3 client: {exc}; check the endpoint and region settings") from None
 
 
 # --------------------------------------------------------------------------- opening

@@ -13,9 +13,16 @@ def _add_s3_options(p: argparse.ArgumentParser) -> None:
 
 
 def settings_from_args(args):
+    from pydantic import ValidationError
+
+    from g2rpo.errors import G2RPOError, problem
     from g2rpo.storage import S3Settings
 
-    return S3Settings(endpoint_url=getattr(args, "endpoint_url", None), region=getattr(args, "region", None))
+    endpoint = getattr(args, "endpoint_url", None)
+    try:
+        return S3Settings(endpoint_url=endpoint, region=getattr(args, "region", None))
+    except ValidationError:
+        raise G2RPOError(problem("--endpoint-url", endpoint, "give a URL like http://127.0.0.1:8333")) from None
 
 
 def _put(args) -> int:

@@ -107,3 +107,14 @@ def test_storage_cli_refuses_to_lose_or_ignore(tmp_path, capsys):
     assert main(["storage", "put", str(single), f"{store_root}/dir/"]) == 2
     assert "names a folder/prefix" in capsys.readouterr().err
     assert not (store_root / "dir").exists()
+
+
+def test_storage_cli_endpoint_must_be_a_url(monkeypatch, capsys):
+    # botocore raises a bare ValueError (a traceback) for an endpoint without a scheme.
+    assert main(["storage", "ls", "s3://bucket", "--endpoint-url", "127.0.0.1:9000"]) == 2
+    assert "--endpoint-url='127.0.0.1:9000': give a URL like http://" in capsys.readouterr().err
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", "127.0.0.1:9000")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    assert main(["storage", "ls", "s3://bucket"]) == 2
+    assert "AWS_ENDPOINT_URL_S3='127.0.0.1:9000': give a URL like http://" in capsys.readouterr().err
