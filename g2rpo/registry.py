@@ -80,9 +80,9 @@ class BaseModelRef(_Record):
 
 
 class MetricSummary(_Record):
-    mean: float = Field(description="mean score over all (prompt, seed) items")
-    ci_low: float = Field(description="lower end of the bootstrap CI of the mean")
-    ci_high: float = Field(description="upper end of the bootstrap CI of the mean")
+    mean: float = Field(allow_inf_nan=False, description="mean score over all (prompt, seed) items")
+    ci_low: float = Field(allow_inf_nan=False, description="lower end of the bootstrap CI of the mean")
+    ci_high: float = Field(allow_inf_nan=False, description="upper end of the bootstrap CI of the mean")
     n: int = Field(ge=1, description="number of (prompt, seed) items")
 
 

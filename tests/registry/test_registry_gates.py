@@ -17,7 +17,7 @@ from g2rpo.promotion import (
     load_gates,
     paired_differences,
 )
-from g2rpo.registry import EvalScores
+from g2rpo.registry import EvalScores, MetricSummary
 
 
 def _gates(**metrics) -> Gates:
@@ -171,3 +171,9 @@ def test_registry_champion_without_the_gated_metric_is_a_clear_error():
     gates = _gates(hps=HPS_IN, clip=CLIP_OUT)
     with pytest.raises(G2RPOError, match="clip=.*the champion's eval has no scores for this metric"):
         decide(make_scores({"hps": 0.35, "clip": 0.3}), make_scores({"hps": 0.30}), gates)
+
+
+def test_registry_metric_summary_refuses_non_finite():
+    # JSON stores NaN as null, which would make the version record unreadable later.
+    with pytest.raises(ValueError, match="finite number"):
+        MetricSummary(mean=float("nan"), ci_low=0.0, ci_high=1.0, n=3)
