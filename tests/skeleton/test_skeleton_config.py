@@ -102,3 +102,17 @@ def test_network_outside_loopback_is_refused():
             s.connect(("192.0.2.1", 80))  # TEST-NET-1: never routed; refused before any packet
     finally:
         s.close()
+
+
+def test_cli_closed_pipe_is_not_a_traceback():
+    import subprocess
+    import sys
+
+    # `g2rpo rewards list | head -0`: the reader is gone before the command prints anything.
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "g2rpo", "rewards", "list"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert "Traceback" not in err.decode(), err.decode()
+    assert proc.returncode == 141
