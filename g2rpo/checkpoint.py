@@ -214,12 +214,13 @@ class CheckpointManager:
     def save(self, state: TrainerState, driver: Any, ema: Any = None) -> Path:
         """Write one checkpoint (collective: every rank calls it). Returns its directory."""
         target = self.path(state.iteration)
+        # Every rank checks (no rank writes a manifest before two barriers below), so all raise together.
+        if is_complete(target):
+            raise G2RPOError(
+                f"checkpoint {target} already exists and is complete: refusing to overwrite it; "
+                "resume from it (train.resume=auto) or write to a new output.dir"
+            )
         if self.rank == 0:
-            if target.exists() and is_complete(target):
-                raise G2RPOError(
-                    f"checkpoint {target} already exists and is complete: refusing to overwrite it; "
-                    "resume from it (train.resume=auto) or write to a new output.dir"
-                )
             if target.exists():  # left by a run killed mid-save: never complete, nothing to keep
                 shutil.rmtree(target)
             (target / "ranks").mkdir(parents=True)

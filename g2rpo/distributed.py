@@ -51,6 +51,12 @@ class DistContext:
         if self.distributed:
             torch.distributed.barrier()
 
+    def shutdown(self) -> None:
+        """Leave the process group together (every rank calls it last)."""
+        if self.distributed and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()
+
 
 def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistContext:
     """Join the torchrun process group if there is one (gloo on CPU, NCCL on CUDA).

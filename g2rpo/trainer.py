@@ -39,6 +39,7 @@ import json
 import math
 import os
 import signal
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -607,7 +608,9 @@ class Trainer:
                 bar.set_postfix(reward=f"{last.reward_mean_global:.4f}", loss=f"{last.stats.loss:.4g}")
         if bar is not None:
             bar.close()
-        if self.iteration % cfg.train.checkpoint_every and not (self.checkpoints.path(self.iteration) / "manifest.json").exists():
+        saved = is_complete(self.checkpoints.path(self.iteration))
+        self.ctx.barrier()  # every rank has looked at the disk before anyone writes
+        if not saved:
             self.save_checkpoint()
         export_dir = self.export() if cfg.output.export else None
         return {
@@ -636,14 +639,14 @@ class Trainer:
         """Export the trained transformer (or LoRA adapters) to ``output.dir/export`` (rank 0)."""
         cfg = self.config
         directory = self.out / "export"
-        if is_complete(directory):
-            done = (manifest_metadata(directory) or {}).get("iterations")
-            if done == self.iteration:
-                return directory  # this very model is exported already (a re-run of a finished job)
+        if is_complete(directory) and (manifest_metadata(directory) or {}).get("iterations") != self.iteration:
             # A longer run resumed after an earlier export: keep that one, write beside it.
             directory = self.out / f"export-iter-{self.iteration:06d}"
-            if is_complete(directory):
-                return directory
+        already = is_complete(directory)  # e.g. a re-run of a finished job
+        # Every rank decides on the same state of the disk, before rank 0 writes anything.
+        self.ctx.barrier()
+        if already:
+            return directory
         gathered = self.driver.full_state_dict()  # collective under ZeRO-3
         if self.ctx.is_main:
             from g2rpo.models.loading import base_model_record
@@ -738,5 +741,13 @@ def _license_of(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def train_from_config(config: RunConfig) -> dict[str, Any]:
-    """Run a whole training job from a validated config; returns the summary of :meth:`Trainer.run`."""
-    return Trainer(config).run()
+    """Run a whole training job from a validated config; returns the summary of :meth:`Trainer.run`.
+
+    Under torchrun every rank calls this; the process group is left together at the end.
+    """
+    trainer = Trainer(config)
+    try:
+        return trainer.run()
+    finally:
+        if getattr(trainer, "ctx", None) is not None and sys.exc_info()[0] is None:
+            trainer.ctx.shutdown()

@@ -113,3 +113,45 @@ def test_zero3_export_gathers_the_weights(tiny_model, tmp_path):
     for key, value in runs["torch"].items():
         assert runs["zero3"][key].shape == value.shape
         assert torch.allclose(runs["zero3"][key], value, rtol=0, atol=1e-6), key
+
+
+def _torchrun_train(config: dict, fault: str | None = None) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node 2 -m g2rpo train`` — the production launch line."""
+    from trainer_testlib import as_cli
+
+    out = Path(config["output"]["dir"])
+    base = out.parent / f"{out.name}-base.yaml"
+    base.write_text("{}\n")
+    env = subprocess_env()
+    if fault:
+        env["G2RPO_FAULT_KILL_AT"] = fault
+    torchrun = Path(sys.executable).parent / "torchrun"
+    return subprocess.run(
+        [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
+         "-m", "g2rpo", "train", "--config", str(base), *as_cli(config)],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=800,
+    )
+
+
+def test_two_ranks_sigkill_and_resume_through_the_cli_is_bit_identical(tiny_model, tmp_path):
+    extra = {"train.iterations": 4, "train.prompts_per_iteration": 4, "deepspeed.enabled": True}
+    straight = tmp_path / "straight"
+    done = _torchrun_train(tiny_overrides(tiny_model, straight, **extra))
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = tmp_path / "killed"
+    config = tiny_overrides(tiny_model, out, **extra)
+    killed = _torchrun_train(config, fault="iteration:3")  # both ranks die in iteration 3
+    assert killed.returncode != 0 and not (out / "export").exists()
+    shards = sorted(p.name for p in (out / "checkpoints" / "iter-000002" / "deepspeed" / "state").iterdir())
+    assert sum("optim_states" in s for s in shards) == 2  # one ZeRO shard per rank
+    assert sorted(p.name for p in (out / "checkpoints" / "iter-000002" / "ranks").iterdir()) == [
+        "rank-00000.pt", "rank-00001.pt"]
+    resumed = _torchrun_train(config)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    _assert_same(straight, out)
+
+
+def _assert_same(a: Path, b: Path) -> None:
+    wa, wb = export_weights(a), export_weights(b)
+    assert wa.keys() == wb.keys()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
