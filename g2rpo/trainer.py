@@ -259,6 +259,25 @@ def apply_lora(transformer: torch.nn.Module, lora: Any) -> None:
                 f"no module of the transformer matches {detail}; use names of its Linear layers, e.g. to_q, to_k, to_v, to_out.0",
             )
         )
+    # peft adapts Linear, Embedding and Conv layers only; a target that names another module (a
+    # norm, a whole block) would fail inside peft with a traceback.
+    supported = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+    modules = dict(transformer.named_modules())
+    unsupported = {
+        t: sorted({type(m).__name__ for n, m in modules.items() if (n == t or n.endswith("." + t)) and not isinstance(m, supported)})
+        for t in lora.target_modules
+    }
+    unsupported = {t: kinds for t, kinds in unsupported.items() if kinds}
+    if unsupported:
+        detail = "; ".join(f"{t!r} matches {' and '.join(kinds)} modules" for t, kinds in unsupported.items())
+        raise G2RPOError(
+            problem(
+                "train.lora.target_modules",
+                list(lora.target_modules),
+                f"LoRA adapts Linear layers only: {detail}; name Linear layers, e.g. to_q, to_k, to_v, to_out.0 "
+                "(or the Linear inside a module, e.g. norm1.linear)",
+            )
+        )
     transformer.requires_grad_(False)
     transformer.add_adapter(
         LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), init_lora_weights="gaussian")

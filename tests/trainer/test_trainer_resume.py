@@ -87,11 +87,14 @@ def test_resume_from_another_config_hash_is_refused_naming_both(tiny_model, unin
     shutil.copytree(uninterrupted, out, ignore=shutil.ignore_patterns("export"))
     changed = load_config(RunConfig, None, tiny_overrides(tiny_model, out, **{"train.iterations": 8, "algorithm.group_size": 3}))
     original = load_config(RunConfig, None, tiny_overrides(tiny_model, out, **{"train.iterations": ITERATIONS}))
+    written = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
     with pytest.raises(G2RPOError) as info:
         Trainer(changed).setup()
     message = str(info.value)
     assert resume_hash(changed) in message and resume_hash(original) in message
     assert "fresh output.dir" in message
+    # nothing already written is lost or changed by the refusal (files, bytes, no new files)
+    assert {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()} == written
     # run length and output paths are not part of the hash: a longer run of the same config resumes
     longer = load_config(RunConfig, None, tiny_overrides(tiny_model, out, **{"train.iterations": 8}))
     assert resume_hash(longer) == resume_hash(original)

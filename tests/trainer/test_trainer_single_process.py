@@ -92,6 +92,9 @@ def test_lora_trains_adapters_only_and_exports_them(tiny_model, tmp_path):
     assert any(not torch.equal(after[n], t) for n, t in lora_before.items())
     files = sorted(p.name for p in (out / "export" / "lora").iterdir())
     assert "adapter_config.json" in files and any(f.endswith(".safetensors") for f in files)
+    assert not (out / "export" / "transformer").exists()  # the adapters alone
+    info = json.loads((out / "export" / "base_model.json").read_text())  # + the base model and its licence
+    assert info["base_model"] == "tiny" and info["contents"] == "lora-adapters" and info["license"]["name"]
 
 
 def test_lora_on_missing_module_names_close_matches(tiny_model, tmp_path):
@@ -99,6 +102,21 @@ def test_lora_on_missing_module_names_close_matches(tiny_model, tmp_path):
     with pytest.raises(G2RPOError) as info:
         trainer.setup()
     assert "to_qq" in str(info.value) and "to_q" in str(info.value)
+    assert not (tmp_path / "run").exists()  # refused before anything is written
+
+
+def test_lora_on_a_module_that_is_not_a_linear_layer_is_refused(tiny_model, tmp_path):
+    # norm1 exists in every block but is an AdaLayerNormZero (peft would fail with a traceback);
+    # its Linear, norm1.linear, is a valid target.
+    trainer = _trainer(tiny_model, tmp_path / "run", **{"train.lora.enabled": True, "train.lora.target_modules": ["to_q", "norm1"]})
+    with pytest.raises(G2RPOError) as info:
+        trainer.setup()
+    message = str(info.value)
+    assert "train.lora.target_modules" in message and "'norm1' matches AdaLayerNormZero modules" in message
+    assert "norm1.linear" in message and "'to_q' matches" not in message  # the fix; to_q is not blamed
+    assert not (tmp_path / "run").exists()
+    ok = _trainer(tiny_model, tmp_path / "ok", **{"train.lora.enabled": True, "train.lora.target_modules": ["norm1.linear"]}).setup()
+    assert any("norm1.linear.lora_A" in n for n, p in ok.velocity.named_parameters() if p.requires_grad)
 
 
 def test_ema_tracks_weights_and_is_exported(tiny_model, tmp_path):
