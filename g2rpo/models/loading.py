@@ -101,8 +101,31 @@ def _fetch_s3_model(uri: str, cache_dir: str | Path | None) -> Path:
 # --------------------------------------------------------------------------- checks
 
 
+def _safetensors_problem(path: Path) -> str | None:
+    """A truncated or damaged safetensors file (reads only its header, not the weights).
+
+    Layout: 8 bytes little-endian header length n, n bytes of JSON header whose tensors'
+    ``data_offsets`` [begin, end) index the data that follows; a complete file is exactly
+    8 + n + max(end) bytes long.
+    """
+    size = path.stat().st_size
+    try:
+        with path.open("rb") as handle:
+            n = int.from_bytes(handle.read(8), "little")
+            if size < 8 or n > size - 8:
+                raise ValueError("header longer than the file")
+            header = json.loads(handle.read(n))
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
+        return f"{path}: not a readable safetensors file ({error}); {_FIX_DOWNLOAD}"
+    if size != 8 + n + end:
+        return f"{path}: truncated or damaged ({size} bytes, its header says {8 + n + end}); {_FIX_DOWNLOAD}"
+    return None
+
+
 def _weights_problems(folder: Path) -> list[str]:
-    """Problems with a model folder's safetensors weights (single file or sharded with an index)."""
+    """Problems with a model folder's safetensors weights (single file or sharded with an index):
+    missing files, and files whose size does not match their header (a half-finished download)."""
     indexes = sorted(folder.glob("*.safetensors.index.json"))
     if indexes:
         problems = []
@@ -115,9 +138,12 @@ def _weights_problems(folder: Path) -> list[str]:
             missing = sorted({name for name in weight_map.values() if not (folder / name).is_file()})
             if missing:
                 problems.append(f"{folder}: missing weight shard(s) {', '.join(missing)} listed in {index.name}; {_FIX_DOWNLOAD}")
+            present = sorted({name for name in weight_map.values() if (folder / name).is_file()})
+            problems += [p for p in (_safetensors_problem(folder / name) for name in present) if p]
         return problems
-    if any(folder.glob("*.safetensors")):
-        return []
+    files = sorted(folder.glob("*.safetensors"))
+    if files:
+        return [p for p in (_safetensors_problem(f) for f in files) if p]
     if any(folder.glob("*.bin")):
         return [f"{folder}: weights are pickled *.bin files; g2rpo loads safetensors only — re-save with save_pretrained(..., safe_serialization=True)"]
     return [f"{folder}: no weights file (*.safetensors); {_FIX_DOWNLOAD}"]

@@ -150,6 +150,28 @@ def test_models_sharded_weights_with_a_missing_shard(tiny_flux_dir, tmp_path):
         check_model_dir(model, ("transformer",))
 
 
+def test_models_truncated_weights_are_reported_before_loading(tiny_flux_dir, tmp_path):
+    # A half-finished download: the file exists but is shorter than its safetensors header says
+    # (complete size = 8 + header length + the largest data offset).
+    model = _copy(tiny_flux_dir, tmp_path)
+    weights = model / "transformer" / "diffusion_pytorch_model.safetensors"
+    complete = weights.read_bytes()
+    weights.write_bytes(complete[: len(complete) // 2])  # header intact, data cut
+    with pytest.raises(G2RPOError) as info:
+        check_model_dir(model)
+    message = str(info.value)
+    assert "transformer/diffusion_pytorch_model.safetensors: truncated or damaged" in message
+    assert f"({len(complete) // 2} bytes, its header says {len(complete)})" in message and "download" in message
+    weights.write_bytes(complete[:5])  # not even the 8-byte header length
+    with pytest.raises(G2RPOError, match="not a readable safetensors file"):
+        check_model_dir(model, ("transformer",))
+    weights.write_bytes(complete + b"x")  # longer than the header says: damaged too
+    with pytest.raises(G2RPOError, match="truncated or damaged"):
+        check_model_dir(model, ("transformer",))
+    weights.write_bytes(complete)
+    check_model_dir(model)  # restored: complete
+
+
 def test_models_model_index_without_a_component(tiny_flux_dir, tmp_path):
     model = _copy(tiny_flux_dir, tmp_path)
     index = json.loads((model / "model_index.json").read_text())
