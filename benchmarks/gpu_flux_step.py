@@ -1,7 +1,8 @@
 """One G²RPO training term on a FLUX.1-dev-sized transformer on one GPU: TFLOP/s and MFU.
 
-Prepared for a machine with a CUDA device (none was lent while this was written, so it has only
-been import- and argument-checked on the CPU; run it where a GPU exists). What it does:
+Prepared for a machine with a CUDA device (none was lent while this was written; run it where a
+GPU exists). On the CPU only its code path is checked: a test runs it with ``--device cpu`` on a
+one-block transformer at 64×64 (the numbers of such a run mean nothing). What it does:
 
 1. **Matmul ceiling.** Times a bf16 ``[n, n] @ [n, n]`` GEMM (n = ``--gemm-size``, best of
    ``--repeats``) — the achievable dense bf16 TFLOP/s of this device, the denominator of MFU.
@@ -73,21 +74,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--gemm-size", type=int, default=8192, help="n of the n×n×n bf16 GEMM ceiling")
     parser.add_argument("--repeats", type=int, default=10, help="GEMM timing repeats")
     parser.add_argument("--output", default=str(RESULTS / "gpu_flux_step.json"), help="JSON result path")
+    parser.add_argument("--device", default="cuda", help="cuda (default); cpu only checks the code path (tests)")
     return parser.parse_args(argv)
 
 
-def matmul_ceiling(torch, n: int, repeats: int) -> float:
+def _sync(torch, device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def matmul_ceiling(torch, n: int, repeats: int, device: str = "cuda") -> float:
     """Best measured dense bf16 TFLOP/s of an n×n×n GEMM."""
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
     for _ in range(3):
         a @ b
-    torch.cuda.synchronize()
+    _sync(torch, device)
     best = math.inf
     for _ in range(repeats):
         start = time.perf_counter()
         a @ b
-        torch.cuda.synchronize()
+        _sync(torch, device)
         best = min(best, time.perf_counter() - start)
     return 2 * n**3 / best / 1e12
 
@@ -98,8 +105,8 @@ def build_transformer(torch, args: argparse.Namespace):
     config = dict(FLUX_DEV, num_layers=args.layers, num_single_layers=args.single_layers)
     with torch.device("meta"):
         model = FluxTransformer2DModel(**config)
-    model = model.to(torch.bfloat16).to_empty(device="cuda")  # dtype set on meta: no fp32 copy on the GPU
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    model = model.to(torch.bfloat16).to_empty(device=args.device)  # dtype set on meta: no fp32 copy on the GPU
+    gen = torch.Generator(device=args.device).manual_seed(0)
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, 0.02, generator=gen)
@@ -120,8 +127,8 @@ def g2rpo_term(torch, velocity, inputs: dict, args: argparse.Namespace):
     from g2rpo import core
 
     x, cond, branches, lp_old, adv = inputs["x"], inputs["cond"], inputs["branches"], inputs["lp_old"], inputs["adv"]
-    sigma = torch.full((x.shape[0],), 0.9, device="cuda")
-    sigma_next = torch.full((x.shape[0],), 0.85, device="cuda")
+    sigma = torch.full((x.shape[0],), 0.9, device=x.device)
+    sigma_next = torch.full((x.shape[0],), 0.85, device=x.device)
     v = velocity(x, sigma, cond)  # [P, L, C] — one row per group
     mean, std = core.sde_mean_std(x, v, sigma, sigma_next, eta=0.7)  # [P, L, C], [P, 1, 1]
     lp_new = core.gaussian_log_prob(branches, mean[:, None], std[:, None], "mean", batch_dims=2)  # [P, G]
@@ -133,36 +140,39 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    if not torch.cuda.is_available():
+    device = args.device
+    cuda = device.startswith("cuda")
+    if cuda and not torch.cuda.is_available():
         raise SystemExit("gpu_flux_step needs a CUDA device (none visible); see the module docstring")
     from torch.utils.flop_counter import FlopCounterMode
 
     from g2rpo.models.flux import FluxConditioning, FluxVelocity, packed_shape
 
     torch.backends.cuda.matmul.allow_tf32 = True
-    device_name = torch.cuda.get_device_name()
-    ceiling = matmul_ceiling(torch, args.gemm_size, args.repeats)
+    device_name = torch.cuda.get_device_name() if cuda else f"{device} (code-path check only)"
+    ceiling = matmul_ceiling(torch, args.gemm_size, args.repeats, device)
     t0 = time.perf_counter()
     transformer, config = build_transformer(torch, args)
-    torch.cuda.synchronize()
+    _sync(torch, device)
     init_seconds = time.perf_counter() - t0
     n_params = sum(p.numel() for p in transformer.parameters())
     n_trainable = sum(p.numel() for p in transformer.parameters() if p.requires_grad)
-    velocity = FluxVelocity(transformer, height=args.size, width=args.size, guidance=3.5).to("cuda")
+    velocity = FluxVelocity(transformer, height=args.size, width=args.size, guidance=3.5).to(device)
     length, channels = packed_shape(args.size, args.size)
     p, g = args.groups, args.group_size
-    gen = torch.Generator(device="cuda").manual_seed(1)
+    gen = torch.Generator(device=device).manual_seed(1)
     inputs = {
-        "x": torch.randn(p, length, channels, device="cuda", generator=gen),
+        "x": torch.randn(p, length, channels, device=device, generator=gen),
         "cond": FluxConditioning(
-            torch.randn(p, args.text_tokens, 4096, device="cuda", dtype=torch.bfloat16, generator=gen),
-            torch.randn(p, 768, device="cuda", dtype=torch.bfloat16, generator=gen),
+            torch.randn(p, args.text_tokens, 4096, device=device, dtype=torch.bfloat16, generator=gen),
+            torch.randn(p, 768, device=device, dtype=torch.bfloat16, generator=gen),
         ),
-        "branches": torch.randn(p, g, length, channels, device="cuda", generator=gen),
-        "lp_old": torch.zeros(p, g, device="cuda"),
-        "adv": torch.randn(p, g, device="cuda", generator=gen),
+        "branches": torch.randn(p, g, length, channels, device=device, generator=gen),
+        "lp_old": torch.zeros(p, g, device=device),
+        "adv": torch.randn(p, g, device=device, generator=gen),
     }
-    torch.cuda.reset_peak_memory_stats()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     counter = FlopCounterMode(display=False)
     with counter:
         g2rpo_term(torch, velocity, inputs, args).backward()
@@ -170,10 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     transformer.zero_grad(set_to_none=True)
     times = []
     for _ in range(args.steps):
-        torch.cuda.synchronize()
+        _sync(torch, device)
         start = time.perf_counter()
         g2rpo_term(torch, velocity, inputs, args).backward()
-        torch.cuda.synchronize()
+        _sync(torch, device)
         times.append(time.perf_counter() - start)
         transformer.zero_grad(set_to_none=True)
     best = min(times)
@@ -201,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         "mfu_vs_measured_ceiling": achieved / ceiling,
         "datasheet_bf16_tflops": datasheet,
         "mfu_vs_datasheet": None if datasheet is None else achieved / datasheet,
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else None,
     }
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
