@@ -104,6 +104,28 @@ def test_single_rank_zero2_fp32_equals_plain_adamw(tiny_model, tmp_path):
     assert all(torch.equal(runs["torch"][k], runs["zero2"][k]) for k in runs["torch"])
 
 
+def test_single_rank_zero2_bf16_trains_and_exports_bf16(tiny_model, tmp_path):
+    # The production precision: DeepSpeed bf16 (bf16 module, fp32 master weights). Sampling and
+    # training compute the first update's log-probs with the same bf16 module, so its ratios are
+    # exactly 1; the export holds the bf16 weights, moved from the start.
+    import json
+
+    from diffusers import FluxTransformer2DModel
+
+    out = tmp_path / "bf16"
+    config = tiny_overrides(tiny_model, out, **{"train.iterations": 2, "deepspeed.enabled": True, "train.precision": "bf16"})
+    done = run_train(config, timeout=800)
+    assert done.returncode == 0, done.stderr[-4000:]
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in records] == [0, 1]
+    assert records[0]["ratio_mean"] == 1.0 and records[0]["ratio_max"] == 1.0
+    assert all(r["grad_norm"] is not None and r["grad_norm"] > 0 for r in records)
+    weights = export_weights(out)
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+    start = FluxTransformer2DModel.from_pretrained(tiny_model, subfolder="transformer", local_files_only=True).state_dict()
+    assert sum(not torch.equal(weights[k], start[k].to(torch.bfloat16)) for k in weights) > len(weights) // 2
+
+
 @pytest.mark.slow
 def test_zero3_export_gathers_the_weights(tiny_model, tmp_path):
     # ZeRO-3 consolidates its 16-bit weights for the export; with fp32, after one step, they agree
