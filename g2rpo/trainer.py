@@ -351,6 +351,7 @@ class Trainer:
         resume_from = self._resume_point()
         self._load_models()
         self._load_data()
+        self._check_conditioning_fits()
         self._load_rewards()
         from g2rpo.strategies import build_strategy
 
@@ -483,6 +484,29 @@ class Trainer:
         del encoder  # training holds only the transformer and the VAE
         table = FluxConditioning.cat(parts)
         self._conditioning_of = lambda indices: table[torch.as_tensor(list(indices), dtype=torch.long)]
+
+    def _check_conditioning_fits(self) -> None:
+        """The text embeddings' widths must be the transformer's (an embedding cache built with
+        another model's text encoders would fail deep inside the first forward)."""
+        cond = self._conditioning_of([0])
+        config = self.transformer.config
+        widths = {
+            "T5 sequence width": (cond.prompt_embeds.shape[-1], config.joint_attention_dim),
+            "CLIP pooled width": (cond.pooled_prompt_embeds.shape[-1], config.pooled_projection_dim),
+        }
+        wrong = {name: pair for name, pair in widths.items() if pair[0] != pair[1]}
+        if wrong:
+            data = self.config.data
+            field, value = ("data.embeddings", data.embeddings) if data.embeddings else ("model.path", self.config.model.path)
+            detail = "; ".join(f"{name} {have}, the transformer takes {want}" for name, (have, want) in wrong.items())
+            raise G2RPOError(
+                problem(
+                    field,
+                    value,
+                    f"the text embeddings do not fit {self.config.model.path}'s transformer ({detail}): build the "
+                    "cache with this model (`g2rpo data prep --model MODEL`), or train the model the cache was built for",
+                )
+            )
 
     def _load_rewards(self) -> None:
         specs = self.config.rewards.models

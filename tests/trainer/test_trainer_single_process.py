@@ -187,6 +187,37 @@ def test_cache_with_other_prompts_than_the_prompt_file_is_refused(tiny_model, tm
         trainer.setup()
 
 
+def test_cache_built_for_another_model_is_refused_before_training(tiny_model, tmp_path):
+    # The cache holds the tiny model's 32-wide T5 embeddings; this transformer takes 64 (as a
+    # cache built for FLUX.1-dev, 4096 wide, would not fit a tiny model). Without the check the
+    # first forward fails with a bare matmul shape error.
+    import shutil
+
+    from diffusers import FluxTransformer2DModel
+
+    from g2rpo.data import dedupe_prompts, read_prompt_file, write_embedding_cache
+    from g2rpo.models.loading import load_text_encoder
+    from trainer_testlib import PROMPTS
+
+    wide = tmp_path / "wide-model"
+    shutil.copytree(tiny_model, wide)
+    config = {k: v for k, v in FluxTransformer2DModel.load_config(wide / "transformer").items() if not k.startswith("_")}
+    shutil.rmtree(wide / "transformer")
+    FluxTransformer2DModel(**{**config, "joint_attention_dim": 64}).save_pretrained(wide / "transformer")
+    prompts, _ = dedupe_prompts(read_prompt_file(PROMPTS))
+    cache = tmp_path / "embeddings"
+    write_embedding_cache(cache, prompts, load_text_encoder(tiny_model, dtype="float32"))
+    out = tmp_path / "run"
+    trainer = _trainer(wide, out, **{"data.embeddings": str(cache)})
+    with pytest.raises(G2RPOError) as info:
+        trainer.setup()
+    message = str(info.value)
+    assert f"data.embeddings={str(cache)!r}" in message
+    assert "T5 sequence width 32, the transformer takes 64" in message and "CLIP pooled" not in message
+    assert "g2rpo data prep --model" in message
+    assert not out.exists()  # refused before anything is written
+
+
 def test_gradient_checkpointing_changes_memory_not_the_result(tiny_model, tmp_path):
     weights = {}
     for flag in (False, True):
