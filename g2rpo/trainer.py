@@ -54,7 +54,7 @@ from g2rpo.config import to_yaml
 from g2rpo.distributed import DistContext, init_distributed, prompts_per_rank
 from g2rpo.errors import ConfigError, G2RPOError, problem
 from g2rpo.run_config import RunConfig, resume_hash, run_problems
-from g2rpo.seeding import Draws
+from g2rpo.seeding import Draws, derive_seed
 from g2rpo.strategies.base import StepStats, summarize_step
 
 __all__ = ["Trainer", "IterationRecord", "TorchDriver", "DeepSpeedDriver", "EMA", "apply_lora", "train_from_config"]
@@ -239,9 +239,11 @@ class DeepSpeedDriver:
 # --------------------------------------------------------------------------- LoRA, EMA
 
 
-def apply_lora(transformer: torch.nn.Module, lora: Any) -> None:
+def apply_lora(transformer: torch.nn.Module, lora: Any, seed: int | None = None) -> None:
     """Add peft LoRA adapters to ``transformer`` (base weights frozen). A target that matches no
-    module is an error listing close module names."""
+    module is an error listing close module names. peft draws the adapters' initial A from the
+    global torch RNG; with ``seed`` that draw is made from ``torch.manual_seed(seed)`` in a forked
+    RNG (the caller's RNG state is left as it was), so the same seed gives the same adapters."""
     import difflib
 
     from peft import LoraConfig
@@ -279,9 +281,15 @@ def apply_lora(transformer: torch.nn.Module, lora: Any) -> None:
             )
         )
     transformer.requires_grad_(False)
-    transformer.add_adapter(
-        LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), init_lora_weights="gaussian")
+    config = LoraConfig(
+        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), init_lora_weights="gaussian"
     )
+    if seed is None:
+        transformer.add_adapter(config)
+        return
+    with torch.random.fork_rng(devices=[]):  # the transformer is on the CPU here
+        torch.manual_seed(seed)
+        transformer.add_adapter(config)
 
 
 class EMA:
@@ -437,7 +445,9 @@ class Trainer:
         self.vae = load_vae(path, dtype="bfloat16" if cfg.train.precision == "bf16" else "float32")
         self.vae.to(self.ctx.device).eval().requires_grad_(False)
         if cfg.train.lora.enabled:
-            apply_lora(transformer, cfg.train.lora)
+            # Seeded from the run seed alone: every rank and every run of this seed starts from the
+            # same adapters (a resume then loads the trained ones over them).
+            apply_lora(transformer, cfg.train.lora, seed=derive_seed(cfg.train.seed, "lora-init"))
         self.velocity = FluxVelocity(
             transformer,
             height=cfg.model.height,

@@ -66,6 +66,29 @@ def test_sigkill_mid_iteration_then_resume_is_bit_identical(tiny_model, uninterr
     assert first == second
 
 
+def test_lora_sigkill_then_resume_equals_an_uninterrupted_run(tiny_model, tmp_path):
+    # The LoRA adapters alone train (and are checkpointed); their initial values come from the
+    # run seed, so the uninterrupted run and the killed-and-resumed one start alike too.
+    from safetensors.torch import load_file
+
+    extra = {"train.iterations": 4, "train.lora.enabled": True}
+    adapters = {}
+    for name, fault in (("straight", None), ("killed", "iteration:3")):
+        config = tiny_overrides(tiny_model, tmp_path / name, **extra)
+        if fault:
+            killed = run_train(config, fault=fault)
+            assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+            assert not (tmp_path / name / "export").exists()
+        done = run_train(config)
+        assert done.returncode == 0, done.stderr[-3000:]
+        (weights,) = (tmp_path / name / "export" / "lora").glob("*.safetensors")
+        adapters[name] = load_file(str(weights))
+    assert [e["iteration"] for e in _events(tmp_path / "killed") if e.get("event") == "resumed"] == [2]
+    assert adapters["straight"].keys() == adapters["killed"].keys() and adapters["straight"]
+    different = [k for k in adapters["straight"] if not torch.equal(adapters["straight"][k], adapters["killed"][k])]
+    assert not different, different[:5]
+
+
 def test_kill_while_saving_leaves_an_incomplete_checkpoint_that_is_ignored(tiny_model, uninterrupted, tmp_path):
     out = tmp_path / "killed-saving"
     config = tiny_overrides(tiny_model, out, **{"train.iterations": ITERATIONS})
