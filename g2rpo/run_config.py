@@ -107,12 +107,29 @@ class LoraSection(Section):
     enabled: bool = Field(False, description="train LoRA adapters only; the base transformer stays frozen")
     rank: int = Field(64, ge=1, description="LoRA rank r")
     alpha: float = Field(128.0, gt=0, description="LoRA alpha (scale alpha / r)")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the LoRA path")
+    dropout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="dropout on the LoRA path; must stay 0 (the policy runs in eval mode)"
+    )
     target_modules: list[str] = Field(
         default_factory=lambda: ["to_q", "to_k", "to_v", "to_out.0"],
         min_length=1,
         description="module names (suffixes) that get adapters; must exist in the transformer",
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> "LoraSection":
+        # The transformer runs in eval mode (as diffusers loads it) so that sampling and training
+        # compute the same log-probabilities; a LoRA dropout would never be applied.
+        if self.dropout != 0.0:
+            raise ValueError(
+                problem(
+                    "train.lora.dropout",
+                    self.dropout,
+                    "must be 0: the policy runs in eval mode so that the rollout's and the update's "
+                    "log-probabilities agree (ratio 1 at the first update), so a dropout would silently do nothing",
+                )
+            )
+        return self
 
 
 class EmaSection(Section):

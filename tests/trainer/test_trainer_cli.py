@@ -51,6 +51,15 @@ def test_bf16_without_deepspeed_is_refused_with_the_fix():
         load_config(RunConfig, TINY, ["train.precision=bf16"])
 
 
+def test_lora_dropout_is_refused_not_silently_ignored():
+    # The policy runs in eval mode (diffusers loads it so), where a LoRA dropout does nothing.
+    from g2rpo.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"train.lora.dropout=0.1: must be 0: the policy runs in eval mode"):
+        load_config(RunConfig, TINY, ["train.lora.enabled=true", "train.lora.dropout=0.1"])
+    assert load_config(RunConfig, TINY, ["train.lora.enabled=true"]).train.lora.dropout == 0.0
+
+
 def test_config_hash_covers_model_algorithm_data_only():
     base = load_config(RunConfig, TINY)
     same = load_config(RunConfig, TINY, ["train.iterations=99", "output.dir=/elsewhere", "train.learning_rate=1"])
