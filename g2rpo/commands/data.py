@@ -54,6 +54,12 @@ def _prep(args: argparse.Namespace) -> int:
 
     from g2rpo.data import prepare_prompts, read_prompt_split, write_embedding_cache
 
+    model = None
+    if args.model:  # a missing or partial model is reported before anything is written
+        from g2rpo.models.loading import TEXT_COMPONENTS, check_model_dir, resolve_model_location
+
+        model = resolve_model_location(args.model)
+        check_model_dir(model, TEXT_COMPONENTS)
     summary = prepare_prompts(args.prompts, args.output, test_size=args.test_size, seed=args.seed, overwrite=args.overwrite)
     print(
         f"{summary.read} prompts read, {summary.duplicates} duplicate(s) dropped: "
@@ -62,7 +68,7 @@ def _prep(args: argparse.Namespace) -> int:
     if args.model:
         from g2rpo.models.loading import load_text_encoder
 
-        encoder = load_text_encoder(args.model, dtype=args.dtype, max_sequence_length=args.max_sequence_length)
+        encoder = load_text_encoder(model, dtype=args.dtype, max_sequence_length=args.max_sequence_length)
         encoder.text_encoder.to(args.device)
         encoder.text_encoder_2.to(args.device)
         out = Path(args.output)

@@ -137,3 +137,20 @@ def test_data_prep_cli_with_model_builds_both_caches(tiny_flux_dir, tmp_path, ca
     test = EmbeddingCache(out / "embeddings" / "test")
     assert sorted(train.prompts + test.prompts) == sorted(PROMPTS)
     assert json.loads((out / "embeddings" / "train" / "manifest.json").read_text())["encoder"]["source"] == str(tiny_flux_dir)
+
+
+def test_data_prep_cli_with_a_partial_model_writes_nothing(tiny_flux_dir, tmp_path, capsys):
+    # The model's text encoders are checked before the splits are written: a half-downloaded model
+    # leaves no output behind (a re-run after fixing it would otherwise need --overwrite).
+    import shutil
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_flux_dir, model)
+    shutil.rmtree(model / "text_encoder_2")
+    src = tmp_path / "prompts.txt"
+    src.write_text("\n".join(PROMPTS) + "\n", encoding="utf-8")
+    out = tmp_path / "prep"
+    args = ["data", "prep", "--prompts", str(src), "--output", str(out), "--test-size", "2", "--model", str(model)]
+    assert main(args) == 2
+    assert f"{model}/text_encoder_2: component folder missing" in capsys.readouterr().err
+    assert not out.exists()
