@@ -1,5 +1,6 @@
-"""Small pieces the strategy modules share: the grid, batched model calls, terminal advantages and
-the per-step loss loop of whole-trajectory strategies (DanceGRPO, MixGRPO)."""
+"""Small pieces the strategy modules share: the grid, batched model calls, terminal advantages, and
+for whole-trajectory strategies (DanceGRPO, MixGRPO) the SDE step of every row, the rollout
+record and the per-step loss loop."""
 
 from __future__ import annotations
 
@@ -8,7 +9,17 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from g2rpo import core
-from g2rpo.strategies.base import Advantages, Conditioning, LossTerm, NFECounters, Rollout, TermStats, VelocityModel
+from g2rpo.seeding import Draws
+from g2rpo.strategies.base import (
+    Advantages,
+    Conditioning,
+    LossTerm,
+    NFECounters,
+    Rollout,
+    TermStats,
+    TrajectoryStates,
+    VelocityModel,
+)
 from g2rpo.strategies.config import AlgorithmConfig
 
 
@@ -44,6 +55,70 @@ def sample_velocity(
         nfe.sampling_forwards += stop - start
         nfe.model_calls += 1
     return torch.cat(out) if out else x.new_zeros(x.shape)
+
+
+def trajectory_sde_step(
+    config: AlgorithmConfig,
+    draws: Draws,
+    x: torch.Tensor,
+    v: torch.Tensor,
+    sigmas: torch.Tensor,
+    step: int,
+    group: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One SDE step of every trajectory row at grid step ``step``: ``(x', log π(x' | x))``.
+
+    Rows are ordered (prompt p, branch g), ``x`` ``[P·G, L, C]``; the noise of row (p, g) is keyed
+    ``("sde-noise", p, step, g)`` so that a resume or another rank layout draws the same numbers.
+    """
+    num_prompts = x.shape[0] // group
+    latent_shape = tuple(x.shape[1:])
+    noise = torch.stack(
+        [draws.normal(latent_shape, "sde-noise", p, step, g) for p in range(num_prompts) for g in range(group)]
+    ).to(x.device)  # [P·G, L, C]
+    x_next, mean, std = core.sde_step(
+        x, v, sigmas[step], sigmas[step + 1], config.eta, noise, sigmas[1], config.sde_noise
+    )
+    return x_next, core.gaussian_log_prob(x_next, mean, std, config.log_prob_reduce)  # [P·G]
+
+
+def trajectory_rollout(
+    name: str,
+    sigmas: torch.Tensor,
+    cond: Conditioning,
+    draws: Draws,
+    nfe: NFECounters,
+    states: list[torch.Tensor],
+    log_probs: list[torch.Tensor],
+    trained_steps: torch.Tensor,
+    group: int,
+    window: list[int] | None = None,
+) -> Rollout:
+    """The rollout record of a whole-trajectory strategy from its per-step states and log-probs.
+
+    ``states``: T+1 tensors ``[P·G, L, C]``; ``log_probs``: T tensors ``[P·G]`` (NaN where a step was
+    an ODE step); ``trained_steps`` ``[P, G, S]``. Rewards come back as ``[R, P, G]``.
+    """
+    num_prompts = len(cond)
+    t_steps = len(log_probs)
+    length, channels = states[-1].shape[1:]
+    return Rollout(
+        strategy=name,
+        sigmas=sigmas,
+        cond=cond,
+        draws=draws,
+        final_latents=states[-1],
+        reward_shape=(num_prompts, group),
+        reward_dims=("prompt", "branch"),
+        final_prompt=torch.arange(num_prompts).repeat_interleave(group),
+        nfe=nfe,
+        states=TrajectoryStates(
+            latents=torch.stack(states, dim=1).reshape(num_prompts, group, t_steps + 1, length, channels),
+            log_prob_old=torch.stack(log_probs, dim=1).reshape(num_prompts, group, t_steps),
+            trained_steps=trained_steps,
+            window=window,
+        ),
+    )
 
 
 def check_rewards(rollout: Rollout, rewards: torch.Tensor) -> int:

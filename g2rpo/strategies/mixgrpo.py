@@ -33,8 +33,15 @@ import torch
 
 from g2rpo import core
 from g2rpo.seeding import Draws
-from g2rpo.strategies._shared import make_grid, sample_velocity, terminal_advantages, trajectory_loss_terms
-from g2rpo.strategies.base import Advantages, Conditioning, LossTerm, NFECounters, Rollout, TrajectoryStates, VelocityModel
+from g2rpo.strategies._shared import (
+    make_grid,
+    sample_velocity,
+    terminal_advantages,
+    trajectory_loss_terms,
+    trajectory_rollout,
+    trajectory_sde_step,
+)
+from g2rpo.strategies.base import Advantages, Conditioning, LossTerm, NFECounters, Rollout, VelocityModel
 from g2rpo.strategies.config import AlgorithmConfig
 
 __all__ = ["MixGRPO", "window_steps"]
@@ -75,7 +82,7 @@ class MixGRPO:
         device: torch.device | str = "cpu",
     ) -> Rollout:
         cfg = self.config
-        length, channels = latent_shape
+        length = latent_shape[0]
         num_prompts, group, t_steps = len(cond), cfg.group_size, cfg.num_steps
         if len(draws.prompt_indices) != num_prompts:
             raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {num_prompts}")
@@ -98,33 +105,14 @@ class MixGRPO:
         for i in range(start, t_steps):
             v = sample_velocity(model, cfg, x, sigmas[i].expand(x.shape[0]), row_cond, nfe)
             if i in window:
-                noise = torch.stack(
-                    [draws.normal(latent_shape, "sde-noise", p, i, g) for p in range(num_prompts) for g in range(group)]
-                ).to(device)
-                x, mean, std = core.sde_step(x, v, sigmas[i], sigmas[i + 1], cfg.eta, noise, sigmas[1], cfg.sde_noise)
-                log_probs.append(core.gaussian_log_prob(x, mean, std, cfg.log_prob_reduce))
+                x, log_prob = trajectory_sde_step(cfg, draws, x, v, sigmas, i, group)
+                log_probs.append(log_prob)
             else:
                 x = core.ode_step(x, v, sigmas[i], sigmas[i + 1])
                 log_probs.append(torch.full((x.shape[0],), float("nan"), device=device))
             states.append(x)
         trained = torch.tensor(window, device=device).expand(num_prompts, group, len(window))
-        return Rollout(
-            strategy=self.name,
-            sigmas=sigmas,
-            cond=cond,
-            draws=draws,
-            final_latents=x,
-            reward_shape=(num_prompts, group),
-            reward_dims=("prompt", "branch"),
-            final_prompt=torch.arange(num_prompts).repeat_interleave(group),
-            nfe=nfe,
-            states=TrajectoryStates(
-                latents=torch.stack(states, dim=1).reshape(num_prompts, group, t_steps + 1, length, channels),
-                log_prob_old=torch.stack(log_probs, dim=1).reshape(num_prompts, group, t_steps),
-                trained_steps=trained,
-                window=window,
-            ),
-        )
+        return trajectory_rollout(self.name, sigmas, cond, draws, nfe, states, log_probs, trained, group, window=window)
 
     def advantages(
         self, rollout: Rollout, rewards: torch.Tensor, reward_weights: Sequence[float] | None = None
