@@ -1,6 +1,6 @@
 """Seconds per training iteration of the tiny Flux model on this machine, by phase, with NFE counts.
 
-Runs :class:`g2rpo.trainer.Trainer` (plain torch mode, fp32, CPU) on the tiny random-weight Flux
+Runs :class:`g2rpo.training.trainer.Trainer` (plain torch mode, fp32, CPU) on the tiny random-weight Flux
 pipeline for two settings:
 
 - ``tiny-cpu``: ``configs/tiny-cpu.yaml`` (T = 4, G = 4, Λ = {1, 2}, 2 prompts per iteration);
@@ -56,8 +56,8 @@ def run_setting(name: str, model_dir: Path, work: Path, iterations: int) -> dict
     import yaml
 
     from g2rpo.config import load_config
-    from g2rpo.run_config import RunConfig
-    from g2rpo.trainer import Trainer
+    from g2rpo.training.run_config import RunConfig
+    from g2rpo.training.trainer import Trainer
 
     raw = yaml.safe_load((REPO / "configs" / "tiny-cpu.yaml").read_text())
     raw = _merge(raw, SETTINGS[name])

@@ -99,7 +99,7 @@ def read_prompt_location(location: str | Path) -> list[str]:
         return read_prompt_file(text[len("file://") :] if text.startswith("file://") else text)
     import tempfile
 
-    from g2rpo.storage import locate
+    from g2rpo.artifacts.storage import locate
 
     store, key = locate(text)
     with tempfile.TemporaryDirectory(prefix="g2rpo-prompts-") as tmp:

@@ -7,14 +7,14 @@ The sequence (:func:`run_demo`), each step a library call:
 2. **config** — ``configs/tiny-cpu.yaml`` loaded through :func:`g2rpo.config.load_config` with the
    demo's overrides (:data:`DEMO_OVERRIDES`, then the user's ``--set``);
 3. **evaluate before** — deterministic ODE samples of fixed prompts × fixed seeds, decoded and
-   scored with the run's reward (:func:`g2rpo.evaluation.sample_and_score`);
-4. **train** — :class:`g2rpo.trainer.Trainer` (G²RPO rollout → decode → reward → advantages → loss
+   scored with the run's reward (:func:`g2rpo.evaluation.sampling.sample_and_score`);
+4. **train** — :class:`g2rpo.training.trainer.Trainer` (G²RPO rollout → decode → reward → advantages → loss
    → AdamW; ``metrics.jsonl``, checkpoints, export);
 5. **evaluate after** on the same prompts and seeds → ``eval_grid.png`` (before | after) and
    ``reward.png`` (reward per iteration);
 6. **publish and register** — the export as an artifact in a local ``file://`` store
-   (:func:`g2rpo.manifest.publish_dir`), a version in a local :class:`g2rpo.registry.Registry`
-   with the per-prompt scores, and the promotion gates (:func:`g2rpo.promotion.promote`) against
+   (:func:`g2rpo.artifacts.manifest.publish_dir`), a version in a local :class:`g2rpo.artifacts.registry.Registry`
+   with the per-prompt scores, and the promotion gates (:func:`g2rpo.artifacts.promotion.promote`) against
    absolute floors (a first version): the floor of each reward is the *untrained* model's mean on
    the same evaluation set, so the version becomes champion iff training raised the reward;
 7. **summary** — what ran, the rewards before/after, where every output is.
@@ -90,13 +90,13 @@ class FluxDemoResult:
     run_dir: Path
     reward_before: float  # mean over the fixed (prompt, seed) set, untrained model
     reward_after: float  # the same set, trained model
-    before: Any  # g2rpo.evaluation.EvalResult
+    before: Any  # g2rpo.evaluation.sampling.EvalResult
     after: Any
     train_summary: dict[str, Any]
     export_uri: str
     registry_uri: str
     version: int
-    decision: Any  # g2rpo.promotion.Decision
+    decision: Any  # g2rpo.artifacts.promotion.Decision
     outputs: dict[str, Path]
 
 
@@ -117,13 +117,13 @@ def run_demo(
     echo=print,
 ) -> FluxDemoResult:
     """Train the tiny Flux with G²RPO, evaluate before/after, publish, register, promote; report."""
-    from g2rpo.evaluation import sample_and_score, save_before_after_grid, save_reward_curve
+    from g2rpo.evaluation.sampling import sample_and_score, save_before_after_grid, save_reward_curve
     from g2rpo.models.loading import load_text_encoder
     from g2rpo.models.tiny import save_tiny_flux
-    from g2rpo.promotion import eval_record_from_scores, format_decision, load_gates, promote
-    from g2rpo.registry import BaseModelRef, Registry
-    from g2rpo.run_config import RunConfig
-    from g2rpo.trainer import Trainer
+    from g2rpo.artifacts.promotion import eval_record_from_scores, format_decision, load_gates, promote
+    from g2rpo.artifacts.registry import BaseModelRef, Registry
+    from g2rpo.training.run_config import RunConfig
+    from g2rpo.training.trainer import Trainer
 
     started = time.perf_counter()
     config_path = tiny_config_path()
@@ -265,8 +265,8 @@ def _publish_export(export_dir: Path, uri_base: str, config_hash: str) -> str:
     The export carries the trainer's local manifest (same format); ``publish_dir`` writes the
     artifact's own, last, so the local one is left out of the upload.
     """
-    from g2rpo.checkpoint import manifest_metadata
-    from g2rpo.manifest import publish_dir, unique_prefix
+    from g2rpo.training.checkpoint import manifest_metadata
+    from g2rpo.artifacts.manifest import publish_dir, unique_prefix
 
     uri = f"{uri_base}/{unique_prefix('model')}"
     with tempfile.TemporaryDirectory() as tmp:

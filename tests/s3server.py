@@ -3,7 +3,7 @@
 Usable by every area. The root conftest registers it with ``pytest_plugins = ["tests.s3server"]``;
 then a test asks for the session fixture ``s3_server`` (a running :class:`SeaweedServer`) or
 ``s3_env`` (that server's endpoint and credentials exported as the standard ``AWS_*`` variables
-plus a fresh bucket, so that ``g2rpo.storage`` finds it through the normal AWS chain).
+plus a fresh bucket, so that ``g2rpo.artifacts.storage`` finds it through the normal AWS chain).
 
 Pitfalls handled here (measured, see ../shared/notes/STACK.md):
 

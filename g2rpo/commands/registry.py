@@ -10,7 +10,7 @@ from g2rpo.commands.storage import _add_s3_options, settings_from_args
 
 def _registry(args):
     from g2rpo.errors import G2RPOError
-    from g2rpo.registry import Registry
+    from g2rpo.artifacts.registry import Registry
 
     uri = args.registry or os.environ.get("G2RPO_REGISTRY_URI")
     if not uri:
@@ -43,7 +43,7 @@ def _show(args) -> int:
     number = reg.resolve(args.model, args.version)
     record = reg.get_version(args.model, number)
     print(record.model_dump_json(indent=2))
-    from g2rpo.promotion import Decision, format_decision
+    from g2rpo.artifacts.promotion import Decision, format_decision
 
     for decision in reg.decisions(args.model, number):
         print()
@@ -56,12 +56,12 @@ def _register(args) -> int:
     from pathlib import Path
 
     from g2rpo.errors import G2RPOError, problem
-    from g2rpo.promotion import eval_record_from_scores
-    from g2rpo.registry import BaseModelRef, EvalScores
+    from g2rpo.artifacts.promotion import eval_record_from_scores
+    from g2rpo.artifacts.registry import BaseModelRef, EvalScores
 
     reg = _registry(args)
     if args.scores.startswith("s3://"):
-        from g2rpo.storage import locate
+        from g2rpo.artifacts.storage import locate
 
         store, key = locate(args.scores, settings_from_args(args))
         text = store.get_bytes(key)[0].decode("utf-8")
@@ -84,8 +84,8 @@ def _register(args) -> int:
         raise G2RPOError(problem("--scores", args.scores, f"not a valid scores file: {details}; see docs/registry.md")) from None
     # Check the export before anything is written, so that a refused registration leaves no
     # published (and so never garbage-collected) eval artifact behind.
-    from g2rpo.manifest import read_manifest
-    from g2rpo.storage import open_store
+    from g2rpo.artifacts.manifest import read_manifest
+    from g2rpo.artifacts.storage import open_store
 
     read_manifest(open_store(args.export, settings_from_args(args)))
     scores_uri, scores_sha = reg.publish_scores(args.model, scores)
@@ -105,7 +105,7 @@ def _register(args) -> int:
 
 
 def _promote(args) -> int:
-    from g2rpo.promotion import format_decision, load_gates, promote
+    from g2rpo.artifacts.promotion import format_decision, load_gates, promote
 
     reg = _registry(args)
     gates, gates_sha = load_gates(args.gates)
@@ -123,7 +123,7 @@ def _promote(args) -> int:
 
 
 def _rollback(args) -> int:
-    from g2rpo.promotion import rollback
+    from g2rpo.artifacts.promotion import rollback
 
     reg = _registry(args)
     to = reg.resolve(args.model, args.to) if args.to is not None else None

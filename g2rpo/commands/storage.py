@@ -16,7 +16,7 @@ def settings_from_args(args):
     from pydantic import ValidationError
 
     from g2rpo.errors import G2RPOError, problem
-    from g2rpo.storage import S3Settings
+    from g2rpo.artifacts.storage import S3Settings
 
     endpoint = getattr(args, "endpoint_url", None)
     try:
@@ -29,15 +29,15 @@ def _put(args) -> int:
     from pathlib import Path
 
     from g2rpo.errors import G2RPOError, problem
-    from g2rpo.manifest import publish_dir
-    from g2rpo.storage import locate
+    from g2rpo.artifacts.manifest import publish_dir
+    from g2rpo.artifacts.storage import locate
 
     settings = settings_from_args(args)
     source = Path(args.source)
     if source.is_dir():
         dest = args.dest
         if args.unique:
-            from g2rpo.manifest import unique_uri
+            from g2rpo.artifacts.manifest import unique_uri
 
             dest = unique_uri(dest)
         manifest = publish_dir(source, dest, producer=args.producer or "g2rpo storage put", config_hash=args.config_hash,
@@ -59,8 +59,8 @@ def _put(args) -> int:
 
 
 def _get(args) -> int:
-    from g2rpo.manifest import download_dir, has_manifest
-    from g2rpo.storage import locate, open_store
+    from g2rpo.artifacts.manifest import download_dir, has_manifest
+    from g2rpo.artifacts.storage import locate, open_store
 
     settings = settings_from_args(args)
     if has_manifest(open_store(args.source, settings)):
@@ -80,7 +80,7 @@ def _get(args) -> int:
 
 
 def _ls(args) -> int:
-    from g2rpo.storage import open_store
+    from g2rpo.artifacts.storage import open_store
 
     store = open_store(args.uri, settings_from_args(args))
     for info in store.list():
@@ -89,8 +89,8 @@ def _ls(args) -> int:
 
 
 def _verify(args) -> int:
-    from g2rpo.manifest import verify
-    from g2rpo.storage import open_store
+    from g2rpo.artifacts.manifest import verify
+    from g2rpo.artifacts.storage import open_store
 
     manifest = verify(open_store(args.uri, settings_from_args(args)), deep=args.deep)
     print(f"ok: {len(manifest.files)} file(s) match the manifest ({'sha256' if args.deep else 'sizes'} checked)")
@@ -98,11 +98,11 @@ def _verify(args) -> int:
 
 
 def _gc(args) -> int:
-    from g2rpo.manifest import gc, parse_duration
+    from g2rpo.artifacts.manifest import gc, parse_duration
 
     settings = settings_from_args(args)
     older_than = parse_duration(args.older_than)
-    from g2rpo.registry import Registry, find_registries
+    from g2rpo.artifacts.registry import Registry, find_registries
 
     registries = list(args.registry or []) + find_registries(args.uri, settings)
     protected = []

@@ -54,8 +54,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from g2rpo.run_config import load_run_config
-    from g2rpo.trainer import train_from_config
+    from g2rpo.training.run_config import load_run_config
+    from g2rpo.training.trainer import train_from_config
 
     config = load_run_config(args.config, args.overrides)
     summary = train_from_config(config)
@@ -70,7 +70,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from g2rpo.run_config import validate_run
+    from g2rpo.training.run_config import validate_run
 
     config_hash = validate_run(args.config, args.overrides, world_size=args.world_size)
     print(f"ok: {args.config} is valid for {args.world_size} rank(s); config hash (model, algorithm, data) {config_hash}")
@@ -79,7 +79,7 @@ def _validate(args: argparse.Namespace) -> int:
 
 def _describe(args: argparse.Namespace) -> int:
     from g2rpo.config import describe
-    from g2rpo.run_config import RunConfig
+    from g2rpo.training.run_config import RunConfig
 
     print("\n".join(describe(RunConfig)))
     return 0
@@ -87,7 +87,7 @@ def _describe(args: argparse.Namespace) -> int:
 
 def _show(args: argparse.Namespace) -> int:
     from g2rpo.config import to_yaml
-    from g2rpo.run_config import load_run_config
+    from g2rpo.training.run_config import load_run_config
 
     print(to_yaml(load_run_config(args.config, args.overrides)), end="")
     return 0

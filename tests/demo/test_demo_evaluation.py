@@ -1,4 +1,4 @@
-"""g2rpo.evaluation on the real tiny Flux: ODE samples = FluxPipeline's, scores = the reward's."""
+"""g2rpo.evaluation.sampling on the real tiny Flux: ODE samples = FluxPipeline's, scores = the reward's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 
 from g2rpo.core import flux_sigmas
 from g2rpo.errors import G2RPOError
-from g2rpo.evaluation import EvalResult, ode_sample, sample_and_score, save_before_after_grid, save_reward_curve
+from g2rpo.evaluation.sampling import EvalResult, ode_sample, sample_and_score, save_before_after_grid, save_reward_curve
 from g2rpo.models.flux import FluxTextEncoder, FluxVelocity, decode_latents
 from g2rpo.rewards.jpeg import JPEGCompressibility
 

@@ -38,10 +38,10 @@ def test_demo_writes_every_output(demo):
 
 
 def test_demo_registers_the_published_export_with_the_after_scores(demo):
-    from g2rpo.manifest import verify
-    from g2rpo.promotion import load_gates
-    from g2rpo.registry import Registry
-    from g2rpo.storage import open_store
+    from g2rpo.artifacts.manifest import verify
+    from g2rpo.artifacts.promotion import load_gates
+    from g2rpo.artifacts.registry import Registry
+    from g2rpo.artifacts.storage import open_store
 
     result, _ = demo
     registry = Registry(result.registry_uri)
@@ -71,12 +71,12 @@ def test_demo_before_and_after_are_what_the_evaluation_computes(demo):
     """Re-evaluate from disk: the saved base model gives `before`, the published export `after`."""
     from diffusers import FluxTransformer2DModel
 
-    from g2rpo.evaluation import sample_and_score
-    from g2rpo.manifest import download_dir
+    from g2rpo.evaluation.sampling import sample_and_score
+    from g2rpo.artifacts.manifest import download_dir
     from g2rpo.models.flux import FluxVelocity
     from g2rpo.models.loading import load_text_encoder, load_transformer, load_vae
     from g2rpo.rewards.jpeg import JPEGCompressibility
-    from g2rpo.run_config import RunConfig
+    from g2rpo.training.run_config import RunConfig
     from g2rpo.config import load_config
     from g2rpo.strategies._shared import make_grid
 

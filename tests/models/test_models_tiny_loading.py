@@ -196,7 +196,7 @@ def test_models_locations_and_licence(tiny_flux_dir, tmp_path):
 
 def test_models_load_from_s3_through_the_storage_layer(tiny_flux_dir, tmp_path, s3_env):
     """An s3:// model location is published once, fetched once into the cache (sha256-checked), then loaded."""
-    from g2rpo.manifest import publish_dir
+    from g2rpo.artifacts.manifest import publish_dir
 
     uri = f"{s3_env.uri}/models/tiny-flux"
     publish_dir(tiny_flux_dir, uri)

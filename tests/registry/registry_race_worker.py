@@ -9,7 +9,7 @@ def race_state_writes(root: str, me: int, models: list[str], barrier, results) -
     The barrier sits between the read and the conditional write, so both processes write against
     the same etag (or the same absence) at nearly the same instant.
     """
-    from g2rpo.registry import AliasConflict, HistoryEvent, Registry
+    from g2rpo.artifacts.registry import AliasConflict, HistoryEvent, Registry
 
     reg = Registry(root)
     version = me + 2
@@ -32,8 +32,8 @@ def race_state_writes(root: str, me: int, models: list[str], barrier, results) -
 
 def race_promotions(root: str, me: int, jobs: list[tuple[str, int]], gates_json: str, barrier, results) -> None:
     """For each (model, version): wait for the other process, then run the whole gated promotion."""
-    from g2rpo.promotion import Gates, promote
-    from g2rpo.registry import AliasConflict, Registry
+    from g2rpo.artifacts.promotion import Gates, promote
+    from g2rpo.artifacts.registry import AliasConflict, Registry
 
     reg = Registry(root)
     gates = Gates.model_validate_json(gates_json)

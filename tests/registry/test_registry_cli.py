@@ -6,9 +6,9 @@ import pytest
 from registry_helpers import make_scores, publish_export
 
 from g2rpo.cli import main
-from g2rpo.manifest import MARKER_NAME
-from g2rpo.registry import Registry
-from g2rpo.storage import open_store
+from g2rpo.artifacts.manifest import MARKER_NAME
+from g2rpo.artifacts.registry import Registry
+from g2rpo.artifacts.storage import open_store
 
 pytestmark = pytest.mark.integration
 

@@ -8,9 +8,9 @@ import pytest
 from registry_helpers import make_scores, register_version
 
 from g2rpo.errors import G2RPOError
-from g2rpo.promotion import Gates, promote, rollback
-from g2rpo.registry import AliasConflict, HistoryEvent, Registry
-from g2rpo.storage import open_store
+from g2rpo.artifacts.promotion import Gates, promote, rollback
+from g2rpo.artifacts.registry import AliasConflict, HistoryEvent, Registry
+from g2rpo.artifacts.storage import open_store
 
 pytestmark = pytest.mark.integration
 

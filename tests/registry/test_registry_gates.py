@@ -8,7 +8,7 @@ from registry_helpers import make_scores
 
 from g2rpo.config import load_config
 from g2rpo.errors import ConfigError, G2RPOError
-from g2rpo.promotion import (
+from g2rpo.artifacts.promotion import (
     Gates,
     bootstrap_mean_ci,
     decide,
@@ -17,7 +17,7 @@ from g2rpo.promotion import (
     load_gates,
     paired_differences,
 )
-from g2rpo.registry import EvalScores, MetricSummary
+from g2rpo.artifacts.registry import EvalScores, MetricSummary
 
 
 def _gates(**metrics) -> Gates:

@@ -13,8 +13,8 @@ import pytest
 import registry_race_worker
 from registry_helpers import make_scores, register_version
 
-from g2rpo.promotion import Gates
-from g2rpo.registry import HistoryEvent, Registry
+from g2rpo.artifacts.promotion import Gates
+from g2rpo.artifacts.registry import HistoryEvent, Registry
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

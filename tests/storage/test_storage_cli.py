@@ -8,8 +8,8 @@ import os
 import pytest
 
 from g2rpo.cli import main
-from g2rpo.manifest import MANIFEST_NAME, MARKER_NAME
-from g2rpo.storage import open_store
+from g2rpo.artifacts.manifest import MANIFEST_NAME, MARKER_NAME
+from g2rpo.artifacts.storage import open_store
 
 pytestmark = pytest.mark.integration
 

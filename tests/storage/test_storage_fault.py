@@ -7,10 +7,10 @@ from datetime import timedelta
 
 import pytest
 
-from g2rpo import storage as storage_module
+from g2rpo.artifacts import storage as storage_module
 from g2rpo.errors import G2RPOError
-from g2rpo.manifest import MANIFEST_NAME, download_dir, gc, has_manifest, publish_dir, read_manifest
-from g2rpo.storage import MiB, S3Settings, open_store
+from g2rpo.artifacts.manifest import MANIFEST_NAME, download_dir, gc, has_manifest, publish_dir, read_manifest
+from g2rpo.artifacts.storage import MiB, S3Settings, open_store
 
 pytestmark = pytest.mark.integration
 
@@ -75,7 +75,7 @@ def test_storage_server_killed_mid_upload_then_recovers(own_server, tmp_path, mo
         read_manifest(store)
 
     # Nor can it become a registry version: registering needs the export's manifest.
-    from g2rpo.registry import BaseModelRef, EvalRecord, MetricSummary, Registry
+    from g2rpo.artifacts.registry import BaseModelRef, EvalRecord, MetricSummary, Registry
 
     registry = Registry("s3://fault/registry", settings)
     eval_record = EvalRecord(prompt_set="p", seeds=[0], n=1, metrics={"hps": MetricSummary(mean=0.3, ci_low=0.3,

@@ -10,7 +10,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from g2rpo.errors import G2RPOError
-from g2rpo.manifest import (
+from g2rpo.artifacts.manifest import (
     MANIFEST_NAME,
     MARKER_NAME,
     download_dir,
@@ -23,7 +23,7 @@ from g2rpo.manifest import (
     verify,
     write_manifest,
 )
-from g2rpo.storage import open_store
+from g2rpo.artifacts.storage import open_store
 
 pytestmark = pytest.mark.integration
 

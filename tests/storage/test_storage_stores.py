@@ -8,7 +8,7 @@ import os
 import pytest
 
 from g2rpo.errors import G2RPOError
-from g2rpo.storage import MiB, ObjectNotFound, S3Settings, WriteConflict, locate, open_store
+from g2rpo.artifacts.storage import MiB, ObjectNotFound, S3Settings, WriteConflict, locate, open_store
 
 pytestmark = pytest.mark.integration
 
@@ -113,7 +113,7 @@ def test_storage_botocore_retries_make_exactly_max_attempts(max_attempts, monkey
     # (botocore's "max_attempts" key counts retries only: S3Settings.max_attempts maps to "total_max_attempts".)
     import socket
 
-    from g2rpo.storage import S3Store, make_s3_client
+    from g2rpo.artifacts.storage import S3Store, make_s3_client
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

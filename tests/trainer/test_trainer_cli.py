@@ -13,7 +13,7 @@ import pytest
 
 from g2rpo.cli import main
 from g2rpo.config import load_config
-from g2rpo.run_config import RunConfig, resume_hash
+from g2rpo.training.run_config import RunConfig, resume_hash
 from trainer_testlib import REPO
 
 TINY = REPO / "configs" / "tiny-cpu.yaml"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from g2rpo.deepspeed_config import (
+from g2rpo.training.deepspeed_config import (
     DeepSpeedSection,
     build_deepspeed_config,
     known_top_level_keys,

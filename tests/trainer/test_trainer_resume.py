@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from g2rpo.checkpoint import CheckpointManager, TrainerState, is_complete
+from g2rpo.training.checkpoint import CheckpointManager, TrainerState, is_complete
 from g2rpo.config import load_config
 from g2rpo.errors import G2RPOError
-from g2rpo.run_config import RunConfig, resume_hash
-from g2rpo.trainer import Trainer
+from g2rpo.training.run_config import RunConfig, resume_hash
+from g2rpo.training.trainer import Trainer
 from tests.tiny_flux_fixture import make_tiny_flux
 from trainer_testlib import export_weights, run_train, tiny_overrides
 

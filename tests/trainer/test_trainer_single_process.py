@@ -10,8 +10,8 @@ import torch
 
 from g2rpo.config import load_config
 from g2rpo.errors import G2RPOError
-from g2rpo.run_config import RunConfig
-from g2rpo.trainer import Trainer
+from g2rpo.training.run_config import RunConfig
+from g2rpo.training.trainer import Trainer
 from tests.tiny_flux_fixture import make_tiny_flux
 from trainer_testlib import export_weights, probe_reward, tiny_overrides
 
@@ -152,7 +152,7 @@ def test_ema_tracks_weights_and_is_exported(tiny_model, tmp_path):
 
 
 def test_world_size_that_does_not_divide_the_work_is_refused():
-    from g2rpo.distributed import prompts_per_rank, rank_prompt_indices
+    from g2rpo.training.distributed import prompts_per_rank, rank_prompt_indices
 
     assert prompts_per_rank(8, 2) == 4
     with pytest.raises(G2RPOError, match="multiple of the world size 3"):
@@ -163,7 +163,7 @@ def test_world_size_that_does_not_divide_the_work_is_refused():
 
 
 def test_global_batch_depends_only_on_seed_and_iteration():
-    from g2rpo.distributed import global_prompt_indices
+    from g2rpo.training.distributed import global_prompt_indices
 
     # 5 prompts, 2 per iteration: iterations 0,1 use positions 0..3 of epoch 0's permutation,
     # iteration 2 positions 4 (epoch 0) and 0 (epoch 1); each epoch is a permutation of 0..4.

@@ -17,8 +17,8 @@ from trainer_testlib import probe_reward, tiny_overrides  # noqa: E402
 
 from g2rpo.config import load_config  # noqa: E402
 from g2rpo.rewards.base import RewardModel  # noqa: E402
-from g2rpo.run_config import RunConfig  # noqa: E402
-from g2rpo.trainer import Trainer  # noqa: E402
+from g2rpo.training.run_config import RunConfig  # noqa: E402
+from g2rpo.training.trainer import Trainer  # noqa: E402
 
 
 class NaNReward(RewardModel):

@@ -113,16 +113,16 @@ def restore_rng(state: dict[str, Any]) -> None:
 
 
 # --------------------------------------------------------------------------- manifests
-# The manifest format and its checks are the storage layer's (g2rpo.manifest); a local directory
+# The manifest format and its checks are the storage layer's (g2rpo.artifacts.manifest); a local directory
 # is a FileStore.
 
 
 def write_manifest(directory: Path, *, producer: str, config_hash: str, metadata: dict[str, Any] | None = None) -> Path:
     """List every file under ``directory`` (size + sha256) in its manifest, written last and
     create-only, so its presence means the directory is complete."""
-    from g2rpo.manifest import scan_dir
-    from g2rpo.manifest import write_manifest as _write
-    from g2rpo.storage import FileStore
+    from g2rpo.artifacts.manifest import scan_dir
+    from g2rpo.artifacts.manifest import write_manifest as _write
+    from g2rpo.artifacts.storage import FileStore
 
     files = scan_dir(directory)
     _write(FileStore(directory), "", files, producer=f"{producer} {__version__}", config_hash=config_hash, metadata=metadata)
@@ -131,8 +131,8 @@ def write_manifest(directory: Path, *, producer: str, config_hash: str, metadata
 
 def manifest_metadata(directory: str | Path) -> dict[str, Any] | None:
     """The manifest's metadata, or None when there is no readable manifest."""
-    from g2rpo.manifest import read_manifest
-    from g2rpo.storage import FileStore
+    from g2rpo.artifacts.manifest import read_manifest
+    from g2rpo.artifacts.storage import FileStore
 
     try:
         return dict(read_manifest(FileStore(directory), "").metadata)
@@ -142,8 +142,8 @@ def manifest_metadata(directory: str | Path) -> dict[str, Any] | None:
 
 def is_complete(directory: str | Path) -> bool:
     """True when ``directory`` has a valid manifest and every listed file is there with its size."""
-    from g2rpo.manifest import verify as _verify
-    from g2rpo.storage import FileStore
+    from g2rpo.artifacts.manifest import verify as _verify
+    from g2rpo.artifacts.storage import FileStore
 
     directory = Path(directory)
     if not (directory / MANIFEST).is_file():
@@ -157,8 +157,8 @@ def is_complete(directory: str | Path) -> bool:
 
 def verify(directory: str | Path) -> None:
     """Check every file's sha256 against the manifest (reads every byte); raises listing mismatches."""
-    from g2rpo.manifest import verify as _verify
-    from g2rpo.storage import FileStore
+    from g2rpo.artifacts.manifest import verify as _verify
+    from g2rpo.artifacts.storage import FileStore
 
     _verify(FileStore(directory), "", deep=True)
 
@@ -235,7 +235,7 @@ class CheckpointManager:
         if self.rank == 0:
             write_manifest(
                 target,
-                producer="g2rpo.trainer",
+                producer="g2rpo.training.trainer",
                 config_hash=self.config_hash,
                 metadata={"kind": "resumable-checkpoint", "iteration": state.iteration, "world_size": self.world_size},
             )
@@ -343,7 +343,7 @@ def export_model(
     }
     (directory / "base_model.json").write_text(json.dumps(info, indent=1, sort_keys=True))
     metadata = {"kind": f"export-{kind}", **{k: v for k, v in (extra or {}).items() if k in ("iterations", "ema")}}
-    write_manifest(directory, producer="g2rpo.trainer.export", config_hash=config_hash, metadata=metadata)
+    write_manifest(directory, producer="g2rpo.training.trainer.export", config_hash=config_hash, metadata=metadata)
     return directory
 
 

@@ -2,7 +2,7 @@
 
 ``RunConfig`` composes ``algorithm`` (:class:`~g2rpo.strategies.config.AlgorithmConfig`),
 ``model``, ``data``, ``rewards`` (:class:`~g2rpo.rewards.config.RewardsConfig`), ``train``, ``deepspeed``
-(:class:`~g2rpo.deepspeed_config.DeepSpeedSection`) and ``output``. Load it with
+(:class:`~g2rpo.training.deepspeed_config.DeepSpeedSection`) and ``output``. Load it with
 :func:`load_run_config` (YAML + ``key=value`` overrides; every problem reported at once), print
 it with ``g2rpo config show``, list every field with ``g2rpo config describe``.
 
@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from g2rpo.config import Section, config_hash, load_config
-from g2rpo.deepspeed_config import DeepSpeedSection
+from g2rpo.training.deepspeed_config import DeepSpeedSection
 from g2rpo.errors import problem
 from g2rpo.rewards.config import RewardsConfig
 from g2rpo.strategies.config import AlgorithmConfig
@@ -263,7 +263,7 @@ def run_problems(config: Any, world_size: int = 1) -> list[str]:
     if ds is not None and world_size > 1 and not ds.enabled:
         problems.append(problem("deepspeed.enabled", False, f"{world_size} ranks need DeepSpeed for data parallelism: set it to true"))
     if ds is not None and train is not None and ds.enabled:
-        from g2rpo.deepspeed_config import build_deepspeed_config, validate_deepspeed_config
+        from g2rpo.training.deepspeed_config import build_deepspeed_config, validate_deepspeed_config
 
         generated = build_deepspeed_config(
             ds, precision=train.precision, max_grad_norm=train.max_grad_norm, world_size=world_size, accumulation_steps=1

@@ -1,4 +1,4 @@
-"""A model registry on any :mod:`g2rpo.storage` store: versions, aliases, history.
+"""A model registry on any :mod:`g2rpo.artifacts.storage` store: versions, aliases, history.
 
 Layout under the registry's root URI (``s3://bucket/registry`` or a local folder)::
 
@@ -20,7 +20,7 @@ that loses the race gets :class:`AliasConflict` and nothing it wrote is visible,
 lost updates. Version numbers are claimed the same way (create-only ``versions/<n>.json``; a loser
 takes the next number).
 
-The registry does not decide promotions; :mod:`g2rpo.promotion` does, and writes through
+The registry does not decide promotions; :mod:`g2rpo.artifacts.promotion` does, and writes through
 :meth:`Registry.update_state`.
 """
 
@@ -40,8 +40,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from g2rpo import __version__
 from g2rpo.errors import G2RPOError, problem
-from g2rpo.manifest import FileEntry, publish_dir, read_manifest, unique_prefix
-from g2rpo.storage import ObjectNotFound, S3Settings, Store, WriteConflict, open_store
+from g2rpo.artifacts.manifest import FileEntry, publish_dir, read_manifest, unique_prefix
+from g2rpo.artifacts.storage import ObjectNotFound, S3Settings, Store, WriteConflict, open_store
 
 __all__ = [
     "ALIASES",
@@ -357,7 +357,7 @@ class Registry:
         uri = self.store.uri_for(f"models/{model}/evals/{unique_prefix('eval')}")
         with tempfile.TemporaryDirectory() as tmp:
             (Path(tmp) / "scores.json").write_bytes(data)
-            publish_dir(tmp, uri, producer=f"g2rpo.registry {__version__}", settings=self.settings)
+            publish_dir(tmp, uri, producer=f"g2rpo.artifacts.registry {__version__}", settings=self.settings)
         return uri, hashlib.sha256(data).hexdigest()
 
     def register(

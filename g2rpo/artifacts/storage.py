@@ -22,7 +22,7 @@ retries with exponential backoff done by botocore's retry modes (``standard``/``
 a loop here.
 
 Manifests, atomic publish, verified downloads, the digest-keyed cache and garbage collection are
-built on top of this in :mod:`g2rpo.manifest`.
+built on top of this in :mod:`g2rpo.artifacts.manifest`.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ takes the ``(1 ± confidence)/2`` percentiles of the resampled means of ``d`` (p
 The decision (every gate's numbers, pass/fail and reason) is stored with the version and printed.
 A passing promotion moves ``champion`` with one conditional write of the registry state, based on
 the state the decision was computed against: if another promotion got there first the write is
-refused (:class:`~g2rpo.registry.AliasConflict`) and the command must be rerun, because the
+refused (:class:`~g2rpo.artifacts.registry.AliasConflict`) and the command must be rerun, because the
 decision compared against a champion that is no longer the champion.
 """
 
@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from g2rpo.config import Section, load_config
 from g2rpo.errors import G2RPOError, problem
-from g2rpo.registry import (
+from g2rpo.artifacts.registry import (
     AliasConflict,
     EvalRecord,
     EvalScores,
@@ -343,7 +343,7 @@ def promote(
     """Decide whether ``version`` beats the champion; if so make it champion (one conditional write).
 
     The decision is stored with the version (unless ``dry_run``) whatever the outcome. Raises
-    :class:`~g2rpo.registry.AliasConflict` when another writer moved the aliases after the state
+    :class:`~g2rpo.artifacts.registry.AliasConflict` when another writer moved the aliases after the state
     this decision was computed against was read.
     """
     expected = registry.read_state(model)

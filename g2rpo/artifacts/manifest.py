@@ -3,7 +3,7 @@
 An *artifact* is every object under one prefix (a checkpoint, an exported model, an embedding
 cache, an eval report). It counts as present only when ``<prefix>/manifest.json`` exists:
 
-    {"schema_version": 1, "producer": "g2rpo.trainer 0.1.0", "config_hash": "3f2a...",
+    {"schema_version": 1, "producer": "g2rpo.training.trainer 0.1.0", "config_hash": "3f2a...",
      "created_at": "2026-11-29T15:00:00Z", "metadata": {...},
      "files": [{"path": "transformer/model.safetensors", "size": 123, "sha256": "..."}, ...]}
 
@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from g2rpo import __version__
 from g2rpo.errors import G2RPOError, problem
-from g2rpo.storage import (
+from g2rpo.artifacts.storage import (
     FileStore,
     ObjectNotFound,
     S3Settings,
@@ -94,7 +94,7 @@ class Manifest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     schema_version: int = Field(SCHEMA_VERSION, description="manifest format version")
-    producer: str = Field(description="what wrote the artifact, e.g. 'g2rpo.trainer 0.1.0'")
+    producer: str = Field(description="what wrote the artifact, e.g. 'g2rpo.training.trainer 0.1.0'")
     config_hash: str | None = Field(None, description="g2rpo.config.config_hash of the producing config")
     created_at: str = Field(description="UTC time of publishing, ISO 8601")
     files: list[FileEntry] = Field(description="every file of the artifact (the manifest itself excluded)")
@@ -128,7 +128,7 @@ def unique_uri(uri: str) -> str:
     The URI must name something below its bucket or folder (``s3://bucket`` alone is refused: a
     unique *bucket* name is not what anyone wants).
     """
-    from g2rpo.storage import _parse
+    from g2rpo.artifacts.storage import _parse
 
     scheme, where, prefix = _parse(uri)
     if scheme == "s3":

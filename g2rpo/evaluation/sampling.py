@@ -50,9 +50,9 @@ class EvalResult:
         return float(self.scores[name].double().mean())
 
     def eval_scores(self, prompt_set: str, prompt_set_sha256: str | None = None) -> Any:
-        """The registry's per-prompt record (:class:`g2rpo.registry.EvalScores`); prompt ids are
+        """The registry's per-prompt record (:class:`g2rpo.artifacts.registry.EvalScores`); prompt ids are
         ``p<i>``, the prompt's position in :attr:`prompts`."""
-        from g2rpo.registry import EvalScores, ScoreItem
+        from g2rpo.artifacts.registry import EvalScores, ScoreItem
 
         items = [
             ScoreItem(

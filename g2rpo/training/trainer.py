@@ -24,7 +24,7 @@ the number of ranks or on a resume.
 
 Outputs under ``output.dir``: ``config.yaml`` (every default written out), ``metrics.jsonl`` (one
 record per iteration: the step stats, rewards per model and stride, grad norm, lr, seconds per
-phase), ``checkpoints/`` (see :mod:`g2rpo.checkpoint`) and ``export/``. ``metrics.jsonl`` is
+phase), ``checkpoints/`` (see :mod:`g2rpo.training.checkpoint`) and ``export/``. ``metrics.jsonl`` is
 appended to; after a resume the iterations after the checkpoint are written again, and a record
 ``{"event": "resumed", ...}`` marks where (readers keep the last record of each iteration).
 
@@ -49,11 +49,11 @@ from typing import Any
 
 import torch
 
-from g2rpo.checkpoint import CheckpointManager, TrainerState, export_model, is_complete, manifest_metadata
+from g2rpo.training.checkpoint import CheckpointManager, TrainerState, export_model, is_complete, manifest_metadata
 from g2rpo.config import to_yaml
-from g2rpo.distributed import DistContext, init_distributed, prompts_per_rank
+from g2rpo.training.distributed import DistContext, init_distributed, prompts_per_rank
 from g2rpo.errors import ConfigError, G2RPOError, problem
-from g2rpo.run_config import RunConfig, resume_hash, run_problems
+from g2rpo.training.run_config import RunConfig, resume_hash, run_problems
 from g2rpo.seeding import Draws, derive_seed
 from g2rpo.strategies.base import StepStats, summarize_step
 
@@ -160,7 +160,7 @@ class DeepSpeedDriver:
     ) -> None:
         import deepspeed
 
-        from g2rpo.deepspeed_config import build_deepspeed_config, validate_deepspeed_config
+        from g2rpo.training.deepspeed_config import build_deepspeed_config, validate_deepspeed_config
 
         train = config.train
         self.ds_config = build_deepspeed_config(
@@ -540,7 +540,7 @@ class Trainer:
         if not self._is_setup:
             self.setup()
         cfg, ctx = self.config, self.ctx
-        from g2rpo.distributed import global_prompt_indices
+        from g2rpo.training.distributed import global_prompt_indices
         from g2rpo.models.flux import decode_latents
 
         batch = global_prompt_indices(cfg.train.seed, self.iteration, cfg.train.prompts_per_iteration, len(self.prompts))
@@ -786,7 +786,7 @@ class _FaultingDriver:
 
 def _license_of(record: dict[str, Any]) -> dict[str, Any]:
     """The licence block of an export, from the models layer's record of the base model."""
-    from g2rpo.checkpoint import FLUX_DEV_LICENSE
+    from g2rpo.training.checkpoint import FLUX_DEV_LICENSE
 
     if record.get("kind") == "tiny":
         return {"name": record.get("licence"), "url": record.get("licence_url"), "note": record.get("note")}

@@ -1,0 +1,1 @@
+"""Artifacts: ``file://`` and ``s3://`` storage, manifests, the model registry and promotion gates."""

@@ -1,0 +1,1 @@
+"""Evaluation: deterministic ODE samples on fixed prompts and seeds, scored by reward models; plots."""
