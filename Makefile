@@ -11,12 +11,14 @@ PYTEST_ARGS ?=
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-slow test-all parity bench lock clean help
+.PHONY: install demo lint test test-slow test-gpu test-all parity bench lock clean help
 
 help:
 	@echo "make demo       create .venv, install, run the main job on the embedded default"
-	@echo "make test       install what the tests need and run the suite (what CI runs)"
+	@echo "make test       install what the tests need, check lint and import contracts, run the suite (CI)"
+	@echo "make lint       ruff (lint + format check) and the import contracts (lint-imports)"
 	@echo "make test-slow  the opt-in slow tier (full-size reward architectures, long runs)"
+	@echo "make test-gpu   the CUDA tier (-m gpu; needs a GPU)"
 	@echo "make parity     build the reference-package virtualenvs and regenerate parity fixtures"
 	@echo "make bench      run the CPU benchmarks in benchmarks/ (JSON + table)"
 
@@ -32,11 +34,19 @@ install: $(STAMP)
 demo: install
 	$(VENV)/bin/g2rpo demo
 
-test: install
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+
+test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-slow: install
 	$(PY) -m pytest -m slow $(PYTEST_ARGS)
+
+test-gpu: install
+	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
 test-all: install
 	$(PY) -m pytest -m "not gpu and not parity_env" $(PYTEST_ARGS)

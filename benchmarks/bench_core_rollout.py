@@ -114,11 +114,15 @@ def main(argv: list[str] | None = None) -> int:
     out = RESULTS / "bench_core_rollout.json"
     out.write_text(json.dumps(result, indent=2) + "\n")
 
-    print(f"G²RPO rollout, tiny Flux {args.size}×{args.size}, T={args.steps} G={args.group} Λ={strides} "
-          f"|M|={len(config.trained_steps)}, {args.prompts} prompts, {args.threads} thread(s)")
+    print(
+        f"G²RPO rollout, tiny Flux {args.size}×{args.size}, T={args.steps} G={args.group} Λ={strides} "
+        f"|M|={len(config.trained_steps)}, {args.prompts} prompts, {args.threads} thread(s)"
+    )
     print(f"{'mode':<9} {'micro':>5} {'forwards':>9} {'calls':>6} {'seconds':>8}")
     for row in rows:
-        print(f"{row['mode']:<9} {row['micro_batch']:>5} {row['sampling_forwards']:>9} {row['model_calls']:>6} {row['seconds']:>8.3f}")
+        print(
+            f"{row['mode']:<9} {row['micro_batch']:>5} {row['sampling_forwards']:>9} {row['model_calls']:>6} {row['seconds']:>8.3f}"
+        )
     print(f"batched is {result['speedup_batched_vs_batch1']:.1f}× faster; same final latents: {result['same_result']}")
     print(f"sampling forwards per prompt: this project {ours}, reference code {reference}")
     print(f"wrote {out}")

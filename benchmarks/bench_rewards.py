@@ -129,10 +129,14 @@ def build_cases(folder: Path):
     from g2rpo.rewards.base import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD
 
     n_px = head.net.image_size
-    ir_transform = T.Compose([
-        T.Resize(n_px, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(n_px), T.ToTensor(),
-        T.Normalize(OPENAI_CLIP_MEAN, OPENAI_CLIP_STD),
-    ])
+    ir_transform = T.Compose(
+        [
+            T.Resize(n_px, interpolation=T.InterpolationMode.BICUBIC),
+            T.CenterCrop(n_px),
+            T.ToTensor(),
+            T.Normalize(OPENAI_CLIP_MEAN, OPENAI_CLIP_STD),
+        ]
+    )
 
     def image_reward_single(images, prompts, head=head):
         out = []
@@ -160,7 +164,12 @@ def build_cases(folder: Path):
 
     for name in ("jpeg_compressibility", "sharpness", "total_variation"):
         head = build_reward(name)
-        cases[name] = (head, lambda images, prompts, head=head: [head.score(images[i : i + 1], prompts[i : i + 1]) for i in range(len(prompts))])
+        cases[name] = (
+            head,
+            lambda images, prompts, head=head: [
+                head.score(images[i : i + 1], prompts[i : i + 1]) for i in range(len(prompts))
+            ],
+        )
     return cases
 
 
@@ -181,17 +190,19 @@ def main(argv: list[str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="g2rpo-bench-rewards-") as tmp:
         cases = build_cases(Path(tmp))
         for name, (head, single) in cases.items():
-            batched_s = _time(lambda: head.score(images, prompts), args.repeats)
-            single_s = _time(lambda: single(images, prompts), args.repeats)
+            batched_s = _time(lambda head=head: head.score(images, prompts), args.repeats)
+            single_s = _time(lambda single=single: single(images, prompts), args.repeats)
             batched = head.score(images, prompts)
             per_image = torch.tensor([float(v) for v in single(images, prompts)])
-            rows.append({
-                "reward": name,
-                "batched_images_per_s": args.n / batched_s,
-                "per_image_pil_images_per_s": args.n / single_s,
-                "speedup": single_s / batched_s,
-                "max_abs_diff": float((batched - per_image).abs().max()),
-            })
+            rows.append(
+                {
+                    "reward": name,
+                    "batched_images_per_s": args.n / batched_s,
+                    "per_image_pil_images_per_s": args.n / single_s,
+                    "speedup": single_s / batched_s,
+                    "max_abs_diff": float((batched - per_image).abs().max()),
+                }
+            )
     result = {
         "benchmark": "bench_rewards",
         "n_images": args.n,
@@ -208,9 +219,13 @@ def main(argv: list[str] | None = None) -> dict:
     out.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     print(f"{'reward':<22}{'batched img/s':>15}{'per-image PIL img/s':>22}{'ratio':>8}{'max |Δ score|':>15}")
     for row in rows:
-        print(f"{row['reward']:<22}{row['batched_images_per_s']:>15.1f}{row['per_image_pil_images_per_s']:>22.1f}"
-              f"{row['speedup']:>7.1f}×{row['max_abs_diff']:>15.2e}")
-    print(f"({args.n} images of {args.size}×{args.size}, {args.threads} thread(s), best of {args.repeats}; JSON: {out})")
+        print(
+            f"{row['reward']:<22}{row['batched_images_per_s']:>15.1f}{row['per_image_pil_images_per_s']:>22.1f}"
+            f"{row['speedup']:>7.1f}×{row['max_abs_diff']:>15.2e}"
+        )
+    print(
+        f"({args.n} images of {args.size}×{args.size}, {args.threads} thread(s), best of {args.repeats}; JSON: {out})"
+    )
     return result
 
 

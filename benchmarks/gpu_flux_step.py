@@ -63,14 +63,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--size", type=int, default=1024, help="image side in pixels (multiple of 16; default 1024)")
     parser.add_argument("--text-tokens", type=int, default=512, help="T5 tokens (FLUX.1-dev 512)")
-    parser.add_argument("--groups", type=int, default=1, help="P, groups (prompts) in the term: rows of the one forward")
+    parser.add_argument(
+        "--groups", type=int, default=1, help="P, groups (prompts) in the term: rows of the one forward"
+    )
     parser.add_argument("--group-size", type=int, default=12, help="G, branches whose log-prob the term scores")
     parser.add_argument("--steps", type=int, default=3, help="timed steps (after one counted warm-up)")
     parser.add_argument("--lora", action="store_true", help="train LoRA adapters (rank --lora-rank) on a frozen base")
     parser.add_argument("--lora-rank", type=int, default=64, help="LoRA rank")
     parser.add_argument("--no-checkpointing", action="store_true", help="keep all activations (more memory)")
     parser.add_argument("--layers", type=int, default=FLUX_DEV["num_layers"], help="double-stream blocks (19)")
-    parser.add_argument("--single-layers", type=int, default=FLUX_DEV["num_single_layers"], help="single-stream blocks (38)")
+    parser.add_argument(
+        "--single-layers", type=int, default=FLUX_DEV["num_single_layers"], help="single-stream blocks (38)"
+    )
     parser.add_argument("--gemm-size", type=int, default=8192, help="n of the n×n×n bf16 GEMM ceiling")
     parser.add_argument("--repeats", type=int, default=10, help="GEMM timing repeats")
     parser.add_argument("--output", default=str(RESULTS / "gpu_flux_step.json"), help="JSON result path")
@@ -118,7 +122,9 @@ def build_transformer(torch, args: argparse.Namespace):
         from peft import LoraConfig
 
         model.requires_grad_(False)
-        model.add_adapter(LoraConfig(r=args.lora_rank, lora_alpha=args.lora_rank, target_modules=["to_q", "to_k", "to_v", "to_out.0"]))
+        model.add_adapter(
+            LoraConfig(r=args.lora_rank, lora_alpha=args.lora_rank, target_modules=["to_q", "to_k", "to_v", "to_out.0"])
+        )
     return model, config
 
 
@@ -216,9 +222,18 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.output)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    print(f"device {device_name}; {n_params / 1e9:.2f}B parameters ({n_trainable / 1e9:.3f}B trainable), init {init_seconds:.1f} s")
+    print(
+        f"device {device_name}; {n_params / 1e9:.2f}B parameters ({n_trainable / 1e9:.3f}B trainable), init {init_seconds:.1f} s"
+    )
     print(f"{'metric':<32} value")
-    for key in ("flops_per_step", "achieved_tflops", "matmul_ceiling_tflops", "mfu_vs_measured_ceiling", "mfu_vs_datasheet", "peak_memory_gib"):
+    for key in (
+        "flops_per_step",
+        "achieved_tflops",
+        "matmul_ceiling_tflops",
+        "mfu_vs_measured_ceiling",
+        "mfu_vs_datasheet",
+        "peak_memory_gib",
+    ):
         value = result[key]
         print(f"{key:<32} {value:.4g}" if isinstance(value, float) else f"{key:<32} {value}")
     print(f"step seconds: {', '.join(f'{t:.3f}' for t in times)}; wrote {out}")

@@ -106,7 +106,9 @@ def apply_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     if not path.exists():
-        raise G2RPOError(f"config file {str(path)!r} does not exist: check the path (a relative path is taken from {str(Path.cwd())!r})")
+        raise G2RPOError(
+            f"config file {str(path)!r} does not exist: check the path (a relative path is taken from {str(Path.cwd())!r})"
+        )
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:

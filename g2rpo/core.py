@@ -131,9 +131,7 @@ def sde_noise_scale(
     at_one = sigma == 1
     if bool(at_one.any()):
         if sigma_one_substitute is None:
-            raise ValueError(
-                "sde_noise_scale at σ = 1 needs sigma_one_substitute (the grid's σ[1]) to stay finite"
-            )
+            raise ValueError("sde_noise_scale at σ = 1 needs sigma_one_substitute (the grid's σ[1]) to stay finite")
         denominator_sigma = torch.where(
             at_one, torch.as_tensor(sigma_one_substitute, dtype=sigma.dtype, device=sigma.device), sigma
         )

@@ -118,7 +118,9 @@ def read_prompt_file(path: str | Path) -> list[str]:
     """
     src = Path(path)
     if not src.is_file():
-        raise G2RPOError(problem("prompts", str(src), "file not found; pass a .txt (one prompt per line) or .jsonl file"))
+        raise G2RPOError(
+            problem("prompts", str(src), "file not found; pass a .txt (one prompt per line) or .jsonl file")
+        )
     raw = src.read_bytes()
     if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark is UTF-8, not content
         raw = raw[3:]
@@ -140,7 +142,9 @@ def read_prompt_file(path: str | Path) -> list[str]:
             continue
         if is_jsonl:
             if not text.strip():
-                problems.append(f"{src}:{number}: empty line; remove it (every line must be a JSON object with a 'prompt')")
+                problems.append(
+                    f"{src}:{number}: empty line; remove it (every line must be a JSON object with a 'prompt')"
+                )
                 continue
             try:
                 record = json.loads(text)
@@ -148,7 +152,7 @@ def read_prompt_file(path: str | Path) -> list[str]:
                 problems.append(f"{src}:{number}: not valid JSON ({exc.msg}); write one JSON object per line")
                 continue
             if not isinstance(record, dict) or not isinstance(record.get("prompt"), str):
-                problems.append(f"{src}:{number}: no string field 'prompt'; write {{\"prompt\": \"...\"}}")
+                problems.append(f'{src}:{number}: no string field \'prompt\'; write {{"prompt": "..."}}')
                 continue
             text = record["prompt"]
         text = text.strip()
@@ -252,7 +256,9 @@ def prepare_prompts(
     existing = [n for n in names if (out / n).exists()]
     if existing and not overwrite:
         raise G2RPOError(
-            problem("output", str(out), f"already holds {', '.join(existing)}; choose another directory or pass --overwrite")
+            problem(
+                "output", str(out), f"already holds {', '.join(existing)}; choose another directory or pass --overwrite"
+            )
         )
     prompts = read_prompt_location(source)
     unique, duplicates = dedupe_prompts(prompts)
@@ -280,7 +286,9 @@ def read_prompt_split(path: str | Path) -> list[str]:
     """Prompts of a ``train.jsonl``/``test.jsonl`` written by :func:`prepare_prompts`, in index order."""
     src = Path(path)
     if not src.is_file():
-        raise G2RPOError(problem("prompts", str(src), "file not found; run `g2rpo data prep` to make train.jsonl/test.jsonl"))
+        raise G2RPOError(
+            problem("prompts", str(src), "file not found; run `g2rpo data prep` to make train.jsonl/test.jsonl")
+        )
     prompts = read_prompt_file(src) if src.suffix.lower() == ".jsonl" else None
     if prompts is None:
         raise G2RPOError(problem("prompts", str(src), "expected a .jsonl file written by `g2rpo data prep`"))
@@ -320,7 +328,9 @@ def write_embedding_cache(
         raise G2RPOError(problem("prompts", [], "nothing to encode; pass at least one prompt"))
     unique, dup = dedupe_prompts(prompts)
     if dup:
-        raise G2RPOError(problem("prompts", f"{dup} duplicate(s)", "dedupe the prompt set first (g2rpo data prep does)"))
+        raise G2RPOError(
+            problem("prompts", f"{dup} duplicate(s)", "dedupe the prompt set first (g2rpo data prep does)")
+        )
     out = Path(output)
     if out.exists() and not out.is_dir():
         raise G2RPOError(problem("output", str(out), "is a file; pass a directory"))
@@ -436,7 +446,11 @@ class EmbeddingCache:
         root = self.path
         fix = "rebuild it with `g2rpo data prep ... --overwrite`"
         if not root.is_dir():
-            raise G2RPOError(problem("embeddings", str(root), "no such directory; build the cache with `g2rpo data prep --model ...`"))
+            raise G2RPOError(
+                problem(
+                    "embeddings", str(root), "no such directory; build the cache with `g2rpo data prep --model ...`"
+                )
+            )
         manifest_path = root / MANIFEST
         if not manifest_path.is_file():
             found = sorted(p.name for p in root.iterdir())
@@ -450,8 +464,11 @@ class EmbeddingCache:
             raise G2RPOError(f"{manifest_path}: unreadable ({exc}); {fix}") from None
         if manifest.get("schema_version") != CACHE_SCHEMA_VERSION or manifest.get("kind") != "flux-text-embeddings":
             raise G2RPOError(
-                problem(f"{manifest_path}:schema_version", manifest.get("schema_version"),
-                        f"this g2rpo reads schema {CACHE_SCHEMA_VERSION} of kind flux-text-embeddings; {fix}")
+                problem(
+                    f"{manifest_path}:schema_version",
+                    manifest.get("schema_version"),
+                    f"this g2rpo reads schema {CACHE_SCHEMA_VERSION} of kind flux-text-embeddings; {fix}",
+                )
             )
         problems = []
         for name, info in manifest["files"].items():
@@ -486,7 +503,11 @@ class EmbeddingCache:
         try:
             return self._position[prompt]
         except KeyError:
-            raise G2RPOError(problem("prompt", prompt, f"not in the embedding cache {str(self.path)!r}; re-run `g2rpo data prep` with it")) from None
+            raise G2RPOError(
+                problem(
+                    "prompt", prompt, f"not in the embedding cache {str(self.path)!r}; re-run `g2rpo data prep` with it"
+                )
+            ) from None
 
     def _shard(self, number: int) -> Any:
         handle = self._handles.get(number)

@@ -104,7 +104,9 @@ def tiny_config_path() -> Path:
     """``configs/tiny-cpu.yaml`` of this checkout (the demo's base config)."""
     path = Path(__file__).resolve().parents[1] / "configs" / "tiny-cpu.yaml"
     if not path.is_file():
-        raise G2RPOError(problem("config", str(path), "not found: run the demo from a g2rpo checkout (pip install -e .)"))
+        raise G2RPOError(
+            problem("config", str(path), "not found: run the demo from a g2rpo checkout (pip install -e .)")
+        )
     return path
 
 
@@ -117,11 +119,11 @@ def run_demo(
     echo=print,
 ) -> FluxDemoResult:
     """Train the tiny Flux with G²RPO, evaluate before/after, publish, register, promote; report."""
+    from g2rpo.artifacts.promotion import eval_record_from_scores, format_decision, load_gates, promote
+    from g2rpo.artifacts.registry import BaseModelRef, Registry
     from g2rpo.evaluation.sampling import sample_and_score, save_before_after_grid, save_reward_curve
     from g2rpo.models.loading import load_text_encoder
     from g2rpo.models.tiny import save_tiny_flux
-    from g2rpo.artifacts.promotion import eval_record_from_scores, format_decision, load_gates, promote
-    from g2rpo.artifacts.registry import BaseModelRef, Registry
     from g2rpo.training.run_config import RunConfig
     from g2rpo.training.trainer import Trainer
 
@@ -151,7 +153,9 @@ def run_demo(
 
     echo(f"[3/6] ODE evaluation before training: {EVAL_PROMPTS} prompts × seeds {list(EVAL_SEEDS)}, T={algo.num_steps}")
     prompts = trainer.prompts[:EVAL_PROMPTS]
-    cond = load_text_encoder(config.model.path, dtype="float32", max_sequence_length=config.data.max_sequence_length).encode(prompts)
+    cond = load_text_encoder(
+        config.model.path, dtype="float32", max_sequence_length=config.data.max_sequence_length
+    ).encode(prompts)
     rewards = dict(zip(trainer.reward_names, trainer.reward_models))
     sigmas = make_grid(algo, trainer.latent_shape[0])
     before = sample_and_score(trainer.velocity, trainer.vae, cond, prompts, EVAL_SEEDS, rewards, sigmas)
@@ -167,7 +171,10 @@ def run_demo(
         "export": Path(summary["export"]),
         "eval_grid": save_before_after_grid(before, after, run_dir / "eval_grid.png", reward=name),
         "reward_plot": save_reward_curve(
-            [r["reward_mean_all"] for r in records], run_dir / "reward.png", before.mean(name), after.mean(name),
+            [r["reward_mean_all"] for r in records],
+            run_dir / "reward.png",
+            before.mean(name),
+            after.mean(name),
             title=f"g2rpo demo: {name} (tiny Flux, {algo.strategy})",
         ),
     }
@@ -177,7 +184,9 @@ def run_demo(
     export_uri = _publish_export(outputs["export"], f"{store.as_uri()}/exports/{MODEL_NAME}", trainer.hash)
     registry = Registry((run_dir / "registry").as_uri())
     prompt_file = Path(config.data.prompts)
-    scores = after.eval_scores(prompt_set=str(prompt_file), prompt_set_sha256=hashlib.sha256(prompt_file.read_bytes()).hexdigest())
+    scores = after.eval_scores(
+        prompt_set=str(prompt_file), prompt_set_sha256=hashlib.sha256(prompt_file.read_bytes()).hexdigest()
+    )
     scores_uri, scores_sha = registry.publish_scores(MODEL_NAME, scores)
     licence = json.loads((outputs["export"] / "base_model.json").read_text())["license"]["name"]
     record = registry.register(
@@ -197,17 +206,27 @@ def run_demo(
 
     last = records[-1]
     echo(f"[6/6] summary ({time.perf_counter() - started:.0f} s)")
-    echo(f"  ran: {algo.strategy}, T={algo.num_steps}, G={algo.group_size}, M={algo.trained_steps}, Λ={algo.strides}, "
-         f"η={algo.eta}, ε={algo.ratio_clip}, lr={config.train.learning_rate}, {summary['iterations']} iterations × "
-         f"{config.train.prompts_per_iteration} prompts, {config.model.height}×{config.model.width}, reward {name}")
-    echo(f"  per iteration: {last['sampling_forwards']} sampling forwards in {last['model_calls']} batched calls, "
-         f"{last['training_forwards']} training forward/backwards, {last['decoded_images']} images decoded and scored")
-    echo(f"  rollout reward (training prompts): first {records[0]['reward_mean_all']:.4f}, last {last['reward_mean_all']:.4f}")
-    echo(f"  ODE-sample reward on the fixed set ({len(prompts)} prompts × {len(EVAL_SEEDS)} seeds): "
-         f"before {before.mean(name):.4f}, after {after.mean(name):.4f} "
-         f"(Δ {after.mean(name) - before.mean(name):+.4f}; higher is better)")
-    echo(f"  registry: {MODEL_NAME} v{record.version}, champion = "
-         f"{'v' + str(state.aliases['champion']) if 'champion' in state.aliases else 'none'}")
+    echo(
+        f"  ran: {algo.strategy}, T={algo.num_steps}, G={algo.group_size}, M={algo.trained_steps}, Λ={algo.strides}, "
+        f"η={algo.eta}, ε={algo.ratio_clip}, lr={config.train.learning_rate}, {summary['iterations']} iterations × "
+        f"{config.train.prompts_per_iteration} prompts, {config.model.height}×{config.model.width}, reward {name}"
+    )
+    echo(
+        f"  per iteration: {last['sampling_forwards']} sampling forwards in {last['model_calls']} batched calls, "
+        f"{last['training_forwards']} training forward/backwards, {last['decoded_images']} images decoded and scored"
+    )
+    echo(
+        f"  rollout reward (training prompts): first {records[0]['reward_mean_all']:.4f}, last {last['reward_mean_all']:.4f}"
+    )
+    echo(
+        f"  ODE-sample reward on the fixed set ({len(prompts)} prompts × {len(EVAL_SEEDS)} seeds): "
+        f"before {before.mean(name):.4f}, after {after.mean(name):.4f} "
+        f"(Δ {after.mean(name) - before.mean(name):+.4f}; higher is better)"
+    )
+    echo(
+        f"  registry: {MODEL_NAME} v{record.version}, champion = "
+        f"{'v' + str(state.aliases['champion']) if 'champion' in state.aliases else 'none'}"
+    )
     for label, path in outputs.items():
         echo(f"  {label:<12} {path}")
     echo(f"  {'export_uri':<12} {export_uri}")
@@ -265,14 +284,16 @@ def _publish_export(export_dir: Path, uri_base: str, config_hash: str) -> str:
     The export carries the trainer's local manifest (same format); ``publish_dir`` writes the
     artifact's own, last, so the local one is left out of the upload.
     """
-    from g2rpo.training.checkpoint import manifest_metadata
     from g2rpo.artifacts.manifest import publish_dir, unique_prefix
+    from g2rpo.training.checkpoint import manifest_metadata
 
     uri = f"{uri_base}/{unique_prefix('model')}"
     with tempfile.TemporaryDirectory() as tmp:
         staging = Path(tmp) / "export"
         shutil.copytree(export_dir, staging, ignore=shutil.ignore_patterns("manifest.json"))
-        publish_dir(staging, uri, producer="g2rpo demo", config_hash=config_hash, metadata=manifest_metadata(export_dir))
+        publish_dir(
+            staging, uri, producer="g2rpo demo", config_hash=config_hash, metadata=manifest_metadata(export_dir)
+        )
     return uri
 
 
@@ -311,7 +332,12 @@ class DemoResult:
 
 @torch.no_grad()
 def evaluate_ode_reward(
-    model: ToyVelocityModel, cond: ToyConditioning, reward: ToyReward, sigmas: torch.Tensor, samples: int = 16, seed: int = 1234
+    model: ToyVelocityModel,
+    cond: ToyConditioning,
+    reward: ToyReward,
+    sigmas: torch.Tensor,
+    samples: int = 16,
+    seed: int = 1234,
 ) -> float:
     """Mean reward of deterministic ODE samples from a fixed noise (``samples`` per prompt)."""
     gen = torch.Generator().manual_seed(seed)
@@ -347,10 +373,12 @@ def run_toy_demo(
     sigmas = make_grid(config, LATENT_SHAPE[0])
     out_dir = _new_run_dir(Path(out_root), f"demo-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}")
 
-    echo(f"g2rpo demo: strategy={config.strategy} T={config.num_steps} G={config.group_size} "
-         f"M={config.trained_steps} Λ={config.strides} η={config.eta} ε={config.ratio_clip} "
-         f"on a toy velocity model ({sum(p.numel() for p in model.parameters())} parameters, "
-         f"{num_prompts} prompts, latents {list(LATENT_SHAPE)}), AdamW lr={lr}")
+    echo(
+        f"g2rpo demo: strategy={config.strategy} T={config.num_steps} G={config.group_size} "
+        f"M={config.trained_steps} Λ={config.strides} η={config.eta} ε={config.ratio_clip} "
+        f"on a toy velocity model ({sum(p.numel() for p in model.parameters())} parameters, "
+        f"{num_prompts} prompts, latents {list(LATENT_SHAPE)}), AdamW lr={lr}"
+    )
     reward_before = evaluate_ode_reward(model, cond, reward, sigmas)
     history: list[StepStats] = []
     with (out_dir / "metrics.jsonl").open("w") as metrics:
@@ -375,12 +403,18 @@ def run_toy_demo(
     _plot(history, out_dir / "reward.png")
 
     last = history[-1]
-    echo(f"per iteration: {last.sampling_forwards} sampling forwards in {last.model_calls} batched calls, "
-         f"{last.training_forwards} training forward/backwards, {last.optimizer_steps} optimiser step(s)")
-    echo(f"rollout reward (mean over branches): first {history[0].reward_mean_all:.4f}, last {last.reward_mean_all:.4f}")
+    echo(
+        f"per iteration: {last.sampling_forwards} sampling forwards in {last.model_calls} batched calls, "
+        f"{last.training_forwards} training forward/backwards, {last.optimizer_steps} optimiser step(s)"
+    )
+    echo(
+        f"rollout reward (mean over branches): first {history[0].reward_mean_all:.4f}, last {last.reward_mean_all:.4f}"
+    )
     echo(f"ODE-sample reward on fixed noise: before {reward_before:.4f}, after {reward_after:.4f} (best possible 0)")
-    echo(f"last loss {last.loss:.4g}, clip fraction {last.clip_fraction:.3f}, ratio mean {last.ratio_mean:.6f}, "
-         f"dropped groups {last.dropped_groups}/{last.total_groups}")
+    echo(
+        f"last loss {last.loss:.4g}, clip fraction {last.clip_fraction:.3f}, ratio mean {last.ratio_mean:.6f}, "
+        f"dropped groups {last.dropped_groups}/{last.total_groups}"
+    )
     echo(f"wrote {out_dir / 'metrics.jsonl'} and {out_dir / 'reward.png'}")
     return DemoResult(out_dir, reward_before, reward_after, history)
 

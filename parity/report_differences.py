@@ -20,16 +20,26 @@ def heads():
     from g2rpo.rewards.image_reward import ImageReward
 
     folder, expected, prompts = parity.read_fixture("hps_v21")
-    yield "hps_v21", HPSv21.from_checkpoint(
-        folder / expected["checkpoint"], open_clip_config=folder / "open_clip_config.json"
-    ), folder, expected, prompts
+    yield (
+        "hps_v21",
+        HPSv21.from_checkpoint(folder / expected["checkpoint"], open_clip_config=folder / "open_clip_config.json"),
+        folder,
+        expected,
+        prompts,
+    )
     folder, expected, prompts = parity.read_fixture("image_reward")
-    yield "image_reward", ImageReward.from_checkpoint(
-        folder / expected["checkpoint"],
-        med_config=folder / "med_config.json",
-        vision_config=folder / "vision_config.json",
-        tokenizer_dir=folder / "tokenizer",
-    ), folder, expected, prompts
+    yield (
+        "image_reward",
+        ImageReward.from_checkpoint(
+            folder / expected["checkpoint"],
+            med_config=folder / "med_config.json",
+            vision_config=folder / "vision_config.json",
+            tokenizer_dir=folder / "tokenizer",
+        ),
+        folder,
+        expected,
+        prompts,
+    )
 
 
 def main() -> None:

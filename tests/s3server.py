@@ -105,7 +105,7 @@ class SeaweedServer:
         path.write_text(json.dumps(identities))
         return path
 
-    def start(self, timeout_s: float = 60.0) -> "SeaweedServer":
+    def start(self, timeout_s: float = 60.0) -> SeaweedServer:
         """Start (or restart, same ports and data) and wait until S3 answers signed requests."""
         binary = weed_binary()
         if binary is None:
@@ -115,19 +115,36 @@ class SeaweedServer:
         master, volume, filer, s3, admin = self.ports
         d = self.data_dir
         cmd = [
-            binary, "mini", f"-dir={d}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
-            "-master.telemetry=false", "-webdav=false", "-admin.ui=false",
-            "-s3.port.iceberg=0", "-s3.port.lance=0",
-            f"-master.port={master}", f"-volume.port={volume}", f"-filer.port={filer}",
-            f"-s3.port={s3}", f"-admin.port={admin}", "-volume.preStopSeconds=0",
-            f"-s3.localSocket={d}/s3.sock", f"-filer.localSocket={d}/filer.sock",
+            binary,
+            "mini",
+            f"-dir={d}",
+            "-ip=127.0.0.1",
+            "-ip.bind=127.0.0.1",
+            "-master.telemetry=false",
+            "-webdav=false",
+            "-admin.ui=false",
+            "-s3.port.iceberg=0",
+            "-s3.port.lance=0",
+            f"-master.port={master}",
+            f"-volume.port={volume}",
+            f"-filer.port={filer}",
+            f"-s3.port={s3}",
+            f"-admin.port={admin}",
+            "-volume.preStopSeconds=0",
+            f"-s3.localSocket={d}/s3.sock",
+            f"-filer.localSocket={d}/filer.sock",
             f"-s3.config={config}",
         ]
         log = open(d / "weed.log", "ab")
         env = dict(os.environ, DO_NOT_TRACK="1")
         self.process = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=env, cwd=d,
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
+            cwd=d,
         )
         log.close()
         self._wait_ready(timeout_s)
@@ -159,9 +176,7 @@ class SeaweedServer:
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self.process is not None and self.process.poll() is not None:
-                raise RuntimeError(
-                    f"weed exited with {self.process.returncode}; see {self.data_dir / 'weed.log'}"
-                )
+                raise RuntimeError(f"weed exited with {self.process.returncode}; see {self.data_dir / 'weed.log'}")
             try:
                 client.list_buckets()
                 # A bucket round trip proves filer + volume are up, not only the gateway.

@@ -31,13 +31,12 @@ import re
 import secrets
 import shutil
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from g2rpo import __version__
-from g2rpo.errors import G2RPOError, problem
 from g2rpo.artifacts.storage import (
     FileStore,
     ObjectNotFound,
@@ -49,6 +48,7 @@ from g2rpo.artifacts.storage import (
     sha256_file,
     validate_key,
 )
+from g2rpo.errors import G2RPOError, problem
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -109,11 +109,11 @@ class Manifest(BaseModel):
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _iso(t: datetime) -> str:
-    return t.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def unique_prefix(name: str) -> str:
@@ -203,7 +203,9 @@ def parse_manifest(data: bytes, where: str) -> Manifest:
     try:
         return Manifest.model_validate(raw)
     except ValidationError as exc:
-        raise G2RPOError(f"{where} is not a valid manifest: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}") from None
+        raise G2RPOError(
+            f"{where} is not a valid manifest: {exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}"
+        ) from None
 
 
 def read_manifest(store: Store, prefix: str = "") -> Manifest:

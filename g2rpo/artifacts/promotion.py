@@ -34,8 +34,6 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from g2rpo.config import Section, load_config
-from g2rpo.errors import G2RPOError, problem
 from g2rpo.artifacts.registry import (
     AliasConflict,
     EvalRecord,
@@ -45,6 +43,8 @@ from g2rpo.artifacts.registry import (
     Registry,
     RegistryState,
 )
+from g2rpo.config import Section, load_config
+from g2rpo.errors import G2RPOError, problem
 
 __all__ = [
     "MetricGate",
@@ -71,7 +71,9 @@ class MetricGate(Section):
     """The gate for one metric."""
 
     direction: Literal["higher", "lower"] = Field(description="which way is better")
-    domain: Literal["in", "out"] = Field(description="'in': trained on (must improve); 'out': held out (may not regress)")
+    domain: Literal["in", "out"] = Field(
+        description="'in': trained on (must improve); 'out': held out (may not regress)"
+    )
     min_improvement: float | None = Field(
         None, ge=0, description="in-domain: least signed improvement over the champion (score units)"
     )
@@ -159,12 +161,14 @@ def paired_differences(challenger: EvalScores, champion: EvalScores, metric: str
     Refuses comparisons on different prompt sets or seeds: a paired difference needs the same items.
     """
     if challenger.prompt_set != champion.prompt_set or (
-        challenger.prompt_set_sha256 and champion.prompt_set_sha256
+        challenger.prompt_set_sha256
+        and champion.prompt_set_sha256
         and challenger.prompt_set_sha256 != champion.prompt_set_sha256
     ):
         raise G2RPOError(
             problem(
-                "prompt_set", challenger.prompt_set,
+                "prompt_set",
+                challenger.prompt_set,
                 f"the champion was evaluated on {champion.prompt_set!r}; evaluate both on the same prompt set",
             )
         )
@@ -175,8 +179,12 @@ def paired_differences(challenger: EvalScores, champion: EvalScores, metric: str
     a, b = challenger.keyed(metric), champion.keyed(metric)
     if not b:
         raise G2RPOError(
-            problem(metric, champion.prompt_set, "the champion's eval has no scores for this metric; re-evaluate the "
-                    "champion with it, or remove the metric's gate")
+            problem(
+                metric,
+                champion.prompt_set,
+                "the champion's eval has no scores for this metric; re-evaluate the "
+                "champion with it, or remove the metric's gate",
+            )
         )
     if set(a) != set(b):
         only = sorted(set(a) ^ set(b))[:3]
@@ -187,7 +195,9 @@ def paired_differences(challenger: EvalScores, champion: EvalScores, metric: str
     return np.array([a[k] - b[k] for k in keys], dtype=np.float64)  # [N]
 
 
-def summarize(scores: EvalScores, resamples: int = 2000, seed: int = 0, confidence: float = 0.95) -> dict[str, MetricSummary]:
+def summarize(
+    scores: EvalScores, resamples: int = 2000, seed: int = 0, confidence: float = 0.95
+) -> dict[str, MetricSummary]:
     """Per metric: mean, seeded bootstrap CI of the mean, and n."""
     out = {}
     for metric in scores.metric_names():
@@ -256,23 +266,37 @@ def decide(
         chal_values = challenger.keyed(metric)
         if not chal_values:
             results.append(
-                GateResult(metric=metric, kind="floor" if champion is None else
-                           ("improvement" if gate.domain == "in" else "regression"),
-                           passed=False, challenger_mean=None,
-                           reason=f"the challenger's eval has no {metric!r} scores")
+                GateResult(
+                    metric=metric,
+                    kind="floor" if champion is None else ("improvement" if gate.domain == "in" else "regression"),
+                    passed=False,
+                    challenger_mean=None,
+                    reason=f"the challenger's eval has no {metric!r} scores",
+                )
             )
             continue
         chal_mean = float(np.mean(list(chal_values.values())))
         if champion is None:
             if gate.floor is None:
-                results.append(GateResult(metric=metric, kind="floor", passed=True, challenger_mean=chal_mean,
-                                          reason="no champion and no floor set: not gated"))
+                results.append(
+                    GateResult(
+                        metric=metric,
+                        kind="floor",
+                        passed=True,
+                        challenger_mean=chal_mean,
+                        reason="no champion and no floor set: not gated",
+                    )
+                )
                 continue
             ok = sign * chal_mean >= sign * gate.floor
             cmp = "≥" if sign > 0 else "≤"
             results.append(
                 GateResult(
-                    metric=metric, kind="floor", passed=ok, challenger_mean=chal_mean, threshold=gate.floor,
+                    metric=metric,
+                    kind="floor",
+                    passed=ok,
+                    challenger_mean=chal_mean,
+                    threshold=gate.floor,
                     reason=f"mean {chal_mean:.4f} {'meets' if ok else 'misses'} the floor ({cmp} {gate.floor:g})",
                 )
             )
@@ -286,25 +310,50 @@ def decide(
             reason = f"improvement {delta:+.4f} {'≥' if ok else '<'} required {gate.min_improvement:g}"
             if gate.require_ci_excludes_zero:
                 ci_ok = low > 0
-                reason += f"; {gates.confidence:.0%} CI [{low:+.4f}, {high:+.4f}] {'excludes' if ci_ok else 'includes'} 0"
+                reason += (
+                    f"; {gates.confidence:.0%} CI [{low:+.4f}, {high:+.4f}] {'excludes' if ci_ok else 'includes'} 0"
+                )
                 ok = ok and ci_ok
             results.append(
-                GateResult(metric=metric, kind="improvement", passed=ok, challenger_mean=chal_mean,
-                           champion_mean=champ_mean, delta=delta, ci_low=low, ci_high=high,
-                           threshold=gate.min_improvement, reason=reason)
+                GateResult(
+                    metric=metric,
+                    kind="improvement",
+                    passed=ok,
+                    challenger_mean=chal_mean,
+                    champion_mean=champ_mean,
+                    delta=delta,
+                    ci_low=low,
+                    ci_high=high,
+                    threshold=gate.min_improvement,
+                    reason=reason,
+                )
             )
         else:
             ok = delta >= -gate.max_regression
-            reason = (f"change {delta:+.4f} {'within' if ok else 'beyond'} the allowed regression "
-                      f"{-gate.max_regression:+g}")
+            reason = (
+                f"change {delta:+.4f} {'within' if ok else 'beyond'} the allowed regression {-gate.max_regression:+g}"
+            )
             results.append(
-                GateResult(metric=metric, kind="regression", passed=ok, challenger_mean=chal_mean,
-                           champion_mean=champ_mean, delta=delta, ci_low=low, ci_high=high,
-                           threshold=-gate.max_regression, reason=reason)
+                GateResult(
+                    metric=metric,
+                    kind="regression",
+                    passed=ok,
+                    challenger_mean=chal_mean,
+                    champion_mean=champ_mean,
+                    delta=delta,
+                    ci_low=low,
+                    ci_high=high,
+                    threshold=-gate.max_regression,
+                    reason=reason,
+                )
             )
     return Decision(
-        model=model, challenger=challenger_version, champion=champion_version,
-        passed=all(r.passed for r in results), gates_sha256=gates_sha256, results=results,
+        model=model,
+        challenger=challenger_version,
+        champion=champion_version,
+        passed=all(r.passed for r in results),
+        gates_sha256=gates_sha256,
+        results=results,
     )
 
 
@@ -319,8 +368,17 @@ def format_decision(decision: Decision) -> str:
     rows = [("gate", "metric", "challenger", "champion", "Δ", "CI", "result")]
     for r in decision.results:
         ci = "—" if r.ci_low is None else f"[{r.ci_low:+.4f}, {r.ci_high:+.4f}]"
-        rows.append((r.kind, r.metric, _fmt(r.challenger_mean), _fmt(r.champion_mean),
-                     "—" if r.delta is None else f"{r.delta:+.4f}", ci, "pass" if r.passed else "FAIL"))
+        rows.append(
+            (
+                r.kind,
+                r.metric,
+                _fmt(r.challenger_mean),
+                _fmt(r.champion_mean),
+                "—" if r.delta is None else f"{r.delta:+.4f}",
+                ci,
+                "pass" if r.passed else "FAIL",
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [head] + ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
     lines += ["  reasons:"] + [f"    {r.metric}: {r.reason}" for r in decision.results]
@@ -357,8 +415,13 @@ def promote(
     if champion_version is not None:
         champion_scores = registry.load_scores(registry.get_version(model, champion_version))
     decision = decide(
-        challenger_scores, champion_scores, gates, model=model, challenger_version=version,
-        champion_version=champion_version, gates_sha256=gates_sha256,
+        challenger_scores,
+        champion_scores,
+        gates,
+        model=model,
+        challenger_version=version,
+        champion_version=champion_version,
+        gates_sha256=gates_sha256,
     )
     if dry_run:
         return decision
@@ -367,11 +430,32 @@ def promote(
         return decision
 
     def change(current: RegistryState) -> list[HistoryEvent]:
-        events = [HistoryEvent(revision=0, at="", actor="", action="promote", alias="champion", version=version,
-                               previous=champion_version, reason=reason, decision=key)]
+        events = [
+            HistoryEvent(
+                revision=0,
+                at="",
+                actor="",
+                action="promote",
+                alias="champion",
+                version=version,
+                previous=champion_version,
+                reason=reason,
+                decision=key,
+            )
+        ]
         if current.aliases.get("challenger") == version:
-            events.append(HistoryEvent(revision=0, at="", actor="", action="clear-alias", alias="challenger",
-                                       version=None, previous=version, reason="promoted to champion"))
+            events.append(
+                HistoryEvent(
+                    revision=0,
+                    at="",
+                    actor="",
+                    action="clear-alias",
+                    alias="challenger",
+                    version=None,
+                    previous=version,
+                    reason="promoted to champion",
+                )
+            )
         return events
 
     try:
@@ -401,17 +485,25 @@ def rollback(registry: Registry, model: str, to: int | None = None, reason: str 
                 previous = event.previous
                 break
         if previous is None:
-            raise G2RPOError(
-                problem("model", model, f"champion v{current} has no predecessor; pass --to VERSION")
-            )
+            raise G2RPOError(problem("model", model, f"champion v{current} has no predecessor; pass --to VERSION"))
         to = previous
     if to == current:
         raise G2RPOError(problem("to", to, "is already the champion"))
     registry.get_version(model, to)  # must exist
 
     def change(_: RegistryState) -> list[HistoryEvent]:
-        return [HistoryEvent(revision=0, at="", actor="", action="rollback", alias="champion", version=to,
-                             previous=current, reason=reason)]
+        return [
+            HistoryEvent(
+                revision=0,
+                at="",
+                actor="",
+                action="rollback",
+                alias="champion",
+                version=to,
+                previous=current,
+                reason=reason,
+            )
+        ]
 
     new = registry.update_state(model, change, expected=expected)
     return new.history[-1]

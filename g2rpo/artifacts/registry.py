@@ -28,20 +28,20 @@ from __future__ import annotations
 
 import getpass
 import json
-import math
 import re
 import socket
 import tempfile
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError
 
 from g2rpo import __version__
-from g2rpo.errors import G2RPOError, problem
 from g2rpo.artifacts.manifest import FileEntry, publish_dir, read_manifest, unique_prefix
+from g2rpo.artifacts.scores import SCHEMA_VERSION, EvalScores, MetricSummary, Record, ScoreItem
 from g2rpo.artifacts.storage import ObjectNotFound, S3Settings, Store, WriteConflict, open_store
+from g2rpo.errors import G2RPOError, problem
 
 __all__ = [
     "ALIASES",
@@ -60,7 +60,6 @@ __all__ = [
     "find_registries",
 ]
 
-SCHEMA_VERSION = 1
 ALIASES = ("champion", "challenger")
 _MODEL_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,62}$")
 _MAX_VERSION_CLAIMS = 100
@@ -70,72 +69,12 @@ class AliasConflict(G2RPOError):
     """Another writer changed the model's aliases/history between our read and our write."""
 
 
-class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class BaseModelRef(_Record):
+class BaseModelRef(Record):
     name: str = Field(description="base model id, e.g. black-forest-labs/FLUX.1-dev")
     licence: str = Field(description="the base model's licence, e.g. flux-1-dev-non-commercial-license")
 
 
-class MetricSummary(_Record):
-    mean: float = Field(allow_inf_nan=False, description="mean score over all (prompt, seed) items")
-    ci_low: float = Field(allow_inf_nan=False, description="lower end of the bootstrap CI of the mean")
-    ci_high: float = Field(allow_inf_nan=False, description="upper end of the bootstrap CI of the mean")
-    n: int = Field(ge=1, description="number of (prompt, seed) items")
-
-
-class ScoreItem(_Record):
-    prompt_id: str = Field(description="stable id of the prompt within the prompt set")
-    seed: int = Field(description="sampling seed of the image")
-    scores: dict[str, float] = Field(description="metric name -> score (native scale)")
-
-
-class EvalScores(_Record):
-    """Per-prompt scores of one evaluation: what paired comparisons are computed from."""
-
-    schema_version: int = Field(SCHEMA_VERSION, description="format version")
-    prompt_set: str = Field(description="name (or URI) of the prompt set")
-    prompt_set_sha256: str | None = Field(None, description="digest of the prompt set file, when known")
-    seeds: list[int] = Field(description="sampling seeds used for every prompt")
-    items: list[ScoreItem] = Field(description="one entry per (prompt, seed)")
-
-    @model_validator(mode="after")
-    def _one_finite_score_per_item(self):
-        # Refused rather than repaired: a duplicate would be silently dropped by the pairing, a
-        # stray seed would pair with nothing, and a NaN would poison every mean and CI.
-        if not self.items:
-            raise ValueError(problem("items", [], "an eval needs at least one (prompt, seed) item"))
-        if len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(problem("seeds", self.seeds, "list each seed once"))
-        seen: set[tuple[str, int]] = set()
-        for k, item in enumerate(self.items):
-            where = f"items[{k}]"
-            if (item.prompt_id, item.seed) in seen:
-                raise ValueError(problem(where, (item.prompt_id, item.seed), "a (prompt_id, seed) may appear once"))
-            seen.add((item.prompt_id, item.seed))
-            if item.seed not in self.seeds:
-                raise ValueError(problem(f"{where}.seed", item.seed, f"is not in seeds {self.seeds}; add it or fix it"))
-            for metric, value in item.scores.items():
-                if not math.isfinite(value):
-                    raise ValueError(
-                        problem(f"{where}.scores.{metric}", value, "scores must be finite; re-run that evaluation")
-                    )
-        return self
-
-    def metric_names(self) -> list[str]:
-        names: set[str] = set()
-        for item in self.items:
-            names.update(item.scores)
-        return sorted(names)
-
-    def keyed(self, metric: str) -> dict[tuple[str, int], float]:
-        """``(prompt_id, seed) -> score`` for one metric (items lacking it are left out)."""
-        return {(i.prompt_id, i.seed): i.scores[metric] for i in self.items if metric in i.scores}
-
-
-class EvalRecord(_Record):
+class EvalRecord(Record):
     prompt_set: str = Field(description="name (or URI) of the prompt set")
     prompt_set_sha256: str | None = Field(None, description="digest of the prompt set file, when known")
     seeds: list[int] = Field(description="sampling seeds")
@@ -145,13 +84,13 @@ class EvalRecord(_Record):
     scores_sha256: str = Field(description="sha256 of scores.json")
 
 
-class ExportRef(_Record):
+class ExportRef(Record):
     uri: str = Field(description="URI of the exported model artifact (published, with a manifest)")
     manifest_sha256: str = Field(description="sha256 of the export's manifest.json")
     files: list[FileEntry] = Field(description="the export's files with sizes and digests")
 
 
-class ModelVersion(_Record):
+class ModelVersion(Record):
     """A version's record; immutable once written."""
 
     schema_version: int = Field(SCHEMA_VERSION, description="record format version")
@@ -166,7 +105,7 @@ class ModelVersion(_Record):
     eval: EvalRecord
 
 
-class HistoryEvent(_Record):
+class HistoryEvent(Record):
     revision: int = Field(description="state revision this event created")
     at: str
     actor: str = Field(description="user@host that made the change")
@@ -178,7 +117,7 @@ class HistoryEvent(_Record):
     decision: str | None = Field(None, description="key of the decision record behind a promotion")
 
 
-class RegistryState(_Record):
+class RegistryState(Record):
     schema_version: int = SCHEMA_VERSION
     model: str
     revision: int = 0
@@ -215,7 +154,7 @@ def validate_alias(alias: str) -> str:
 
 
 def _now_iso() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def _actor() -> str:
@@ -413,7 +352,7 @@ class Registry:
         """Store a promotion decision with the version (create-only); returns its key."""
         import secrets
 
-        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S%fZ")
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         key = f"models/{model}/decisions/{version:06d}/{stamp}-{secrets.token_hex(4)}.json"
         self.store.put_bytes(key, json.dumps(decision, indent=1, sort_keys=True).encode(), if_none_match=True)
         return key
@@ -468,8 +407,14 @@ class Registry:
         def change(state: RegistryState) -> list[HistoryEvent]:
             return [
                 HistoryEvent(
-                    revision=0, at="", actor="", action="set-alias" if version is not None else "clear-alias",
-                    alias=alias, version=version, previous=state.aliases.get(alias), reason=reason,
+                    revision=0,
+                    at="",
+                    actor="",
+                    action="set-alias" if version is not None else "clear-alias",
+                    alias=alias,
+                    version=version,
+                    previous=state.aliases.get(alias),
+                    reason=reason,
                 )
             ]
 

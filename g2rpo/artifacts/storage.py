@@ -34,10 +34,11 @@ import os
 import secrets
 import shutil
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
-from typing import Callable, Iterator, Literal
+from typing import Literal
 from urllib.parse import unquote, urlparse
 
 from pydantic import Field, model_validator
@@ -105,7 +106,9 @@ def validate_key(key: str, field: str = "key", allow_empty: bool = False) -> str
     if key == "":
         if allow_empty:
             return key
-        raise G2RPOError(problem(field, key, "an object key must not be empty; name the object, e.g. 'model.safetensors'"))
+        raise G2RPOError(
+            problem(field, key, "an object key must not be empty; name the object, e.g. 'model.safetensors'")
+        )
     if key.startswith("/"):
         raise G2RPOError(problem(field, key, "keys are relative to the store's root; drop the leading '/'"))
     if "\\" in key or "\x00" in key:
@@ -250,12 +253,12 @@ class Store(ABC):
         key = validate_key(key, allow_empty=True)
         return f"{self.uri.rstrip('/')}/{key}" if key else self.uri
 
-    def child(self, prefix: str) -> "Store":
+    def child(self, prefix: str) -> Store:
         """A store rooted at ``prefix`` under this one."""
         return self._child(validate_key(prefix, field="prefix"))
 
     @abstractmethod
-    def _child(self, prefix: str) -> "Store": ...
+    def _child(self, prefix: str) -> Store: ...
 
     @abstractmethod
     def put_bytes(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
@@ -307,7 +310,7 @@ class FileStore(Store):
         self.root = Path(root).expanduser().absolute()
         self.uri = self.root.as_uri()
 
-    def _child(self, prefix: str) -> "FileStore":
+    def _child(self, prefix: str) -> FileStore:
         return FileStore(self.root / prefix)
 
     def _path(self, key: str) -> Path:
@@ -352,9 +355,13 @@ class FileStore(Store):
                     try:
                         current = self._etag(target.read_bytes())
                     except FileNotFoundError:
-                        raise WriteConflict(f"{self.uri_for(key)} no longer exists (expected etag {if_match})") from None
+                        raise WriteConflict(
+                            f"{self.uri_for(key)} no longer exists (expected etag {if_match})"
+                        ) from None
                     if current != if_match:
-                        raise WriteConflict(f"{self.uri_for(key)} changed since it was read (etag {if_match} → {current})")
+                        raise WriteConflict(
+                            f"{self.uri_for(key)} changed since it was read (etag {if_match} → {current})"
+                        )
                     os.replace(tmp, target)
             else:
                 with self._locked(target):
@@ -378,7 +385,7 @@ class FileStore(Store):
             return None
         if not path.is_file():
             return None
-        modified = datetime.fromtimestamp(st.st_mtime, tz=timezone.utc)
+        modified = datetime.fromtimestamp(st.st_mtime, tz=UTC)
         return ObjectInfo(key=key, size=st.st_size, modified=modified, etag="")
 
     def put_file(self, key: str, path: str | Path, *, callback: Callable[[int], None] | None = None) -> None:
@@ -449,9 +456,11 @@ def _s3_error(exc: Exception, action: str, uri: str) -> G2RPOError:
     """Turn a boto/botocore exception into a G2RPOError that says what to check."""
     from botocore.exceptions import (
         ClientError,
-        ConnectionError as BotoConnectionError,
         NoCredentialsError,
         PartialCredentialsError,
+    )
+    from botocore.exceptions import (
+        ConnectionError as BotoConnectionError,
     )
 
     if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
@@ -492,7 +501,7 @@ class S3Store(Store):
             self._client = make_s3_client(self.settings)
         return self._client
 
-    def _child(self, prefix: str) -> "S3Store":
+    def _child(self, prefix: str) -> S3Store:
         return S3Store(self.bucket, f"{self.prefix}/{prefix}" if self.prefix else prefix, self.settings, self._client)
 
     def _key(self, key: str) -> str:
@@ -575,7 +584,10 @@ class S3Store(Store):
             raise G2RPOError(problem("path", str(path), "local file does not exist"))
         try:
             self.client.upload_file(
-                str(path), self.bucket, full, Config=self._transfer_config(path.stat().st_size),
+                str(path),
+                self.bucket,
+                full,
+                Config=self._transfer_config(path.stat().st_size),
                 Callback=callback,
             )
         except S3UploadFailedError as exc:

@@ -35,16 +35,26 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
             "caches OUTPUT/embeddings/{train,test}/ (each with its manifest, written last)."
         ),
     )
-    prep.add_argument("--prompts", required=True, metavar="FILE", help="prompt file (.txt or .jsonl): a path or s3://bucket/key")
+    prep.add_argument(
+        "--prompts", required=True, metavar="FILE", help="prompt file (.txt or .jsonl): a path or s3://bucket/key"
+    )
     prep.add_argument("--output", required=True, metavar="DIR", help="output directory")
-    prep.add_argument("--test-size", type=_test_size, default=400, help="test prompts: a count or a fraction (default 400)")
+    prep.add_argument(
+        "--test-size", type=_test_size, default=400, help="test prompts: a count or a fraction (default 400)"
+    )
     prep.add_argument("--seed", type=int, default=0, help="split seed (default 0)")
-    prep.add_argument("--model", metavar="LOCATION", help="Flux model (directory or s3://) whose text encoders fill the cache")
+    prep.add_argument(
+        "--model", metavar="LOCATION", help="Flux model (directory or s3://) whose text encoders fill the cache"
+    )
     prep.add_argument("--dtype", default="bfloat16", help="text-encoder dtype: bfloat16 (default) or float32")
     prep.add_argument("--device", default="cpu", help="device for the text encoders (e.g. cuda)")
-    prep.add_argument("--max-sequence-length", type=int, default=None, help="T5 tokens (default: the tokenizer's, ≤ 512)")
+    prep.add_argument(
+        "--max-sequence-length", type=int, default=None, help="T5 tokens (default: the tokenizer's, ≤ 512)"
+    )
     prep.add_argument("--batch-size", type=int, default=8, help="prompts per encoder call (default 8)")
-    prep.add_argument("--shard-rows", type=int, default=256, help="prompts per shard (default 256 ≈ 1 GiB at Flux scale)")
+    prep.add_argument(
+        "--shard-rows", type=int, default=256, help="prompts per shard (default 256 ≈ 1 GiB at Flux scale)"
+    )
     prep.add_argument("--overwrite", action="store_true", help="replace existing outputs")
     prep.set_defaults(handler=_prep)
 
@@ -60,7 +70,9 @@ def _prep(args: argparse.Namespace) -> int:
 
         model = resolve_model_location(args.model)
         check_model_dir(model, TEXT_COMPONENTS)
-    summary = prepare_prompts(args.prompts, args.output, test_size=args.test_size, seed=args.seed, overwrite=args.overwrite)
+    summary = prepare_prompts(
+        args.prompts, args.output, test_size=args.test_size, seed=args.seed, overwrite=args.overwrite
+    )
     print(
         f"{summary.read} prompts read, {summary.duplicates} duplicate(s) dropped: "
         f"{summary.train} train, {summary.test} test -> {summary.output}"

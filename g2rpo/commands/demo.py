@@ -33,7 +33,9 @@ def add_commands(subparsers) -> None:
         "(repeatable; with --toy an algorithm setting, e.g. --set granularities=[1,2])",
     )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    parser.add_argument("--toy", action="store_true", help="run G²RPO on the toy velocity model instead of the tiny Flux")
+    parser.add_argument(
+        "--toy", action="store_true", help="run G²RPO on the toy velocity model instead of the tiny Flux"
+    )
     parser.add_argument("--lr", type=float, default=None, help="--toy only: AdamW learning rate (default 1e-2)")
     parser.add_argument("--prompts", type=int, default=None, help="--toy only: number of toy prompts (default 4)")
     parser.set_defaults(handler=_run)
@@ -59,7 +61,10 @@ def _run(args: argparse.Namespace) -> int:
             progress=not args.no_progress,
         )
         return 0
-    for flag, value, key in (("--lr", args.lr, "train.learning_rate"), ("--prompts", args.prompts, "train.prompts_per_iteration")):
+    for flag, value, key in (
+        ("--lr", args.lr, "train.learning_rate"),
+        ("--prompts", args.prompts, "train.prompts_per_iteration"),
+    ):
         if value is not None:
             raise G2RPOError(f"{flag}={value}: only for --toy; for the Flux demo pass --set {key}={value}")
     from g2rpo.demo import run_demo

@@ -58,7 +58,11 @@ def _init_tiny(args: argparse.Namespace) -> int:
 def _check(args: argparse.Namespace) -> int:
     from g2rpo.models.loading import ALL_COMPONENTS, base_model_record, check_model_dir, resolve_model_location
 
-    components = ALL_COMPONENTS if args.components == "all" else tuple(c.strip() for c in args.components.split(",") if c.strip())
+    components = (
+        ALL_COMPONENTS
+        if args.components == "all"
+        else tuple(c.strip() for c in args.components.split(",") if c.strip())
+    )
     root = resolve_model_location(args.location)
     check_model_dir(root, components)
     print(f"ok: {root} has {', '.join(components)}")

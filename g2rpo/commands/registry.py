@@ -9,12 +9,14 @@ from g2rpo.commands.storage import _add_s3_options, settings_from_args
 
 
 def _registry(args):
-    from g2rpo.errors import G2RPOError
     from g2rpo.artifacts.registry import Registry
+    from g2rpo.errors import G2RPOError
 
     uri = args.registry or os.environ.get("G2RPO_REGISTRY_URI")
     if not uri:
-        raise G2RPOError("--registry=None: pass --registry URI (a folder or s3://bucket/prefix) or set G2RPO_REGISTRY_URI")
+        raise G2RPOError(
+            "--registry=None: pass --registry URI (a folder or s3://bucket/prefix) or set G2RPO_REGISTRY_URI"
+        )
     return Registry(uri, settings_from_args(args))
 
 
@@ -55,9 +57,9 @@ def _register(args) -> int:
     import json
     from pathlib import Path
 
-    from g2rpo.errors import G2RPOError, problem
     from g2rpo.artifacts.promotion import eval_record_from_scores
     from g2rpo.artifacts.registry import BaseModelRef, EvalScores
+    from g2rpo.errors import G2RPOError, problem
 
     reg = _registry(args)
     if args.scores.startswith("s3://"):
@@ -78,10 +80,13 @@ def _register(args) -> int:
         raise G2RPOError(problem("--scores", args.scores, f"not JSON ({exc}); see docs/registry.md")) from None
     except ValidationError as exc:
         details = "; ".join(
-            (f"{'.'.join(str(part) for part in e['loc'])}: " if e["loc"] else "") + e["msg"].removeprefix("Value error, ")
+            (f"{'.'.join(str(part) for part in e['loc'])}: " if e["loc"] else "")
+            + e["msg"].removeprefix("Value error, ")
             for e in exc.errors()[:3]
         )
-        raise G2RPOError(problem("--scores", args.scores, f"not a valid scores file: {details}; see docs/registry.md")) from None
+        raise G2RPOError(
+            problem("--scores", args.scores, f"not a valid scores file: {details}; see docs/registry.md")
+        ) from None
     # Check the export before anything is written, so that a refused registration leaves no
     # published (and so never garbage-collected) eval artifact behind.
     from g2rpo.artifacts.manifest import read_manifest
@@ -110,8 +115,9 @@ def _promote(args) -> int:
     reg = _registry(args)
     gates, gates_sha = load_gates(args.gates)
     number = reg.resolve(args.model, args.version)
-    decision = promote(reg, args.model, number, gates, gates_sha256=gates_sha, dry_run=args.dry_run,
-                       reason=args.reason or "")
+    decision = promote(
+        reg, args.model, number, gates, gates_sha256=gates_sha, dry_run=args.dry_run, reason=args.reason or ""
+    )
     print(format_decision(decision))
     if args.dry_run:
         print("dry run: nothing recorded")
@@ -172,7 +178,9 @@ def add_commands(sub) -> None:
     p = verbs.add_parser("register", help="record a new version from a published export and its eval scores")
     p.add_argument("model", help="model name, e.g. flux-g2rpo")
     p.add_argument("--export", required=True, help="URI of the exported model (a published artifact)")
-    p.add_argument("--scores", required=True, help="per-prompt eval scores JSON, local or s3:// (format: docs/registry.md)")
+    p.add_argument(
+        "--scores", required=True, help="per-prompt eval scores JSON, local or s3:// (format: docs/registry.md)"
+    )
     p.add_argument("--source-run", required=True, help="pipeline run that produced the model")
     p.add_argument("--config-hash", required=True, help="hash of the training config")
     p.add_argument("--base-model", required=True, help="base model id, e.g. black-forest-labs/FLUX.1-dev")

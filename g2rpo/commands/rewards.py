@@ -34,7 +34,11 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     score.add_argument("--prompt", required=True, help="the prompt every image is scored against")
     score.add_argument("--weights", default=None, help="weights location (local path or s3://bucket/prefix)")
     score.add_argument(
-        "--set", dest="settings", action="append", default=[], metavar="KEY=VALUE",
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="another config key of the reward entry: arch, arch_config, vision_config, tokenizer, backbone, dtype",
     )
     score.add_argument("--device", default="cpu", help="device (default cpu)")
@@ -105,7 +109,9 @@ def _score(args: argparse.Namespace) -> int:
     else:
         scores = [float(model.score(t[None], [args.prompt])[0]) for t in tensors]
     if args.json:
-        print(json.dumps({"reward": args.name, "prompt": args.prompt, "scores": dict(zip(args.images, scores))}, indent=2))
+        print(
+            json.dumps({"reward": args.name, "prompt": args.prompt, "scores": dict(zip(args.images, scores))}, indent=2)
+        )
     else:
         for name, value in zip(args.images, scores):
             print(f"{value:.6f}  {name}")

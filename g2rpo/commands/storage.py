@@ -15,8 +15,8 @@ def _add_s3_options(p: argparse.ArgumentParser) -> None:
 def settings_from_args(args):
     from pydantic import ValidationError
 
-    from g2rpo.errors import G2RPOError, problem
     from g2rpo.artifacts.storage import S3Settings
+    from g2rpo.errors import G2RPOError, problem
 
     endpoint = getattr(args, "endpoint_url", None)
     try:
@@ -28,9 +28,9 @@ def settings_from_args(args):
 def _put(args) -> int:
     from pathlib import Path
 
-    from g2rpo.errors import G2RPOError, problem
     from g2rpo.artifacts.manifest import publish_dir
     from g2rpo.artifacts.storage import locate
+    from g2rpo.errors import G2RPOError, problem
 
     settings = settings_from_args(args)
     source = Path(args.source)
@@ -40,18 +40,25 @@ def _put(args) -> int:
             from g2rpo.artifacts.manifest import unique_uri
 
             dest = unique_uri(dest)
-        manifest = publish_dir(source, dest, producer=args.producer or "g2rpo storage put", config_hash=args.config_hash,
-                               settings=settings)
+        manifest = publish_dir(
+            source, dest, producer=args.producer or "g2rpo storage put", config_hash=args.config_hash, settings=settings
+        )
         print(f"published {len(manifest.files)} file(s), {manifest.total_size} bytes → {dest}")
         return 0
     if not source.is_file():
         raise G2RPOError(problem("source", args.source, "no such file or folder"))
     # These describe an artifact's manifest; a single object has none, so they would be ignored.
-    for option, value in (("--unique", args.unique or None), ("--producer", args.producer),
-                          ("--config-hash", args.config_hash)):
+    for option, value in (
+        ("--unique", args.unique or None),
+        ("--producer", args.producer),
+        ("--config-hash", args.config_hash),
+    ):
         if value is not None:
-            raise G2RPOError(problem(option, value, "only applies to a folder (an artifact with a manifest); drop it "
-                                     "for a single file"))
+            raise G2RPOError(
+                problem(
+                    option, value, "only applies to a folder (an artifact with a manifest); drop it for a single file"
+                )
+            )
     store, key = locate(args.dest, settings)
     store.put_file(key, source)
     print(f"uploaded {source} → {store.uri_for(key)}")
@@ -138,8 +145,11 @@ def add_commands(sub) -> None:
     p.add_argument("dest", help=f"destination: {_URI_HELP}; for a folder, a new artifact prefix")
     p.add_argument("--producer", default=None, help="folder: recorded in the manifest (default: 'g2rpo storage put')")
     p.add_argument("--config-hash", default=None, help="folder: config hash recorded in the manifest")
-    p.add_argument("--unique", action="store_true",
-                   help="folder: publish under DEST-<UTC time>-<8 hex> (a fresh prefix) and print it")
+    p.add_argument(
+        "--unique",
+        action="store_true",
+        help="folder: publish under DEST-<UTC time>-<8 hex> (a fresh prefix) and print it",
+    )
     _add_s3_options(p)
     p.set_defaults(handler=_put)
 
@@ -169,9 +179,13 @@ def add_commands(sub) -> None:
     )
     p.add_argument("uri", help=f"root to scan: {_URI_HELP}")
     p.add_argument("--older-than", required=True, metavar="DURATION", help="e.g. 90s, 30m, 12h, 7d, 2w")
-    p.add_argument("--registry", action="append", metavar="URI",
-                   help="registry whose champions' artifacts are protected (repeatable; registries under URI are "
-                   "found automatically)")
+    p.add_argument(
+        "--registry",
+        action="append",
+        metavar="URI",
+        help="registry whose champions' artifacts are protected (repeatable; registries under URI are "
+        "found automatically)",
+    )
     p.add_argument("--dry-run", action="store_true", help="only report what would be removed")
     _add_s3_options(p)
     p.set_defaults(handler=_gc)

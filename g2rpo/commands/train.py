@@ -73,7 +73,9 @@ def _validate(args: argparse.Namespace) -> int:
     from g2rpo.training.run_config import validate_run
 
     config_hash = validate_run(args.config, args.overrides, world_size=args.world_size)
-    print(f"ok: {args.config} is valid for {args.world_size} rank(s); config hash (model, algorithm, data) {config_hash}")
+    print(
+        f"ok: {args.config} is valid for {args.world_size} rank(s); config hash (model, algorithm, data) {config_hash}"
+    )
     return 0
 
 

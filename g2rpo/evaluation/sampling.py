@@ -50,9 +50,9 @@ class EvalResult:
         return float(self.scores[name].double().mean())
 
     def eval_scores(self, prompt_set: str, prompt_set_sha256: str | None = None) -> Any:
-        """The registry's per-prompt record (:class:`g2rpo.artifacts.registry.EvalScores`); prompt ids are
+        """The registry's per-prompt record (:class:`g2rpo.artifacts.scores.EvalScores`); prompt ids are
         ``p<i>``, the prompt's position in :attr:`prompts`."""
-        from g2rpo.artifacts.registry import EvalScores, ScoreItem
+        from g2rpo.artifacts.scores import EvalScores, ScoreItem
 
         items = [
             ScoreItem(
@@ -63,7 +63,9 @@ class EvalResult:
             for p in range(len(self.prompts))
             for s, seed in enumerate(self.seeds)
         ]
-        return EvalScores(prompt_set=prompt_set, prompt_set_sha256=prompt_set_sha256, seeds=list(self.seeds), items=items)
+        return EvalScores(
+            prompt_set=prompt_set, prompt_set_sha256=prompt_set_sha256, seeds=list(self.seeds), items=items
+        )
 
 
 @torch.no_grad()
@@ -181,7 +183,8 @@ def save_before_after_grid(before: EvalResult, after: EvalResult, path: str | Pa
                 ax.set_title(f"{label}\n{float(result.scores[name][p, s]):.3f}".strip(), fontsize=7)
         axes[p, 0].set_ylabel(_short(before.prompts[p]), fontsize=6, rotation=0, ha="right", va="center")
     fig.suptitle(
-        f"{name}: before {before.mean(name):.4f} | after {after.mean(name):.4f} (rows: prompts, columns: seeds)", fontsize=8
+        f"{name}: before {before.mean(name):.4f} | after {after.mean(name):.4f} (rows: prompts, columns: seeds)",
+        fontsize=8,
     )
     fig.tight_layout()
     path = Path(path)
@@ -191,7 +194,11 @@ def save_before_after_grid(before: EvalResult, after: EvalResult, path: str | Pa
 
 
 def save_reward_curve(
-    rollout_rewards: Sequence[float], path: str | Path, before: float | None = None, after: float | None = None, title: str = ""
+    rollout_rewards: Sequence[float],
+    path: str | Path,
+    before: float | None = None,
+    after: float | None = None,
+    title: str = "",
 ) -> Path:
     """A PNG of the mean rollout reward per iteration (sampled before that iteration's update), with
     the fixed-set evaluation before training (at 0) and after the last update (at N) as markers."""
@@ -201,9 +208,17 @@ def save_reward_curve(
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(5.5, 3.4), dpi=100)
-    ax.plot(range(len(rollout_rewards)), list(rollout_rewards), marker="o", markersize=3, label="rollout mean (training prompts)")
+    ax.plot(
+        range(len(rollout_rewards)),
+        list(rollout_rewards),
+        marker="o",
+        markersize=3,
+        label="rollout mean (training prompts)",
+    )
     if before is not None and after is not None:
-        ax.plot([0, len(rollout_rewards)], [before, after], "s--", color="tab:red", label="ODE eval (fixed prompts, seeds)")
+        ax.plot(
+            [0, len(rollout_rewards)], [before, after], "s--", color="tab:red", label="ODE eval (fixed prompts, seeds)"
+        )
     ax.set_xlabel("iteration")
     ax.set_ylabel("reward")
     ax.set_title(title, fontsize=9)

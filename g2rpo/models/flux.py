@@ -86,9 +86,13 @@ class FluxConditioning:
     def __post_init__(self) -> None:
         seq, pooled = self.prompt_embeds, self.pooled_prompt_embeds
         if seq.ndim != 3:
-            raise G2RPOError(problem("prompt_embeds.shape", tuple(seq.shape), "expected [B, S, D] (T5 sequence embeddings)"))
+            raise G2RPOError(
+                problem("prompt_embeds.shape", tuple(seq.shape), "expected [B, S, D] (T5 sequence embeddings)")
+            )
         if pooled.ndim != 2:
-            raise G2RPOError(problem("pooled_prompt_embeds.shape", tuple(pooled.shape), "expected [B, P] (CLIP pooled embeddings)"))
+            raise G2RPOError(
+                problem("pooled_prompt_embeds.shape", tuple(pooled.shape), "expected [B, P] (CLIP pooled embeddings)")
+            )
         if seq.shape[0] != pooled.shape[0]:
             raise G2RPOError(
                 problem(
@@ -151,7 +155,11 @@ def latent_grid(height: int, width: int, vae_scale_factor: int = 8) -> tuple[int
     for name, value in (("height", height), ("width", width)):
         if value <= 0 or value % step:
             raise G2RPOError(
-                problem(name, value, f"image sizes must be positive multiples of {step} (VAE factor {vae_scale_factor} × 2×2 packing), e.g. 512, 720, 1024")
+                problem(
+                    name,
+                    value,
+                    f"image sizes must be positive multiples of {step} (VAE factor {vae_scale_factor} × 2×2 packing), e.g. 512, 720, 1024",
+                )
             )
     return height // vae_scale_factor, width // vae_scale_factor
 
@@ -178,14 +186,20 @@ def unpack_latents(packed: torch.Tensor, h: int, w: int) -> torch.Tensor:
     b, length, channels = packed.shape
     if length != (h // 2) * (w // 2) or channels % 4:
         raise G2RPOError(
-            problem("latents.shape", tuple(packed.shape), f"expected [B, {(h // 2) * (w // 2)}, 4c] for a {h}×{w} latent grid")
+            problem(
+                "latents.shape",
+                tuple(packed.shape),
+                f"expected [B, {(h // 2) * (w // 2)}, 4c] for a {h}×{w} latent grid",
+            )
         )
     x = packed.reshape(b, h // 2, w // 2, channels // 4, 2, 2)  # [B, h/2, w/2, c, 2, 2]
     x = x.permute(0, 3, 1, 4, 2, 5)  # [B, c, h/2, 2, w/2, 2]
     return x.reshape(b, channels // 4, h, w)
 
 
-def image_ids(h: int, w: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def image_ids(
+    h: int, w: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Position ids ``[(h/2)·(w/2), 3]`` of the packed tokens: ``(0, i, j)`` in row-major order."""
     rows = torch.arange(h // 2).repeat_interleave(w // 2)  # [L]
     cols = torch.arange(w // 2).repeat(h // 2)  # [L]
@@ -193,7 +207,9 @@ def image_ids(h: int, w: int, device: torch.device | str | None = None, dtype: t
     return ids.to(device=device, dtype=dtype)
 
 
-def text_ids(sequence_length: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def text_ids(
+    sequence_length: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Position ids ``[S, 3]`` of the text tokens: all zero (Flux gives text no rotary position)."""
     return torch.zeros(sequence_length, 3, device=device, dtype=dtype)
 
@@ -217,7 +233,9 @@ def initial_noise(
     h, w = latent_grid(height, width, vae_scale_factor)
     if isinstance(generators, torch.Generator):
         b = 1 if batch_size is None else batch_size
-        noise = torch.randn((b, latent_channels, h, w), generator=generators, device=generators.device, dtype=torch.float32)
+        noise = torch.randn(
+            (b, latent_channels, h, w), generator=generators, device=generators.device, dtype=torch.float32
+        )
     else:
         gens = list(generators)
         if batch_size is not None and batch_size != len(gens):
@@ -283,11 +301,17 @@ class FluxVelocity(nn.Module):
         config = transformer.config
         if config.guidance_embeds and guidance is None:
             raise G2RPOError(
-                problem("guidance", guidance, "this transformer embeds a guidance scale (FLUX.1-dev): set one, e.g. 3.5")
+                problem(
+                    "guidance", guidance, "this transformer embeds a guidance scale (FLUX.1-dev): set one, e.g. 3.5"
+                )
             )
         if not config.guidance_embeds and guidance is not None:
             raise G2RPOError(
-                problem("guidance", guidance, "this transformer has no guidance embedding (e.g. FLUX.1-schnell): set guidance to null")
+                problem(
+                    "guidance",
+                    guidance,
+                    "this transformer has no guidance embedding (e.g. FLUX.1-schnell): set guidance to null",
+                )
             )
         self.transformer = transformer
         self.height, self.width = height, width
@@ -313,7 +337,11 @@ class FluxVelocity(nn.Module):
         b, length, channels = x.shape
         if (length, channels) != tuple(self.latent_shape):
             raise G2RPOError(
-                problem("x.shape", tuple(x.shape), f"expected [B, {self.latent_shape[0]}, {self.latent_shape[1]}] for {self.height}×{self.width} images")
+                problem(
+                    "x.shape",
+                    tuple(x.shape),
+                    f"expected [B, {self.latent_shape[0]}, {self.latent_shape[1]}] for {self.height}×{self.width} images",
+                )
             )
         if sigma.shape != (b,):
             raise G2RPOError(problem("sigma.shape", tuple(sigma.shape), f"pass one σ per row: shape [{b}]"))

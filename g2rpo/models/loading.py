@@ -137,7 +137,9 @@ def _weights_problems(folder: Path) -> list[str]:
                 continue
             missing = sorted({name for name in weight_map.values() if not (folder / name).is_file()})
             if missing:
-                problems.append(f"{folder}: missing weight shard(s) {', '.join(missing)} listed in {index.name}; {_FIX_DOWNLOAD}")
+                problems.append(
+                    f"{folder}: missing weight shard(s) {', '.join(missing)} listed in {index.name}; {_FIX_DOWNLOAD}"
+                )
             present = sorted({name for name in weight_map.values() if (folder / name).is_file()})
             problems += [p for p in (_safetensors_problem(folder / name) for name in present) if p]
         return problems
@@ -145,7 +147,9 @@ def _weights_problems(folder: Path) -> list[str]:
     if files:
         return [p for p in (_safetensors_problem(f) for f in files) if p]
     if any(folder.glob("*.bin")):
-        return [f"{folder}: weights are pickled *.bin files; g2rpo loads safetensors only — re-save with save_pretrained(..., safe_serialization=True)"]
+        return [
+            f"{folder}: weights are pickled *.bin files; g2rpo loads safetensors only — re-save with save_pretrained(..., safe_serialization=True)"
+        ]
     return [f"{folder}: no weights file (*.safetensors); {_FIX_DOWNLOAD}"]
 
 
@@ -158,7 +162,9 @@ def check_model_dir(path: str | Path, components: Iterable[str] = ALL_COMPONENTS
     if not root.exists():
         raise G2RPOError(f"model directory {str(root)!r} does not exist: {_FIX_DOWNLOAD}")
     if not root.is_dir():
-        raise G2RPOError(f"model location {str(root)!r} is a file, not a directory in FluxPipeline layout: pass the directory")
+        raise G2RPOError(
+            f"model location {str(root)!r} is a file, not a directory in FluxPipeline layout: pass the directory"
+        )
     index_path = root / "model_index.json"
     if not index_path.is_file():
         raise G2RPOError(
@@ -204,8 +210,14 @@ def _dtype(dtype: Any) -> Any:
 
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-             "float16": torch.float16, "fp16": torch.float16}
+    names = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if dtype not in names:
         raise G2RPOError(f"dtype={dtype!r}: use one of float32, bfloat16, float16")
     return names[dtype]
@@ -217,7 +229,9 @@ def load_transformer(location: str | Path, dtype: Any = "bfloat16", cache_dir: s
 
     root = resolve_model_location(location, cache_dir)
     check_model_dir(root, ("transformer",))
-    return FluxTransformer2DModel.from_pretrained(root, subfolder="transformer", dtype=_dtype(dtype), local_files_only=True)
+    return FluxTransformer2DModel.from_pretrained(
+        root, subfolder="transformer", dtype=_dtype(dtype), local_files_only=True
+    )
 
 
 def load_vae(location: str | Path, dtype: Any = "bfloat16", cache_dir: str | Path | None = None) -> Any:

@@ -195,7 +195,9 @@ def save_tiny_flux(output: str | Path, seed: int = 0, overwrite: bool = False) -
         raise G2RPOError(problem("output", str(out), "is a file; pass a directory path"))
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise G2RPOError(
-            problem("output", str(out), "directory is not empty; choose a new directory or pass --overwrite to replace it")
+            problem(
+                "output", str(out), "directory is not empty; choose a new directory or pass --overwrite to replace it"
+            )
         )
     pipe = build_tiny_flux_pipeline(seed)
     out.mkdir(parents=True, exist_ok=True)

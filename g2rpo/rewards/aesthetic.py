@@ -74,8 +74,13 @@ class Aesthetic(RewardModel):
         dtype=torch.float32,
     ) -> Aesthetic:
         if (clip_dir is None) == (clip_checkpoint is None):
-            raise G2RPOError(problem("aesthetic.backbone", (clip_dir, clip_checkpoint),
-                                     "give exactly one of an open_clip folder or a ViT-L/14 state-dict file"))
+            raise G2RPOError(
+                problem(
+                    "aesthetic.backbone",
+                    (clip_dir, clip_checkpoint),
+                    "give exactly one of an open_clip folder or a ViT-L/14 state-dict file",
+                )
+            )
         if clip_dir is not None:
             clip = CLIPScore.from_local_dir(clip_dir, device=device, dtype=dtype)
         else:
@@ -87,11 +92,19 @@ class Aesthetic(RewardModel):
             raise G2RPOError(problem(field, str(path), "does not hold a state dict"))
         width = clip.model.visual.output_dim
         mlp = AestheticMLP(width)
-        strict_key_check(field, path, set(mlp.state_dict()), set(state), "Pass the improved-aesthetic-predictor MLP file")
+        strict_key_check(
+            field, path, set(mlp.state_dict()), set(state), "Pass the improved-aesthetic-predictor MLP file"
+        )
         first = state["layers.0.weight"]
         if tuple(first.shape) != (1024, width):
-            raise G2RPOError(problem(field, str(path), f"layers.0.weight is {tuple(first.shape)}, the CLIP embedding is "
-                                     f"{width} wide: pair the MLP with its CLIP backbone (ViT-L/14 → 768)"))
+            raise G2RPOError(
+                problem(
+                    field,
+                    str(path),
+                    f"layers.0.weight is {tuple(first.shape)}, the CLIP embedding is "
+                    f"{width} wide: pair the MLP with its CLIP backbone (ViT-L/14 → 768)",
+                )
+            )
         mlp.load_state_dict(state, strict=True)
         return cls(clip, mlp)
 

@@ -113,7 +113,9 @@ def validate_inputs(
     """
     field = f"{name}.images"
     if not isinstance(images, torch.Tensor):
-        raise G2RPOError(problem(field, type(images).__name__, "pass a torch.Tensor [B, 3, H, W] with values in [0, 1]"))
+        raise G2RPOError(
+            problem(field, type(images).__name__, "pass a torch.Tensor [B, 3, H, W] with values in [0, 1]")
+        )
     if not images.is_floating_point():
         raise G2RPOError(
             problem(
@@ -132,7 +134,9 @@ def validate_inputs(
             )
         )
     if images.shape[0] == 0 or images.shape[2] == 0 or images.shape[3] == 0:
-        raise G2RPOError(problem(f"{field}.shape", tuple(images.shape), "the batch and both image sides must be non-empty"))
+        raise G2RPOError(
+            problem(f"{field}.shape", tuple(images.shape), "the batch and both image sides must be non-empty")
+        )
     finite = torch.isfinite(images.detach())
     if not bool(finite.all()):
         bad = int((~finite.flatten(1).all(dim=1)).sum())
@@ -141,24 +145,32 @@ def validate_inputs(
     if lo < -tolerance or hi > 1.0 + tolerance:
         hint = " (they look like [-1, 1] decoder output: map them with (x + 1) / 2)" if lo < -0.5 else ""
         hint = " (they look like [0, 255] pixels: divide by 255)" if hi > 2.0 else hint
-        raise G2RPOError(problem(f"{field} range", (round(lo, 4), round(hi, 4)), f"pixel values must lie in [0, 1]{hint}"))
+        raise G2RPOError(
+            problem(f"{field} range", (round(lo, 4), round(hi, 4)), f"pixel values must lie in [0, 1]{hint}")
+        )
     if lo < 0.0 or hi > 1.0:
         images = images.clamp(0.0, 1.0)
 
     batch = images.shape[0]
     if isinstance(prompts, str) or not isinstance(prompts, Sequence):
-        raise G2RPOError(problem(f"{name}.prompts", type(prompts).__name__, f"pass a list of {batch} strings, one per image"))
+        raise G2RPOError(
+            problem(f"{name}.prompts", type(prompts).__name__, f"pass a list of {batch} strings, one per image")
+        )
     prompts = list(prompts)
     if len(prompts) != batch:
         raise G2RPOError(
-            problem(f"{name}.prompts", f"{len(prompts)} prompts for {batch} images", "pass exactly one prompt per image")
+            problem(
+                f"{name}.prompts", f"{len(prompts)} prompts for {batch} images", "pass exactly one prompt per image"
+            )
         )
     for i, prompt in enumerate(prompts):
         if not isinstance(prompt, str):
             raise G2RPOError(problem(f"{name}.prompts[{i}]", prompt, "every prompt must be a str"))
         if needs_prompts and not prompt.strip():
             raise G2RPOError(
-                problem(f"{name}.prompts[{i}]", prompt, f"'{name}' scores image-text agreement: give a non-empty prompt")
+                problem(
+                    f"{name}.prompts[{i}]", prompt, f"'{name}' scores image-text agreement: give a non-empty prompt"
+                )
             )
     return images, prompts
 
@@ -204,7 +216,9 @@ def resize_shortest_center_crop(images: torch.Tensor, size: int, *, interpolatio
     return images  # [B, 3, size, size]
 
 
-def resize_longest_pad(images: torch.Tensor, size: int, *, fill: float = 0.0, interpolation: str = "bicubic") -> torch.Tensor:
+def resize_longest_pad(
+    images: torch.Tensor, size: int, *, fill: float = 0.0, interpolation: str = "bicubic"
+) -> torch.Tensor:
     """Resize the *longer* side to ``size`` (aspect kept), then pad to ``size × size`` with ``fill``.
 
     hpsv2's ``ResizeMaxSize`` (its ``preprocess_val`` under ``light_augmentation=True``, which

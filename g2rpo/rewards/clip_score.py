@@ -82,7 +82,9 @@ class CLIPScore(RewardModel):
         """An open_clip ``local-dir:`` folder (``open_clip_config.json`` + weights)."""
         field = "clip.weights"
         path = require_dir(field, folder, "an open_clip folder with open_clip_config.json and weights")
-        require_file(f"{field}/open_clip_config.json", path / "open_clip_config.json", "the folder's open_clip_config.json")
+        require_file(
+            f"{field}/open_clip_config.json", path / "open_clip_config.json", "the folder's open_clip_config.json"
+        )
         weights = find_open_clip_weights(field, path)
         model, preprocess_cfg, tokenizer = build_open_clip("clip", str(path), path)
         load_open_clip_state_dict(field, weights, model, load_open_clip_weights(field, weights))

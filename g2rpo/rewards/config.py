@@ -41,21 +41,30 @@ OPTIONAL_KEYS = ("weights", "arch", "arch_config", "vision_config", "tokenizer",
 class RewardModelConfig(Section):
     """One reward model in the advantage sum."""
 
-    name: str = Field(description="registered reward name (`g2rpo rewards list`), e.g. hps_v21, clip, jpeg_compressibility")
+    name: str = Field(
+        description="registered reward name (`g2rpo rewards list`), e.g. hps_v21, clip, jpeg_compressibility"
+    )
     weight: float = Field(1.0, description="w_r, this reward's weight in the advantage sum Σ_r w_r A_r (spec §4)")
     weights: str | None = Field(
         None, description="weights location: a local file/folder or s3://bucket/prefix of a published artifact"
     )
-    arch: str | None = Field(None, description="open_clip architecture name (hps_v21 default ViT-H-14; clip with a bare state dict)")
-    arch_config: str | None = Field(
-        None, description="architecture config file: open_clip_config.json (hps_v21, clip) or BLIP med_config.json (image_reward)"
+    arch: str | None = Field(
+        None, description="open_clip architecture name (hps_v21 default ViT-H-14; clip with a bare state dict)"
     )
-    vision_config: str | None = Field(None, description="image_reward only: BLIP ViT config JSON (default ViT-L/16 at 224)")
+    arch_config: str | None = Field(
+        None,
+        description="architecture config file: open_clip_config.json (hps_v21, clip) or BLIP med_config.json (image_reward)",
+    )
+    vision_config: str | None = Field(
+        None, description="image_reward only: BLIP ViT config JSON (default ViT-L/16 at 224)"
+    )
     tokenizer: str | None = Field(
         None, description="image_reward: folder with bert-base-uncased vocab.txt; pickscore: CLIP processor folder"
     )
     backbone: str | None = Field(None, description="aesthetic only: open_clip ViT-L/14 (OpenAI) local-dir folder")
-    batch_size: int | None = Field(None, ge=1, description="images per call for this model (default: rewards.batch_size)")
+    batch_size: int | None = Field(
+        None, ge=1, description="images per call for this model (default: rewards.batch_size)"
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="dtype the reward model runs in")
 
     @model_validator(mode="after")
@@ -70,7 +79,9 @@ class RewardModelConfig(Section):
             for key in OPTIONAL_KEYS:
                 if getattr(self, key) is not None and key not in spec.keys:
                     used = ", ".join(spec.keys) or "none"
-                    problems.append(problem(key, getattr(self, key), f"'{self.name}' does not use it (its keys: {used}); remove it"))
+                    problems.append(
+                        problem(key, getattr(self, key), f"'{self.name}' does not use it (its keys: {used}); remove it")
+                    )
         if not math.isfinite(self.weight):
             problems.append(problem("weight", self.weight, "must be a finite number"))
         if problems:
@@ -86,8 +97,12 @@ class RewardsConfig(Section):
         min_length=1,
         description="reward models and their weights in the advantage sum",
     )
-    batch_size: int = Field(16, ge=1, description="images per reward-model call (a model's own batch_size overrides it)")
-    cache_dir: str | None = Field(None, description="where s3:// weights are cached (default $G2RPO_CACHE_DIR or ~/.cache/g2rpo)")
+    batch_size: int = Field(
+        16, ge=1, description="images per reward-model call (a model's own batch_size overrides it)"
+    )
+    cache_dir: str | None = Field(
+        None, description="where s3:// weights are cached (default $G2RPO_CACHE_DIR or ~/.cache/g2rpo)"
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RewardsConfig:

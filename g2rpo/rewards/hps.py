@@ -74,7 +74,9 @@ class HPSv21(RewardModel):
         path = require_file(field, checkpoint_path, "HPS_v2.1_compressed.pt (a {'state_dict': ...} torch file)")
         model, preprocess_cfg, tokenizer = build_open_clip("hps_v21", arch, open_clip_config)
         checkpoint = load_weights_only(field, path)
-        state_dict = checkpoint["state_dict"] if isinstance(checkpoint, dict) and "state_dict" in checkpoint else checkpoint
+        state_dict = (
+            checkpoint["state_dict"] if isinstance(checkpoint, dict) and "state_dict" in checkpoint else checkpoint
+        )
         load_open_clip_state_dict(field, path, model, state_dict)
         return cls(model, tokenizer, preprocess_cfg, device=device, dtype=dtype)
 

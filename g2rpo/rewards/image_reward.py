@@ -221,10 +221,23 @@ def _json_config(field: str, config: dict | str | Path, what: str) -> dict[str, 
     return data
 
 
-_MED_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-             "max_position_embeddings")
-_VISION_KEYS = ("image_size", "patch_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "intermediate_size", "layer_norm_eps")
+_MED_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "max_position_embeddings",
+)
+_VISION_KEYS = (
+    "image_size",
+    "patch_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "intermediate_size",
+    "layer_norm_eps",
+)
 
 
 def load_blip_tokenizer(tokenizer_dir: str | Path):
@@ -242,8 +255,12 @@ def load_blip_tokenizer(tokenizer_dir: str | Path):
     tokenizer = BertTokenizer.from_pretrained(str(folder), local_files_only=True)
     if tokenizer.vocab_size != lines:
         raise G2RPOError(
-            problem(field, str(folder), f"the tokenizer read {tokenizer.vocab_size} tokens from a {lines}-line "
-                    "vocab.txt; pass a folder whose vocab.txt has one token per line")
+            problem(
+                field,
+                str(folder),
+                f"the tokenizer read {tokenizer.vocab_size} tokens from a {lines}-line "
+                "vocab.txt; pass a folder whose vocab.txt has one token per line",
+            )
         )
     tokenizer.add_special_tokens({"bos_token": "[DEC]"})
     tokenizer.add_special_tokens({"additional_special_tokens": ["[ENC]"]})
@@ -280,38 +297,55 @@ class ImageReward(RewardModel):
         missing = [k for k in _MED_KEYS if k not in med]
         if missing:
             raise G2RPOError(problem("image_reward.med_config", sorted(med), f"missing BERT keys {missing}"))
-        vision = dict(BLIP_LARGE_VISION) if vision_config is None else _json_config(
-            "image_reward.vision_config", vision_config, "a BLIP ViT config JSON"
+        vision = (
+            dict(BLIP_LARGE_VISION)
+            if vision_config is None
+            else _json_config("image_reward.vision_config", vision_config, "a BLIP ViT config JSON")
         )
         unknown = sorted(set(vision) - set(_VISION_KEYS))
         if unknown:
-            raise G2RPOError(problem("image_reward.vision_config", unknown, f"unknown keys; valid keys: {list(_VISION_KEYS)}"))
+            raise G2RPOError(
+                problem("image_reward.vision_config", unknown, f"unknown keys; valid keys: {list(_VISION_KEYS)}")
+            )
         vision = {**BLIP_LARGE_VISION, **vision}
         tokenizer = load_blip_tokenizer(tokenizer_dir)
         if len(tokenizer) > med["vocab_size"]:
             raise G2RPOError(
-                problem("image_reward.med_config.vocab_size", med["vocab_size"],
-                        f"the tokenizer has {len(tokenizer)} tokens (vocab.txt + [DEC], [ENC]); they must fit")
+                problem(
+                    "image_reward.med_config.vocab_size",
+                    med["vocab_size"],
+                    f"the tokenizer has {len(tokenizer)} tokens (vocab.txt + [DEC], [ENC]); they must fit",
+                )
             )
         net = ImageRewardNet(med, vision)
 
         state_dict = load_weights_only(field, path)
         if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
-            raise G2RPOError(problem(field, str(path), "does not hold a flat state dict of tensors; pass ImageReward.pt"))
+            raise G2RPOError(
+                problem(field, str(path), "does not hold a flat state dict of tensors; pass ImageReward.pt")
+            )
         mapped, unmapped = map_image_reward_keys(state_dict)
         expected = net.state_dict()
         strict_key_check(
-            field, path, set(expected), set(mapped) | set(unmapped),
+            field,
+            path,
+            set(expected),
+            set(mapped) | set(unmapped),
             "Keys are reported after renaming by image_reward.KEY_RULES; check the file and med_config/vision_config",
         )
         wrong = [
             f"{k}: file {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
-            for k, v in mapped.items() if tuple(v.shape) != tuple(expected[k].shape)
+            for k, v in mapped.items()
+            if tuple(v.shape) != tuple(expected[k].shape)
         ]
         if wrong:
             raise G2RPOError(
-                problem(field, str(path), f"{len(wrong)} tensor(s) have the wrong shape ({'; '.join(wrong[:4])}): "
-                        "check med_config / vision_config")
+                problem(
+                    field,
+                    str(path),
+                    f"{len(wrong)} tensor(s) have the wrong shape ({'; '.join(wrong[:4])}): "
+                    "check med_config / vision_config",
+                )
             )
         net.load_state_dict(mapped, strict=True)
         return cls(net, tokenizer, device=device, dtype=dtype)

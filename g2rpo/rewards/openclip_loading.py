@@ -57,8 +57,11 @@ def _config_dict(field: str, open_clip_config: dict | str | Path) -> dict[str, A
     model_cfg = cfg["model_cfg"]
     if not isinstance(model_cfg, dict) or not {"embed_dim", "vision_cfg", "text_cfg"} <= set(model_cfg):
         raise G2RPOError(
-            problem(field, sorted(model_cfg) if isinstance(model_cfg, dict) else model_cfg,
-                    "an open_clip model config needs embed_dim, vision_cfg and text_cfg")
+            problem(
+                field,
+                sorted(model_cfg) if isinstance(model_cfg, dict) else model_cfg,
+                "an open_clip model config needs embed_dim, vision_cfg and text_cfg",
+            )
         )
     return cfg
 
@@ -78,8 +81,12 @@ def build_open_clip(
     if open_clip_config is None:
         if arch not in open_clip.list_models():
             raise G2RPOError(
-                problem(f"{field}.arch", arch, "not an open_clip built-in architecture; use e.g. 'ViT-H-14' "
-                        "or pass open_clip_config (a dict, JSON file or local-dir folder)")
+                problem(
+                    f"{field}.arch",
+                    arch,
+                    "not an open_clip built-in architecture; use e.g. 'ViT-H-14' "
+                    "or pass open_clip_config (a dict, JSON file or local-dir folder)",
+                )
             )
         with _quiet_open_clip():
             model = open_clip.create_model(arch, pretrained=None, device="cpu")
@@ -103,10 +110,15 @@ def build_open_clip(
 def load_open_clip_state_dict(field: str, path: Path, model: torch.nn.Module, state_dict: object) -> None:
     """Strictly load ``state_dict`` into ``model``; missing/unexpected/mis-shaped keys are errors."""
     if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
-        raise G2RPOError(problem(field, str(path), "does not hold a state dict of tensors; pass the published checkpoint"))
+        raise G2RPOError(
+            problem(field, str(path), "does not hold a state dict of tensors; pass the published checkpoint")
+        )
     expected = model.state_dict()
     strict_key_check(
-        field, path, set(expected), set(state_dict),
+        field,
+        path,
+        set(expected),
+        set(state_dict),
         "The file does not match the architecture: check `arch` / `open_clip_config`",
     )
     wrong = [
@@ -116,8 +128,12 @@ def load_open_clip_state_dict(field: str, path: Path, model: torch.nn.Module, st
     ]
     if wrong:
         raise G2RPOError(
-            problem(field, str(path), f"{len(wrong)} tensor(s) have the wrong shape ({'; '.join(wrong[:4])}): "
-                    "check `arch` / `open_clip_config`")
+            problem(
+                field,
+                str(path),
+                f"{len(wrong)} tensor(s) have the wrong shape ({'; '.join(wrong[:4])}): "
+                "check `arch` / `open_clip_config`",
+            )
         )
     model.load_state_dict(state_dict, strict=True)
 
@@ -136,6 +152,8 @@ def open_clip_preprocess(images: torch.Tensor, preprocess_cfg: dict[str, Any]) -
         images = resize_squash(images, size, interpolation=interpolation)
     else:
         raise G2RPOError(
-            problem("preprocess_cfg.resize_mode", (mode, size), "only 'shortest' (square size) and 'squash' are supported")
+            problem(
+                "preprocess_cfg.resize_mode", (mode, size), "only 'shortest' (square size) and 'squash' are supported"
+            )
         )
     return normalize(images, preprocess_cfg["mean"], preprocess_cfg["std"])

@@ -46,8 +46,11 @@ def image_processor_settings(processor) -> dict:
         raise G2RPOError(problem("pickscore.preprocessor_config.resample", resample, "use 3 (bicubic) or 2 (bilinear)"))
     if not processor.do_resize or not processor.do_normalize or not processor.do_rescale:
         raise G2RPOError(
-            problem("pickscore.preprocessor_config", "do_resize/do_rescale/do_normalize off",
-                    "this head reproduces CLIP's standard processor: enable all three")
+            problem(
+                "pickscore.preprocessor_config",
+                "do_resize/do_rescale/do_normalize off",
+                "this head reproduces CLIP's standard processor: enable all three",
+            )
         )
     return {
         "size": size,
@@ -81,17 +84,27 @@ class PickScore(RewardModel):
     ) -> PickScore:
         from transformers import AutoTokenizer, CLIPImageProcessor, CLIPModel
 
-        model_path = require_dir("pickscore.weights", model_dir, "a transformers CLIPModel folder (config.json + weights)")
+        model_path = require_dir(
+            "pickscore.weights", model_dir, "a transformers CLIPModel folder (config.json + weights)"
+        )
         if not (model_path / "config.json").is_file():
-            raise G2RPOError(problem("pickscore.weights", str(model_path), "has no config.json; pass a CLIPModel save_pretrained folder"))
+            raise G2RPOError(
+                problem(
+                    "pickscore.weights", str(model_path), "has no config.json; pass a CLIPModel save_pretrained folder"
+                )
+            )
         proc_path = require_dir(
-            "pickscore.processor", processor_dir or model_path,
+            "pickscore.processor",
+            processor_dir or model_path,
             "a folder with preprocessor_config.json and CLIP tokenizer files",
         )
         if not (proc_path / "preprocessor_config.json").is_file():
             raise G2RPOError(
-                problem("pickscore.processor", str(proc_path),
-                        "has no preprocessor_config.json; pass the CLIP processor folder (laion/CLIP-ViT-H-14-laion2B-s32B-b79K)")
+                problem(
+                    "pickscore.processor",
+                    str(proc_path),
+                    "has no preprocessor_config.json; pass the CLIP processor folder (laion/CLIP-ViT-H-14-laion2B-s32B-b79K)",
+                )
             )
         try:
             model, info = CLIPModel.from_pretrained(
@@ -105,11 +118,16 @@ class PickScore(RewardModel):
         # log line; here either is an error (its own position_ids buffers are already filtered out).
         bad = {k: sorted(info.get(k) or []) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
         if any(bad.values()):
-            parts = [f"{len(v)} {k.replace('_keys', '')} key(s): {', '.join(map(str, v[:8]))}" for k, v in bad.items() if v]
+            parts = [
+                f"{len(v)} {k.replace('_keys', '')} key(s): {', '.join(map(str, v[:8]))}" for k, v in bad.items() if v
+            ]
             raise G2RPOError(
-                problem("pickscore.weights", str(model_path),
-                        "; ".join(parts) + ". The folder's weights do not match its config.json: pass the published "
-                        "PickScore_v1 folder unchanged")
+                problem(
+                    "pickscore.weights",
+                    str(model_path),
+                    "; ".join(parts) + ". The folder's weights do not match its config.json: pass the published "
+                    "PickScore_v1 folder unchanged",
+                )
             )
         tokenizer = AutoTokenizer.from_pretrained(str(proc_path), local_files_only=True)
         settings = image_processor_settings(CLIPImageProcessor.from_pretrained(str(proc_path), local_files_only=True))
@@ -140,7 +158,9 @@ class PickScore(RewardModel):
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         x = self.preprocess(images.to(device=self.device, dtype=torch.float32)).to(self.dtype)
-        text = self.tokenizer(prompts, padding=True, truncation=True, max_length=77, return_tensors="pt").to(self.device)
+        text = self.tokenizer(prompts, padding=True, truncation=True, max_length=77, return_tensors="pt").to(
+            self.device
+        )
         image_embeds = _features(self.model.get_image_features(pixel_values=x))  # [B, D]
         text_embeds = _features(self.model.get_text_features(**text))  # [B, D]
         image_embeds = image_embeds / image_embeds.norm(dim=-1, keepdim=True)

@@ -50,13 +50,17 @@ def resolve_location(field: str, location: str, cache_dir: str | None = None) ->
         try:
             from g2rpo.artifacts.manifest import fetch_to_cache
         except ImportError:  # pragma: no cover - the storage layer ships with the package
-            raise G2RPOError(problem(field, location, "s3:// needs g2rpo.artifacts.manifest (the storage layer); use a local path")) from None
+            raise G2RPOError(
+                problem(field, location, "s3:// needs g2rpo.artifacts.manifest (the storage layer); use a local path")
+            ) from None
         return Path(fetch_to_cache(location, cache_dir=cache_dir))
     if location.startswith("file://"):
-        location = location[len("file://"):]
+        location = location[len("file://") :]
     path = Path(location).expanduser()
     if not path.exists():
-        raise G2RPOError(problem(field, location, "does not exist; give a local path or an s3://bucket/prefix artifact"))
+        raise G2RPOError(
+            problem(field, location, "does not exist; give a local path or an s3://bucket/prefix artifact")
+        )
     return path
 
 
@@ -70,7 +74,9 @@ def _file_in(field: str, path: Path, name: str) -> Path:
     return path
 
 
-def _optional(cfg, key: str, folder: Path | None, default_name: str | None, cache_dir: str | None = None) -> Path | None:
+def _optional(
+    cfg, key: str, folder: Path | None, default_name: str | None, cache_dir: str | None = None
+) -> Path | None:
     """The path an optional key names, else ``folder/default_name`` when that exists, else None.
 
     An ``s3://`` (or ``file://``) value is resolved like ``weights``; when it names an artifact
@@ -99,7 +105,11 @@ def _build_hps(cfg, device, dtype, cache_dir):
     checkpoint = _file_in("hps_v21.weights", loc, "HPS_v2.1_compressed.pt")
     oc_config = _optional(cfg, "arch_config", loc, "open_clip_config.json", cache_dir)
     return HPSv21.from_checkpoint(
-        checkpoint, arch=getattr(cfg, "arch", None) or "ViT-H-14", open_clip_config=oc_config, device=device, dtype=dtype
+        checkpoint,
+        arch=getattr(cfg, "arch", None) or "ViT-H-14",
+        open_clip_config=oc_config,
+        device=device,
+        dtype=dtype,
     )
 
 
@@ -112,7 +122,11 @@ def _build_clip(cfg, device, dtype, cache_dir):
     arch = getattr(cfg, "arch", None)
     oc_config = _optional(cfg, "arch_config", None, "open_clip_config.json", cache_dir)
     if arch is None and oc_config is None:
-        raise G2RPOError(problem("clip.arch", None, "a bare state-dict file needs its open_clip architecture: set arch (e.g. ViT-H-14)"))
+        raise G2RPOError(
+            problem(
+                "clip.arch", None, "a bare state-dict file needs its open_clip architecture: set arch (e.g. ViT-H-14)"
+            )
+        )
     return CLIPScore.from_checkpoint(loc, arch=arch or "custom", open_clip_config=oc_config, device=device, dtype=dtype)
 
 
@@ -138,9 +152,19 @@ def _build_image_reward(cfg, device, dtype, cache_dir):
     tokenizer = _optional(cfg, "tokenizer", folder, "tokenizer", cache_dir)
     vision = _optional(cfg, "vision_config", folder, "vision_config.json", cache_dir)
     if med is None:
-        raise G2RPOError(problem("image_reward.arch_config", None, "set it to BLIP's med_config.json (or put one next to the weights)"))
+        raise G2RPOError(
+            problem(
+                "image_reward.arch_config", None, "set it to BLIP's med_config.json (or put one next to the weights)"
+            )
+        )
     if tokenizer is None:
-        raise G2RPOError(problem("image_reward.tokenizer", None, "set it to a folder with bert-base-uncased's vocab.txt (or add tokenizer/ next to the weights)"))
+        raise G2RPOError(
+            problem(
+                "image_reward.tokenizer",
+                None,
+                "set it to a folder with bert-base-uncased's vocab.txt (or add tokenizer/ next to the weights)",
+            )
+        )
     return ImageReward.from_checkpoint(
         checkpoint, med_config=med, vision_config=vision, tokenizer_dir=tokenizer, device=device, dtype=dtype
     )
@@ -183,41 +207,76 @@ REWARDS: dict[str, RewardSpec] = {
     spec.name: spec
     for spec in [
         RewardSpec(
-            "hps_v21", "HPS-v2.1: cosine of open_clip ViT-H-14 embeddings fine-tuned on human preferences",
+            "hps_v21",
+            "HPS-v2.1: cosine of open_clip ViT-H-14 embeddings fine-tuned on human preferences",
             "weights: HPS_v2.1_compressed.pt (a file, or a folder/artifact holding it); optional arch (ViT-H-14), arch_config",
-            ("weights", "arch", "arch_config"), ("weights",), "≈ 0.2–0.35", _build_hps,
+            ("weights", "arch", "arch_config"),
+            ("weights",),
+            "≈ 0.2–0.35",
+            _build_hps,
         ),
         RewardSpec(
-            "clip", "CLIP score: cosine of open_clip embeddings (default Apple DFN5B CLIP ViT-H-14-384)",
+            "clip",
+            "CLIP score: cosine of open_clip embeddings (default Apple DFN5B CLIP ViT-H-14-384)",
             "weights: open_clip local-dir folder (open_clip_config.json + weights), or a state dict + arch/arch_config",
-            ("weights", "arch", "arch_config"), ("weights",), "≈ 0.2–0.4", _build_clip,
+            ("weights", "arch", "arch_config"),
+            ("weights",),
+            "≈ 0.2–0.4",
+            _build_clip,
         ),
         RewardSpec(
-            "pickscore", "PickScore: logit scale · cosine of transformers CLIP ViT-H-14 embeddings",
+            "pickscore",
+            "PickScore: logit scale · cosine of transformers CLIP ViT-H-14 embeddings",
             "weights: transformers CLIPModel folder; tokenizer: CLIP processor folder (else weights/ or weights/processor/)",
-            ("weights", "tokenizer"), ("weights",), "≈ 18–23", _build_pickscore,
+            ("weights", "tokenizer"),
+            ("weights",),
+            "≈ 18–23",
+            _build_pickscore,
         ),
         RewardSpec(
-            "image_reward", "ImageReward: BLIP image-grounded text encoder + MLP, standardised",
+            "image_reward",
+            "ImageReward: BLIP image-grounded text encoder + MLP, standardised",
             "weights: ImageReward.pt; arch_config: med_config.json; tokenizer: folder with vocab.txt (both may sit next to the weights)",
-            ("weights", "arch_config", "vision_config", "tokenizer"), ("weights",), "≈ N(0, 1)", _build_image_reward,
+            ("weights", "arch_config", "vision_config", "tokenizer"),
+            ("weights",),
+            "≈ N(0, 1)",
+            _build_image_reward,
         ),
         RewardSpec(
-            "aesthetic", "LAION aesthetic predictor: MLP on CLIP ViT-L/14 image embeddings (prompt unused)",
+            "aesthetic",
+            "LAION aesthetic predictor: MLP on CLIP ViT-L/14 image embeddings (prompt unused)",
             "weights: sac+logos+ava1-l14-linearMSE.pth; backbone: open_clip ViT-L/14 (OpenAI) folder or state dict",
-            ("weights", "backbone", "arch"), ("weights", "backbone"), "≈ 1–10", _build_aesthetic,
+            ("weights", "backbone", "arch"),
+            ("weights", "backbone"),
+            "≈ 1–10",
+            _build_aesthetic,
         ),
         RewardSpec(
-            "jpeg_compressibility", "negative JPEG size at quality 95, bits per pixel (weight-free, exact)",
-            "nothing (weight-free)", (), (), "≈ −1 (flat) to −15 (noise)", _build_jpeg,
+            "jpeg_compressibility",
+            "negative JPEG size at quality 95, bits per pixel (weight-free, exact)",
+            "nothing (weight-free)",
+            (),
+            (),
+            "≈ −1 (flat) to −15 (noise)",
+            _build_jpeg,
         ),
         RewardSpec(
-            "sharpness", "no-reference sharpness: variance of the Laplacian of luma (weight-free)",
-            "nothing (weight-free)", (), (), "≥ 0; 0 for flat images", _build_sharpness,
+            "sharpness",
+            "no-reference sharpness: variance of the Laplacian of luma (weight-free)",
+            "nothing (weight-free)",
+            (),
+            (),
+            "≥ 0; 0 for flat images",
+            _build_sharpness,
         ),
         RewardSpec(
-            "total_variation", "negative mean total variation, rewards smooth images (weight-free regulariser)",
-            "nothing (weight-free)", (), (), "−1 to 0; 0 for flat images", _build_total_variation,
+            "total_variation",
+            "negative mean total variation, rewards smooth images (weight-free regulariser)",
+            "nothing (weight-free)",
+            (),
+            (),
+            "−1 to 0; 0 for flat images",
+            _build_total_variation,
         ),
     ]
 }
@@ -267,7 +326,9 @@ def _device(name: str, device: str | torch.device) -> torch.device:
     try:
         parsed = torch.device(device)
     except (RuntimeError, TypeError):
-        raise G2RPOError(problem(f"{name}.device", device, "use a torch device string such as cpu, cuda or cuda:1")) from None
+        raise G2RPOError(
+            problem(f"{name}.device", device, "use a torch device string such as cpu, cuda or cuda:1")
+        ) from None
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise G2RPOError(problem(f"{name}.device", str(device), "CUDA is not available on this machine: use cpu"))
     return parsed
@@ -279,7 +340,9 @@ def score_batched(model: RewardModel, images: torch.Tensor, prompts: Sequence[st
     Raises :class:`G2RPOError` naming the reward and the count when any score is NaN/inf.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise G2RPOError(problem(f"{model.name}.batch_size", batch_size, "use a positive whole number of images per call"))
+        raise G2RPOError(
+            problem(f"{model.name}.batch_size", batch_size, "use a positive whole number of images per call")
+        )
     images, prompts = validate_inputs(model.name, images, prompts, needs_prompts=model.needs_prompts)
     parts = [
         model.score(images[i : i + batch_size], list(prompts[i : i + batch_size])).float().cpu()

@@ -153,8 +153,12 @@ def write_tiny_pickscore_dir(folder: str | Path, *, seed: int = 0, image_size: i
     vocab, merges = _clip_byte_vocab()
     (folder / "vocab.json").write_text(json.dumps(vocab), encoding="utf-8")
     (folder / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges), encoding="utf-8")
-    special = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "unk_token": "<|endoftext|>",
-               "pad_token": "<|endoftext|>"}
+    special = {
+        "bos_token": "<|startoftext|>",
+        "eos_token": "<|endoftext|>",
+        "unk_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+    }
     (folder / "special_tokens_map.json").write_text(json.dumps(special), encoding="utf-8")
     (folder / "tokenizer_config.json").write_text(
         json.dumps({"tokenizer_class": "CLIPTokenizer", "model_max_length": 77, **special}), encoding="utf-8"
@@ -162,21 +166,32 @@ def write_tiny_pickscore_dir(folder: str | Path, *, seed: int = 0, image_size: i
     torch.manual_seed(seed)
     config = CLIPConfig(
         text_config={
-            "vocab_size": len(vocab), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-            "num_attention_heads": 2, "max_position_embeddings": 77,
-            "bos_token_id": vocab["<|startoftext|>"], "eos_token_id": vocab["<|endoftext|>"],
+            "vocab_size": len(vocab),
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "max_position_embeddings": 77,
+            "bos_token_id": vocab["<|startoftext|>"],
+            "eos_token_id": vocab["<|endoftext|>"],
             "pad_token_id": vocab["<|endoftext|>"],
         },
         vision_config={
-            "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-            "image_size": image_size, "patch_size": 8,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 2,
+            "image_size": image_size,
+            "patch_size": 8,
         },
         projection_dim=16,
     )
     model = CLIPModel(config)
     _jitter_(model, torch.Generator().manual_seed(seed + 1))
     model.save_pretrained(folder)
-    CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}).save_pretrained(folder)
+    CLIPImageProcessor(
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
+    ).save_pretrained(folder)
     return {"dir": folder}
 
 

@@ -136,7 +136,9 @@ def reward_weight_tensor(reward_weights: Sequence[float] | None, num_rewards: in
         return torch.ones(num_rewards)
     w = torch.as_tensor(list(reward_weights), dtype=torch.float32)
     if w.shape != (num_rewards,):
-        raise ValueError(f"reward_weights must have one weight per reward model ({num_rewards}), got {list(reward_weights)}")
+        raise ValueError(
+            f"reward_weights must have one weight per reward model ({num_rewards}), got {list(reward_weights)}"
+        )
     if not bool(torch.isfinite(w).all()):
         raise ValueError(f"reward_weights must be finite numbers, got {list(reward_weights)}")
     return w
@@ -172,7 +174,9 @@ def surrogate_term(
     step_index: int | None,
 ) -> LossTerm:
     """The clipped surrogate over the given elements (mean), times ``scale``, as a LossTerm."""
-    loss, stats = core.clipped_surrogate(log_prob_new, log_prob_old.to(log_prob_new.device), advantages.to(log_prob_new.device), config.ratio_clip)
+    loss, stats = core.clipped_surrogate(
+        log_prob_new, log_prob_old.to(log_prob_new.device), advantages.to(log_prob_new.device), config.ratio_clip
+    )
     loss = loss * scale
     return LossTerm(
         loss=loss,

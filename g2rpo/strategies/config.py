@@ -72,17 +72,23 @@ class AlgorithmConfig(Section):
     stride_weights: list[float] | None = Field(
         None, description="α_j ≥ 0, one weight per granularity for the advantage sum (not all 0); null = all 1"
     )
-    advantage_clip: float = Field(5.0, gt=0.0, allow_inf_nan=False, description="clip the mixed advantage to ±this after the sum (paper 5)")
+    advantage_clip: float = Field(
+        5.0, gt=0.0, allow_inf_nan=False, description="clip the mixed advantage to ±this after the sum (paper 5)"
+    )
     advantage_eps: float = Field(1e-8, gt=0.0, allow_inf_nan=False, description="δ in (R − mean)/(std + δ)")
     unbiased_std: bool = Field(True, description="group std with Bessel's correction (torch.std default)")
-    ratio_clip: float = Field(1e-4, gt=0.0, allow_inf_nan=False, description="ε of the clipped surrogate (reference code 1e-4)")
+    ratio_clip: float = Field(
+        1e-4, gt=0.0, allow_inf_nan=False, description="ε of the clipped surrogate (reference code 1e-4)"
+    )
     log_prob_reduce: Literal["mean", "sum"] = Field(
         "mean", description="reduce the Gaussian log-prob over latent dims by mean (reference) or sum"
     )
     grid: Literal["flux", "static_shift"] = Field(
         "flux", description="σ grid: flux (FluxPipeline's resolution-dependent shift) or static_shift (reference code)"
     )
-    shift: float = Field(3.0, gt=0.0, allow_inf_nan=False, description="s of the static_shift grid σ = s·t/(1+(s−1)·t) (reference 3)")
+    shift: float = Field(
+        3.0, gt=0.0, allow_inf_nan=False, description="s of the static_shift grid σ = s·t/(1+(s−1)·t) (reference 3)"
+    )
     truncate_timestep: bool = Field(
         False, description="feed the model int(σ·1000)/1000 as the reference code does (the step math keeps σ)"
     )
@@ -92,15 +98,22 @@ class AlgorithmConfig(Section):
     )
     micro_batch: PositiveInt = Field(16, description="rows per model call while sampling (branches × strides batched)")
     train_micro_batch: PositiveInt | None = Field(
-        None, description="rows per training forward; a trained step with more rows is split into several terms; null = no split"
+        None,
+        description="rows per training forward; a trained step with more rows is split into several terms; null = no split",
     )
     dancegrpo_train_fraction: float = Field(
-        0.6, gt=0.0, le=1.0, allow_inf_nan=False, description="DanceGRPO: fraction of the T steps trained, drawn at random per prompt (0.6)"
+        0.6,
+        gt=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="DanceGRPO: fraction of the T steps trained, drawn at random per prompt (0.6)",
     )
     dancegrpo_shared_noise: bool = Field(
         True, description="DanceGRPO: one initial noise for the whole group (false = independent, Flow-GRPO style)"
     )
-    mixgrpo_window_size: PositiveInt = Field(4, description="MixGRPO: W, SDE steps in the sliding window (MixGRPO code: 4)")
+    mixgrpo_window_size: PositiveInt = Field(
+        4, description="MixGRPO: W, SDE steps in the sliding window (MixGRPO code: 4)"
+    )
     mixgrpo_window_shift: PositiveInt = Field(1, description="MixGRPO: steps the window advances each time (code: 1)")
     mixgrpo_iters_per_shift: PositiveInt = Field(25, description="MixGRPO: iterations between advances (code: 25)")
 
@@ -119,7 +132,9 @@ class AlgorithmConfig(Section):
     def _weights_finite_non_negative(cls, value: list[float] | None) -> list[float] | None:
         bad = [w for w in value or [] if not math.isfinite(w) or w < 0]
         if bad:
-            raise ValueError(f"{value!r} has weights {bad} that are not finite numbers ≥ 0: give each α_j ≥ 0, e.g. [1, 1, 1]")
+            raise ValueError(
+                f"{value!r} has weights {bad} that are not finite numbers ≥ 0: give each α_j ≥ 0, e.g. [1, 1, 1]"
+            )
         return value
 
     @field_validator("branch_steps")
@@ -143,16 +158,28 @@ class AlgorithmConfig(Section):
             outside = [k for k in self.branch_steps if k >= t]
             if outside:
                 problems.append(
-                    problem("branch_steps", self.branch_steps, f"steps {outside} are outside the grid: each k must be in 0..{t - 1}")
+                    problem(
+                        "branch_steps",
+                        self.branch_steps,
+                        f"steps {outside} are outside the grid: each k must be in 0..{t - 1}",
+                    )
                 )
             if len(set(self.branch_steps)) != len(self.branch_steps):
                 problems.append(problem("branch_steps", self.branch_steps, "list each step once"))
         m = len(self.branch_steps) if self.branch_steps is not None else math.ceil(t / 2)
         if self.branch_steps_per_iteration is not None and self.branch_steps_per_iteration > m:
             problems.append(
-                problem("branch_steps_per_iteration", self.branch_steps_per_iteration, f"must be ≤ |M| = {m}, or null for all of M")
+                problem(
+                    "branch_steps_per_iteration",
+                    self.branch_steps_per_iteration,
+                    f"must be ≤ |M| = {m}, or null for all of M",
+                )
             )
-        if self.stride_weights is not None and len(self.stride_weights) != len(self.granularities) and self.strategy != "g2rpo_no_mgai":
+        if (
+            self.stride_weights is not None
+            and len(self.stride_weights) != len(self.granularities)
+            and self.strategy != "g2rpo_no_mgai"
+        ):
             problems.append(
                 problem(
                     "stride_weights",
@@ -162,17 +189,29 @@ class AlgorithmConfig(Section):
             )
         if self.stride_weights is not None and self.stride_weights and not any(self.stride_weights):
             problems.append(
-                problem("stride_weights", self.stride_weights, "all weights are 0, so every advantage would be 0: give at least one weight > 0")
+                problem(
+                    "stride_weights",
+                    self.stride_weights,
+                    "all weights are 0, so every advantage would be 0: give at least one weight > 0",
+                )
             )
         if self.strategy == "g2rpo_no_mgai":
             # The ablation is defined as Λ = {1}; an explicit other Λ would be silently ignored.
             if "granularities" in self.model_fields_set and self.granularities != [1]:
                 problems.append(
-                    problem("granularities", self.granularities, "strategy g2rpo_no_mgai always finishes with stride [1]: drop granularities, or use strategy g2rpo")
+                    problem(
+                        "granularities",
+                        self.granularities,
+                        "strategy g2rpo_no_mgai always finishes with stride [1]: drop granularities, or use strategy g2rpo",
+                    )
                 )
             if self.stride_weights is not None:
                 problems.append(
-                    problem("stride_weights", self.stride_weights, "strategy g2rpo_no_mgai has one stride and weight 1: drop stride_weights")
+                    problem(
+                        "stride_weights",
+                        self.stride_weights,
+                        "strategy g2rpo_no_mgai has one stride and weight 1: drop stride_weights",
+                    )
                 )
         if self.strategy == "mixgrpo" and t < 3:
             problems.append(problem("num_steps", t, "MixGRPO keeps its window below step T − 2: use num_steps ≥ 3"))

@@ -74,7 +74,10 @@ class DanceGRPO:
         sigmas = make_grid(cfg, length).to(device)
         nfe = NFECounters()
         if cfg.dancegrpo_shared_noise:
-            x0 = [draws.normal(latent_shape, "initial-noise", p, device=device).expand(group, -1, -1) for p in range(num_prompts)]
+            x0 = [
+                draws.normal(latent_shape, "initial-noise", p, device=device).expand(group, -1, -1)
+                for p in range(num_prompts)
+            ]
         else:
             x0 = [
                 torch.stack([draws.normal(latent_shape, "initial-noise", p, g, device=device) for g in range(group)])
@@ -91,7 +94,12 @@ class DanceGRPO:
             states.append(x)
         trained = torch.stack(
             [
-                torch.stack([draws.permutation(t_steps, "trained-steps", p, g)[: self.trained_per_trajectory] for g in range(group)])
+                torch.stack(
+                    [
+                        draws.permutation(t_steps, "trained-steps", p, g)[: self.trained_per_trajectory]
+                        for g in range(group)
+                    ]
+                )
                 for p in range(num_prompts)
             ]
         )  # [P, G, S]

@@ -149,7 +149,13 @@ class G2RPO:
         flat_v = v_k.reshape(-1, *v_k.shape[-2:])
         flat_steps = steps.reshape(-1)
         mean, std = core.sde_mean_std(
-            flat_x, flat_v, sigmas[flat_steps], sigmas[flat_steps + 1], self.config.eta, sigmas[1], self.config.sde_noise
+            flat_x,
+            flat_v,
+            sigmas[flat_steps],
+            sigmas[flat_steps + 1],
+            self.config.eta,
+            sigmas[1],
+            self.config.sde_noise,
         )  # [N, L, C], [N, 1, 1]
         return mean.reshape(*lead, 1, *x_k.shape[-2:]), std.reshape(*lead, 1, 1, 1)
 
@@ -186,7 +192,9 @@ class G2RPO:
         needs = (branch_sigma > 0).nonzero().flatten()
         v0 = torch.zeros_like(branch_flat)
         if needs.numel():
-            v0[needs] = sample_velocity(model, cfg, branch_flat[needs], branch_sigma[needs], cond[branch_prompt[needs]], nfe)
+            v0[needs] = sample_velocity(
+                model, cfg, branch_flat[needs], branch_sigma[needs], cond[branch_prompt[needs]], nfe
+            )
 
         def per_row(t: torch.Tensor) -> torch.Tensor:  # [P*K*G, ...] → rows [P*K*J*G, ...]
             t = t.reshape(num_prompts, num_slots, 1, group, *t.shape[1:])

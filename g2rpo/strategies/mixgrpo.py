@@ -47,7 +47,9 @@ from g2rpo.strategies.config import AlgorithmConfig
 __all__ = ["MixGRPO", "window_steps"]
 
 
-def window_steps(iteration: int, num_steps: int, window_size: int = 4, shift: int = 1, iters_per_shift: int = 25) -> list[int]:
+def window_steps(
+    iteration: int, num_steps: int, window_size: int = 4, shift: int = 1, iters_per_shift: int = 25
+) -> list[int]:
     """The SDE window at ``iteration`` (grid indices; see the module docstring)."""
     last_start = num_steps - 3  # window indices stay < T − 2
     if last_start < 0:

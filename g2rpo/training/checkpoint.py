@@ -32,11 +32,9 @@ Non-Commercial License, and a fine-tune is a derivative under the same terms.
 from __future__ import annotations
 
 import json
-import os
 import random
 import re
 import shutil
-import time
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -125,7 +123,14 @@ def write_manifest(directory: Path, *, producer: str, config_hash: str, metadata
     from g2rpo.artifacts.storage import FileStore
 
     files = scan_dir(directory)
-    _write(FileStore(directory), "", files, producer=f"{producer} {__version__}", config_hash=config_hash, metadata=metadata)
+    _write(
+        FileStore(directory),
+        "",
+        files,
+        producer=f"{producer} {__version__}",
+        config_hash=config_hash,
+        metadata=metadata,
+    )
     return Path(directory) / MANIFEST
 
 
@@ -347,7 +352,9 @@ def export_model(
     return directory
 
 
-def _save_pretrained(transformer: torch.nn.Module, directory: Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+def _save_pretrained(
+    transformer: torch.nn.Module, directory: Path, state_dict: dict[str, torch.Tensor] | None = None
+) -> None:
     """``save_pretrained`` in safetensors; with ``state_dict`` (gathered ZeRO-3 weights) those are
     loaded into a CPU copy built from the config first (diffusers saves the module's own tensors)."""
     if state_dict is None:

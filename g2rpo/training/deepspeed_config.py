@@ -53,7 +53,8 @@ class DeepSpeedSection(Section):
         "for full fine-tuning)",
     )
     offload_optimizer: bool = Field(
-        False, description="keep ZeRO's optimiser state in CPU memory (stage >= 1); frees accelerator memory, costs PCIe"
+        False,
+        description="keep ZeRO's optimiser state in CPU memory (stage >= 1); frees accelerator memory, costs PCIe",
     )
     offload_param: bool = Field(False, description="keep ZeRO-3's parameter shards in CPU memory (stage 3 only)")
     overlap_comm: bool = Field(True, description="overlap gradient reduction with the backward pass")
@@ -67,10 +68,12 @@ class DeepSpeedSection(Section):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "DeepSpeedSection":
+    def _check(self) -> DeepSpeedSection:
         if self.offload_param and self.zero_stage != 3:
             raise ValueError(
-                problem("deepspeed.offload_param", True, f"parameter offload needs zero_stage=3 (got {self.zero_stage})")
+                problem(
+                    "deepspeed.offload_param", True, f"parameter offload needs zero_stage=3 (got {self.zero_stage})"
+                )
             )
         if self.offload_optimizer and self.zero_stage == 0:
             raise ValueError(problem("deepspeed.offload_optimizer", True, "optimiser offload needs zero_stage >= 1"))
@@ -154,7 +157,7 @@ class _RecordingDict(dict):
         super().__init__(*args, **kwargs)
         self.seen: set[str] = set() if seen is None else seen
 
-    def __copy__(self) -> "_RecordingDict":
+    def __copy__(self) -> _RecordingDict:
         return _RecordingDict(self, seen=self.seen)
 
     def get(self, key: Any, default: Any = None) -> Any:
@@ -212,7 +215,9 @@ def validate_deepspeed_config(config: dict[str, Any], world_size: int) -> None:
             close = difflib.get_close_matches(key, sorted(known), n=3)
             hint = f" (did you mean {', '.join(close)}?)" if close else ""
             problems.append(
-                problem(f"deepspeed.{key}", config[key], "DeepSpeed ignores this unknown top-level key; remove it" + hint)
+                problem(
+                    f"deepspeed.{key}", config[key], "DeepSpeed ignores this unknown top-level key; remove it" + hint
+                )
             )
     micro = config.get("train_micro_batch_size_per_gpu")
     accumulation = config.get("gradient_accumulation_steps")

@@ -23,10 +23,10 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from g2rpo.config import Section, config_hash, load_config
-from g2rpo.training.deepspeed_config import DeepSpeedSection
 from g2rpo.errors import problem
 from g2rpo.rewards.config import RewardsConfig
 from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.training.deepspeed_config import DeepSpeedSection
 
 __all__ = [
     "ModelSection",
@@ -66,12 +66,14 @@ class ModelSection(Section):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "ModelSection":
+    def _check(self) -> ModelSection:
         problems = []
         for name in ("height", "width"):
             value = getattr(self, name)
             if value % 16:
-                problems.append(problem(f"model.{name}", value, "must be a multiple of 16 (VAE factor 8 × 2×2 packing)"))
+                problems.append(
+                    problem(f"model.{name}", value, "must be a multiple of 16 (VAE factor 8 × 2×2 packing)")
+                )
         if problems:
             raise ValueError("\n  - ".join(problems))
         return self
@@ -91,11 +93,14 @@ class DataSection(Section):
         "set (then `prompts` may be empty). Null = encode `prompts` at start-up",
     )
     max_sequence_length: int | None = Field(
-        None, ge=1, le=512, description="T5 tokens per prompt when encoding at start-up (null = the tokenizer's, FLUX.1-dev 512)"
+        None,
+        ge=1,
+        le=512,
+        description="T5 tokens per prompt when encoding at start-up (null = the tokenizer's, FLUX.1-dev 512)",
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "DataSection":
+    def _check(self) -> DataSection:
         if not self.prompts and not self.embeddings:
             raise ValueError(problem("data.prompts", "", "set a prompt file (one prompt per line) or data.embeddings"))
         return self
@@ -117,7 +122,7 @@ class LoraSection(Section):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "LoraSection":
+    def _check(self) -> LoraSection:
         # The transformer runs in eval mode (as diffusers loads it) so that sampling and training
         # compute the same log-probabilities; a LoRA dropout would never be applied.
         if self.dropout != 0.0:
@@ -136,7 +141,9 @@ class EmaSection(Section):
     """Optional exponential moving average of the trained weights."""
 
     enabled: bool = Field(False, description="keep an EMA copy of the trainable weights (float32)")
-    decay: float = Field(0.999, gt=0.0, lt=1.0, description="θ_ema ← decay·θ_ema + (1 − decay)·θ after each optimiser step")
+    decay: float = Field(
+        0.999, gt=0.0, lt=1.0, description="θ_ema ← decay·θ_ema + (1 − decay)·θ after each optimiser step"
+    )
 
 
 class TrainSection(Section):
@@ -194,7 +201,7 @@ class RunConfig(Section):
     output: OutputSection = Field(default_factory=OutputSection, description="outputs")
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "RunConfig":
+    def _cross_checks(self) -> RunConfig:
         problems = []
         if not self.model.path:
             problems.append(problem("model.path", "", "set the directory of a diffusers Flux pipeline"))
@@ -261,12 +268,20 @@ def run_problems(config: Any, world_size: int = 1) -> list[str]:
             )
         )
     if ds is not None and world_size > 1 and not ds.enabled:
-        problems.append(problem("deepspeed.enabled", False, f"{world_size} ranks need DeepSpeed for data parallelism: set it to true"))
+        problems.append(
+            problem(
+                "deepspeed.enabled", False, f"{world_size} ranks need DeepSpeed for data parallelism: set it to true"
+            )
+        )
     if ds is not None and train is not None and ds.enabled:
         from g2rpo.training.deepspeed_config import build_deepspeed_config, validate_deepspeed_config
 
         generated = build_deepspeed_config(
-            ds, precision=train.precision, max_grad_norm=train.max_grad_norm, world_size=world_size, accumulation_steps=1
+            ds,
+            precision=train.precision,
+            max_grad_norm=train.max_grad_norm,
+            world_size=world_size,
+            accumulation_steps=1,
         )
         try:
             validate_deepspeed_config(generated, world_size)
@@ -276,7 +291,9 @@ def run_problems(config: Any, world_size: int = 1) -> list[str]:
         if not (model.create_tiny and not Path(model.path).exists()):
             from g2rpo.models.loading import TEXT_COMPONENTS, TRAINING_COMPONENTS, check_model_dir
 
-            needed = TRAINING_COMPONENTS if data is not None and data.embeddings else TRAINING_COMPONENTS + TEXT_COMPONENTS
+            needed = (
+                TRAINING_COMPONENTS if data is not None and data.embeddings else TRAINING_COMPONENTS + TEXT_COMPONENTS
+            )
             try:
                 check_model_dir(Path(model.path), needed)
             except G2RPOError as exc:
@@ -290,7 +307,11 @@ def run_problems(config: Any, world_size: int = 1) -> list[str]:
             problems.append(f"data.prompts: {exc}")
     if data is not None and data.embeddings and not (Path(data.embeddings) / "manifest.json").is_file():
         problems.append(
-            problem("data.embeddings", data.embeddings, "no finished embedding cache there (no manifest.json): run `g2rpo data prep`")
+            problem(
+                "data.embeddings",
+                data.embeddings,
+                "no finished embedding cache there (no manifest.json): run `g2rpo data prep`",
+            )
         )
     return problems
 

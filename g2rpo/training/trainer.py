@@ -43,19 +43,19 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from g2rpo.training.checkpoint import CheckpointManager, TrainerState, export_model, is_complete, manifest_metadata
 from g2rpo.config import to_yaml
-from g2rpo.training.distributed import DistContext, init_distributed, prompts_per_rank
 from g2rpo.errors import ConfigError, G2RPOError, problem
-from g2rpo.training.run_config import RunConfig, resume_hash, run_problems
 from g2rpo.seeding import Draws, derive_seed
 from g2rpo.strategies.base import StepStats, summarize_step
+from g2rpo.training.checkpoint import CheckpointManager, TrainerState, export_model, is_complete, manifest_metadata
+from g2rpo.training.distributed import DistContext, init_distributed, prompts_per_rank
+from g2rpo.training.run_config import RunConfig, resume_hash, run_problems
 
 __all__ = ["Trainer", "IterationRecord", "TorchDriver", "DeepSpeedDriver", "EMA", "apply_lora", "train_from_config"]
 
@@ -104,7 +104,11 @@ class TorchDriver:
         self.params = params
         self.max_grad_norm = train.max_grad_norm
         self.optimizer = torch.optim.AdamW(
-            params, lr=train.learning_rate, betas=tuple(train.adam_betas), eps=train.adam_eps, weight_decay=train.weight_decay
+            params,
+            lr=train.learning_rate,
+            betas=tuple(train.adam_betas),
+            eps=train.adam_eps,
+            weight_decay=train.weight_decay,
         )
 
     @property
@@ -172,7 +176,11 @@ class DeepSpeedDriver:
         )
         validate_deepspeed_config(self.ds_config, ctx.world_size)
         optimizer = torch.optim.AdamW(
-            params, lr=train.learning_rate, betas=tuple(train.adam_betas), eps=train.adam_eps, weight_decay=train.weight_decay
+            params,
+            lr=train.learning_rate,
+            betas=tuple(train.adam_betas),
+            eps=train.adam_eps,
+            weight_decay=train.weight_decay,
         )
         if not ctx.distributed:
             # deepspeed.initialize wants a process group even for one rank.
@@ -266,7 +274,13 @@ def apply_lora(transformer: torch.nn.Module, lora: Any, seed: int | None = None)
     supported = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
     modules = dict(transformer.named_modules())
     unsupported = {
-        t: sorted({type(m).__name__ for n, m in modules.items() if (n == t or n.endswith("." + t)) and not isinstance(m, supported)})
+        t: sorted(
+            {
+                type(m).__name__
+                for n, m in modules.items()
+                if (n == t or n.endswith("." + t)) and not isinstance(m, supported)
+            }
+        )
         for t in lora.target_modules
     }
     unsupported = {t: kinds for t, kinds in unsupported.items() if kinds}
@@ -282,7 +296,11 @@ def apply_lora(transformer: torch.nn.Module, lora: Any, seed: int | None = None)
         )
     transformer.requires_grad_(False)
     config = LoraConfig(
-        r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=list(lora.target_modules), init_lora_weights="gaussian"
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        init_lora_weights="gaussian",
     )
     if seed is None:
         transformer.add_adapter(config)
@@ -328,7 +346,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ setup
 
-    def setup(self) -> "Trainer":
+    def setup(self) -> Trainer:
         cfg = self.config
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -370,7 +388,11 @@ class Trainer:
         else:
             if self.ctx.distributed:
                 raise G2RPOError(
-                    problem("deepspeed.enabled", False, "several processes need DeepSpeed for data parallelism: set it to true")
+                    problem(
+                        "deepspeed.enabled",
+                        False,
+                        "several processes need DeepSpeed for data parallelism: set it to true",
+                    )
                 )
             self.driver = TorchDriver(self.velocity, params, cfg)
         self.ema = EMA(self._trainable(), cfg.train.ema.decay) if cfg.train.ema.enabled else None
@@ -414,7 +436,11 @@ class Trainer:
             )
         if "export" in used:
             raise G2RPOError(
-                problem("output.dir", str(self.out), "holds a finished run's export/ and no checkpoint: choose a new output.dir")
+                problem(
+                    "output.dir",
+                    str(self.out),
+                    "holds a finished run's export/ and no checkpoint: choose a new output.dir",
+                )
             )
         if (self.out / "config.yaml").exists() and self.ctx.is_main:
             previous = (self.out / "config.yaml").read_text()
@@ -507,7 +533,9 @@ class Trainer:
         wrong = {name: pair for name, pair in widths.items() if pair[0] != pair[1]}
         if wrong:
             data = self.config.data
-            field, value = ("data.embeddings", data.embeddings) if data.embeddings else ("model.path", self.config.model.path)
+            field, value = (
+                ("data.embeddings", data.embeddings) if data.embeddings else ("model.path", self.config.model.path)
+            )
             detail = "; ".join(f"{name} {have}, the transformer takes {want}" for name, (have, want) in wrong.items())
             raise G2RPOError(
                 problem(
@@ -540,10 +568,12 @@ class Trainer:
         if not self._is_setup:
             self.setup()
         cfg, ctx = self.config, self.ctx
-        from g2rpo.training.distributed import global_prompt_indices
         from g2rpo.models.flux import decode_latents
+        from g2rpo.training.distributed import global_prompt_indices
 
-        batch = global_prompt_indices(cfg.train.seed, self.iteration, cfg.train.prompts_per_iteration, len(self.prompts))
+        batch = global_prompt_indices(
+            cfg.train.seed, self.iteration, cfg.train.prompts_per_iteration, len(self.prompts)
+        )
         slots = list(range(ctx.rank * self.per_rank, (ctx.rank + 1) * self.per_rank))
         indices = [batch[s] for s in slots]
         draws = Draws(cfg.train.seed, self.iteration, tuple(slots))
@@ -554,7 +584,11 @@ class Trainer:
             rollout = self.strategy.rollout(self.driver.policy, cond, draws, self.latent_shape, device=ctx.device)
         with _timed(seconds, "decoding"):
             images = decode_latents(
-                self.vae, rollout.final_latents, cfg.model.height, cfg.model.width, micro_batch=cfg.train.decode_micro_batch
+                self.vae,
+                rollout.final_latents,
+                cfg.model.height,
+                cfg.model.width,
+                micro_batch=cfg.train.decode_micro_batch,
             )  # [N, 3, H, W] in [0, 1]
         with _timed(seconds, "reward"):
             texts = [self.prompts[indices[int(p)]] for p in rollout.final_prompt]
@@ -708,7 +742,7 @@ class Trainer:
             state_dict = None
             if gathered is not None:
                 prefix = "transformer."
-                state_dict = {k[len(prefix):]: v for k, v in gathered.items() if k.startswith(prefix)}
+                state_dict = {k[len(prefix) :]: v for k, v in gathered.items() if k.startswith(prefix)}
             if cfg.output.export_ema and self.ema is not None:
                 # Training is over: the module's weights may take the EMA values for the export.
                 with torch.no_grad():

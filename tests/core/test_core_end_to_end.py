@@ -18,7 +18,9 @@ def test_g2rpo_updates_raise_the_mean_reward(tmp_path):
     # Flux). The paper's learning rate moves a 6k-parameter model too slowly to see (spec §6). The
     # ratio clip stays at the reference 1e-4: with one optimiser step per iteration every term is
     # evaluated at the sampling parameters (ratio 1), so ε does not limit the update.
-    result = run_toy_demo(iterations=15, out_root=tmp_path, lr=1e-2, num_prompts=4, seed=0, progress=False, echo=lambda *_: None)
+    result = run_toy_demo(
+        iterations=15, out_root=tmp_path, lr=1e-2, num_prompts=4, seed=0, progress=False, echo=lambda *_: None
+    )
     # The reward is scored on the deterministic ODE sample of one fixed noise, before and after.
     # Measured: −0.39 → −0.25 (best possible 0); asserting a gain of at least 0.05.
     assert result.reward_after > result.reward_before + 0.05
@@ -27,7 +29,8 @@ def test_g2rpo_updates_raise_the_mean_reward(tmp_path):
 
 def test_seeded_training_is_reproducible(tmp_path):
     runs = [
-        run_toy_demo(iterations=3, out_root=tmp_path / str(i), seed=4, progress=False, echo=lambda *_: None) for i in range(2)
+        run_toy_demo(iterations=3, out_root=tmp_path / str(i), seed=4, progress=False, echo=lambda *_: None)
+        for i in range(2)
     ]
     assert [s.as_dict() for s in runs[0].history] == [s.as_dict() for s in runs[1].history]
 
@@ -40,7 +43,9 @@ def test_untrained_evaluation_is_deterministic():
 
 
 def test_cli_demo_runs_and_writes_metrics_and_plot(tmp_path, capsys):
-    code = main(["demo", "--toy", "--iterations", "2", "--out", str(tmp_path), "--no-progress", "--set", "granularities=[1,2]"])
+    code = main(
+        ["demo", "--toy", "--iterations", "2", "--out", str(tmp_path), "--no-progress", "--set", "granularities=[1,2]"]
+    )
     assert code == 0
     out = capsys.readouterr().out
     assert "sampling forwards" in out and "before" in out and "after" in out

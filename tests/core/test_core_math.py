@@ -87,7 +87,9 @@ def test_sde_step_at_sigma_one_is_finite_with_grid_substitute():
     # per-row σ with the first row at σ = 1: only that row uses σ' in the denominator
     #   row 1: σ = 0.5 → 0.25 is the hand example above, μ = 0.721875, std = 0.35
     x2, v2 = torch.ones(2, 1, 1), torch.full((2, 1, 1), 0.5)
-    _, mean2, std2 = core.sde_step(x2, v2, torch.tensor([1.0, 0.5]), torch.tensor([0.9, 0.25]), 0.7, torch.zeros(2, 1, 1))
+    _, mean2, std2 = core.sde_step(
+        x2, v2, torch.tensor([1.0, 0.5]), torch.tensor([0.9, 0.25]), 0.7, torch.zeros(2, 1, 1)
+    )
     assert mean2.flatten().tolist() == pytest.approx([0.705, 0.721875], abs=1e-6)
     assert std2.flatten().tolist() == pytest.approx([0.7, 0.35], abs=1e-6)
     # the bare noise scale has no σ' to fall back on: at σ = 1 it asks for the substitute
@@ -149,7 +151,10 @@ def test_gaussian_log_prob_broadcast_group_mean_and_batch_dims():
     samples = torch.randn(2, 4, 5, 3, generator=gen)  # G = 4 samples per group
     lp = core.gaussian_log_prob(samples, mean, 0.5, batch_dims=2)  # [2, 4]
     one_by_one = torch.stack(
-        [torch.stack([core.gaussian_log_prob(samples[p, g][None], mean[p], 0.5)[0] for g in range(4)]) for p in range(2)]
+        [
+            torch.stack([core.gaussian_log_prob(samples[p, g][None], mean[p], 0.5)[0] for g in range(4)])
+            for p in range(2)
+        ]
     )
     torch.testing.assert_close(lp, one_by_one)
     with pytest.raises(ValueError, match="reduce"):

@@ -186,7 +186,9 @@ def test_shared_velocity_loss_and_gradients_equal_separate_forwards():
     ],
 )
 def test_first_update_after_sampling_sees_ratio_one(name, noise, reduce):
-    cfg = config(strategy=name, num_steps=6, group_size=4, granularities=[1, 3], sde_noise=noise, log_prob_reduce=reduce)  # ε = 1e-4 (reference)
+    cfg = config(
+        strategy=name, num_steps=6, group_size=4, granularities=[1, 3], sde_noise=noise, log_prob_reduce=reduce
+    )  # ε = 1e-4 (reference)
     model, cond, reward = toy(num_prompts=3)
     strategy = build_strategy(cfg)
     rollout = strategy.rollout(model, cond, Draws(2, 4, (5, 6, 7)), LATENT)
@@ -412,7 +414,11 @@ def test_derive_seed_is_stable_across_processes():
     outs = set()
     for hash_seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-        outs.add(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True).stdout.strip())
+        outs.add(
+            subprocess.run(
+                [sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True
+            ).stdout.strip()
+        )
     assert outs == {str(derive_seed(7, "branch-noise", 3, 12, 0, 5))}
     assert derive_seed(7, 1) != derive_seed(7, "1") != derive_seed(8, 1)
 
@@ -467,19 +473,30 @@ def test_config_reports_every_bad_value_at_once():
     with pytest.raises(ConfigError) as err:
         load_config(
             AlgorithmConfig,
-            overrides=["group_size=1", "granularities=[]", "eta=-0.5", "num_steps=1", "ratio_clip=0", "learning_rate=1"],
+            overrides=[
+                "group_size=1",
+                "granularities=[]",
+                "eta=-0.5",
+                "num_steps=1",
+                "ratio_clip=0",
+                "learning_rate=1",
+            ],
         )
     text = str(err.value)
     for field in ("group_size=1", "granularities=[]", "eta=-0.5", "num_steps=1", "ratio_clip=0", "learning_rate"):
         assert field in text
     assert len(err.value.problems) == 6
-    with pytest.raises(ConfigError, match=r"granularities: \[1, 0, -2\] has strides \[0, -2\] below 1: each stride is an integer ≥ 1"):
+    with pytest.raises(
+        ConfigError, match=r"granularities: \[1, 0, -2\] has strides \[0, -2\] below 1: each stride is an integer ≥ 1"
+    ):
         load_config(AlgorithmConfig, overrides=["granularities=[1, 0, -2]"])
     with pytest.raises(ConfigError, match=r"branch_steps: \[-1, 3\] has steps \[-1\] outside the grid"):
         load_config(AlgorithmConfig, overrides=["branch_steps=[-1, 3]"])
     with pytest.raises(ConfigError, match="repeats a stride"):
         load_config(AlgorithmConfig, overrides=["granularities=[2, 2]"])
-    with pytest.raises(ConfigError, match=r"branch_steps=\[0, 16\]: steps \[16\] are outside the grid: each k must be in 0..15"):
+    with pytest.raises(
+        ConfigError, match=r"branch_steps=\[0, 16\]: steps \[16\] are outside the grid: each k must be in 0..15"
+    ):
         load_config(AlgorithmConfig, overrides=["branch_steps=[0, 16]"])
     with pytest.raises(ConfigError, match="stride_weights"):
         load_config(AlgorithmConfig, overrides=["stride_weights=[1, 2]"])
@@ -489,7 +506,9 @@ def test_config_rejects_zero_eta_and_non_finite_numbers():
     # η = 0 is the ODE: the G branches coincide and the Gaussian log-prob has std 0 (NaN ratios that
     # would silently turn the weights into NaN); inf/NaN settings would silently drop or zero every
     # group. Each is one named problem, all reported together.
-    with pytest.raises(ConfigError, match="eta=0: Input should be greater than 0 .*η = 0 makes the G branches identical"):
+    with pytest.raises(
+        ConfigError, match="eta=0: Input should be greater than 0 .*η = 0 makes the G branches identical"
+    ):
         load_config(AlgorithmConfig, overrides=["eta=0"])
     bad = [
         "eta=.inf",
@@ -521,7 +540,9 @@ def test_config_defaults_and_derived_values():
     assert load_config(AlgorithmConfig, overrides=["strategy=g2rpo_no_mgai", "granularities=[1]"]).strides == [1]
     # the ablation is Λ = {1}: another Λ or stride weights would be silently ignored, so they are refused
     with pytest.raises(ConfigError) as err:
-        load_config(AlgorithmConfig, overrides=["strategy=g2rpo_no_mgai", "granularities=[1, 2]", "stride_weights=[1, 1]"])
+        load_config(
+            AlgorithmConfig, overrides=["strategy=g2rpo_no_mgai", "granularities=[1, 2]", "stride_weights=[1, 1]"]
+        )
     text = str(err.value)
     assert "granularities=[1, 2]: strategy g2rpo_no_mgai always finishes with stride [1]: drop granularities" in text
     assert "stride_weights=[1.0, 1.0]: strategy g2rpo_no_mgai has one stride and weight 1: drop stride_weights" in text

@@ -127,8 +127,22 @@ def test_data_prep_cli_with_model_builds_both_caches(tiny_flux_dir, tmp_path, ca
     src = tmp_path / "prompts.txt"
     src.write_text("\n".join(PROMPTS + PROMPTS[:2]) + "\n", encoding="utf-8")
     out = tmp_path / "prep"
-    args = ["data", "prep", "--prompts", str(src), "--output", str(out), "--test-size", "2",
-            "--model", str(tiny_flux_dir), "--dtype", "float32", "--shard-rows", "2"]
+    args = [
+        "data",
+        "prep",
+        "--prompts",
+        str(src),
+        "--output",
+        str(out),
+        "--test-size",
+        "2",
+        "--model",
+        str(tiny_flux_dir),
+        "--dtype",
+        "float32",
+        "--shard-rows",
+        "2",
+    ]
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "9 prompts read, 2 duplicate(s) dropped: 5 train, 2 test" in text
@@ -136,7 +150,9 @@ def test_data_prep_cli_with_model_builds_both_caches(tiny_flux_dir, tmp_path, ca
     train = EmbeddingCache(out / "embeddings" / "train", verify=True)
     test = EmbeddingCache(out / "embeddings" / "test")
     assert sorted(train.prompts + test.prompts) == sorted(PROMPTS)
-    assert json.loads((out / "embeddings" / "train" / "manifest.json").read_text())["encoder"]["source"] == str(tiny_flux_dir)
+    assert json.loads((out / "embeddings" / "train" / "manifest.json").read_text())["encoder"]["source"] == str(
+        tiny_flux_dir
+    )
 
 
 def test_data_prep_cli_with_a_partial_model_writes_nothing(tiny_flux_dir, tmp_path, capsys):

@@ -12,10 +12,9 @@ from g2rpo.data import dedupe_prompts, prepare_prompts, read_prompt_file, read_p
 from g2rpo.errors import G2RPOError
 
 
-
 def test_data_read_txt_strips_and_keeps_order(tmp_path):
     f = tmp_path / "p.txt"
-    f.write_bytes("  a cat \r\nthe sea\n\tnight city\n".encode())  # CRLF and a final newline are fine
+    f.write_bytes(b"  a cat \r\nthe sea\n\tnight city\n")  # CRLF and a final newline are fine
     assert read_prompt_file(f) == ["a cat", "the sea", "night city"]
     g = tmp_path / "bom.txt"
     g.write_bytes(b"\xef\xbb\xbfcaf\xc3\xa9 au lait")  # BOM, no final newline, UTF-8 é
@@ -137,7 +136,11 @@ def test_data_prep_cli(tmp_path, capsys):
 
 def test_data_prompt_file_from_s3(tmp_path, s3_env):
     client = s3_env.server.client()
-    client.put_object(Bucket=s3_env.bucket, Key="sets/hps.jsonl", Body=b'{"prompt": "a cat"}\n{"prompt": "a dog"}\n{"prompt": "a cat"}\n')
+    client.put_object(
+        Bucket=s3_env.bucket,
+        Key="sets/hps.jsonl",
+        Body=b'{"prompt": "a cat"}\n{"prompt": "a dog"}\n{"prompt": "a cat"}\n',
+    )
     summary = prepare_prompts(f"{s3_env.uri}/sets/hps.jsonl", tmp_path / "out", test_size=1)
     assert (summary.read, summary.duplicates, summary.train, summary.test) == (3, 1, 1, 1)
     client.put_object(Bucket=s3_env.bucket, Key="sets/bad.txt", Body=b"fine\n\n")

@@ -7,7 +7,13 @@ import torch
 
 from g2rpo.core import flux_sigmas
 from g2rpo.errors import G2RPOError
-from g2rpo.evaluation.sampling import EvalResult, ode_sample, sample_and_score, save_before_after_grid, save_reward_curve
+from g2rpo.evaluation.sampling import (
+    EvalResult,
+    ode_sample,
+    sample_and_score,
+    save_before_after_grid,
+    save_reward_curve,
+)
 from g2rpo.models.flux import FluxTextEncoder, FluxVelocity, decode_latents
 from g2rpo.rewards.jpeg import JPEGCompressibility
 
@@ -42,8 +48,13 @@ def test_demo_ode_sample_is_flux_pipeline_for_each_prompt_and_seed(pipe, velocit
     # prompts and one generator per image, seeded the same way, must give the same latents.
     seeds = [11, 12]
     expected = pipe(
-        [PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[1]], height=64, width=64, num_inference_steps=4,
-        guidance_scale=3.5, max_sequence_length=SEQ, generator=[torch.Generator().manual_seed(s) for s in seeds * 2],
+        [PROMPTS[0], PROMPTS[0], PROMPTS[1], PROMPTS[1]],
+        height=64,
+        width=64,
+        num_inference_steps=4,
+        guidance_scale=3.5,
+        max_sequence_length=SEQ,
+        generator=[torch.Generator().manual_seed(s) for s in seeds * 2],
         output_type="latent",
     ).images  # [4, 16, 64]
     sigmas = flux_sigmas(4, velocity.latent_shape[0])

@@ -71,30 +71,36 @@ def test_demo_before_and_after_are_what_the_evaluation_computes(demo):
     """Re-evaluate from disk: the saved base model gives `before`, the published export `after`."""
     from diffusers import FluxTransformer2DModel
 
-    from g2rpo.evaluation.sampling import sample_and_score
     from g2rpo.artifacts.manifest import download_dir
+    from g2rpo.config import load_config
+    from g2rpo.evaluation.sampling import sample_and_score
     from g2rpo.models.flux import FluxVelocity
     from g2rpo.models.loading import load_text_encoder, load_transformer, load_vae
     from g2rpo.rewards.jpeg import JPEGCompressibility
-    from g2rpo.training.run_config import RunConfig
-    from g2rpo.config import load_config
     from g2rpo.strategies._shared import make_grid
+    from g2rpo.training.run_config import RunConfig
 
     result, printed = demo
     config = load_config(RunConfig, result.run_dir / "train" / "config.yaml")
     model_dir = config.model.path
     prompts = result.before.prompts
     assert prompts == [line for line in open(config.data.prompts).read().splitlines() if line][:4]
-    cond = load_text_encoder(model_dir, dtype="float32", max_sequence_length=config.data.max_sequence_length).encode(prompts)
+    cond = load_text_encoder(model_dir, dtype="float32", max_sequence_length=config.data.max_sequence_length).encode(
+        prompts
+    )
     vae = load_vae(model_dir, dtype="float32")
     export = download_dir(result.export_uri, result.run_dir / "downloaded")
     assert export.files
-    trained = FluxTransformer2DModel.from_pretrained(result.run_dir / "downloaded" / "transformer", local_files_only=True)
+    trained = FluxTransformer2DModel.from_pretrained(
+        result.run_dir / "downloaded" / "transformer", local_files_only=True
+    )
     numbers = []
     for transformer in (load_transformer(model_dir, dtype="float32"), trained):
         velocity = FluxVelocity(transformer, height=64, width=64, guidance=config.model.guidance)
         sigmas = make_grid(config.algorithm, velocity.latent_shape[0])
-        ev = sample_and_score(velocity, vae, cond, prompts, EVAL_SEEDS, {"jpeg_compressibility": JPEGCompressibility()}, sigmas)
+        ev = sample_and_score(
+            velocity, vae, cond, prompts, EVAL_SEEDS, {"jpeg_compressibility": JPEGCompressibility()}, sigmas
+        )
         numbers.append(ev)
     before, after = numbers
     assert torch.equal(before.scores["jpeg_compressibility"], result.before.scores["jpeg_compressibility"])
@@ -106,7 +112,10 @@ def test_demo_before_and_after_are_what_the_evaluation_computes(demo):
 
 
 def test_demo_cli_runs_and_refuses_toy_only_options(tmp_path, capsys):
-    assert main(["demo", "--iterations", "1", "--out", str(tmp_path), "--no-progress", "--set", "algorithm.group_size=3"]) == 0
+    assert (
+        main(["demo", "--iterations", "1", "--out", str(tmp_path), "--no-progress", "--set", "algorithm.group_size=3"])
+        == 0
+    )
     out = capsys.readouterr().out
     assert "G=3" in out and "ODE-sample reward on the fixed set" in out
     (run_dir,) = tmp_path.glob("demo-*")
@@ -122,7 +131,9 @@ def test_demo_cli_runs_and_refuses_toy_only_options(tmp_path, capsys):
 def test_demo_uses_an_existing_model_dir_as_it_is(tmp_path, tiny_flux_dir):
     lines: list[str] = []
     before = sorted(p.relative_to(tiny_flux_dir) for p in tiny_flux_dir.rglob("*"))
-    result = run_demo(iterations=1, out_root=tmp_path, overrides=[f"model.path={tiny_flux_dir}"], progress=False, echo=lines.append)
+    result = run_demo(
+        iterations=1, out_root=tmp_path, overrides=[f"model.path={tiny_flux_dir}"], progress=False, echo=lines.append
+    )
     assert any("exists; used as it is" in line for line in lines)
     assert not (result.run_dir / "tiny-flux").exists()
     assert sorted(p.relative_to(tiny_flux_dir) for p in tiny_flux_dir.rglob("*")) == before  # nothing written there

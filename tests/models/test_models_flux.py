@@ -181,9 +181,18 @@ def test_models_adapter_bf16_matches_pipeline_call(tiny_flux_dir):
     pipe = FluxPipeline.from_pretrained(tiny_flux_dir, dtype=torch.bfloat16, local_files_only=True)
     pipe.set_progress_bar_config(disable=True)
     seen = []
-    hook = pipe.transformer.register_forward_hook(lambda mod, args, kwargs, out: seen.append((kwargs, out[0])), with_kwargs=True)
-    pipe(PROMPTS[0], height=64, width=64, num_inference_steps=4, max_sequence_length=SEQ,
-         generator=torch.Generator().manual_seed(0), output_type="latent")
+    hook = pipe.transformer.register_forward_hook(
+        lambda mod, args, kwargs, out: seen.append((kwargs, out[0])), with_kwargs=True
+    )
+    pipe(
+        PROMPTS[0],
+        height=64,
+        width=64,
+        num_inference_steps=4,
+        max_sequence_length=SEQ,
+        generator=torch.Generator().manual_seed(0),
+        output_type="latent",
+    )
     hook.remove()
     model = FluxVelocity(pipe.transformer, height=64, width=64, guidance=3.5)
     assert model.dtype == torch.bfloat16
@@ -208,8 +217,14 @@ def test_models_adapter_bf16_matches_pipeline_call(tiny_flux_dir):
 def test_models_ode_loop_reproduces_flux_pipeline_exactly(pipe, cond, steps):
     gens = [torch.Generator().manual_seed(s) for s in (11, 12)]
     expected = pipe(
-        PROMPTS, height=64, width=64, num_inference_steps=steps, guidance_scale=3.5,
-        max_sequence_length=SEQ, generator=gens, output_type="latent",
+        PROMPTS,
+        height=64,
+        width=64,
+        num_inference_steps=steps,
+        guidance_scale=3.5,
+        max_sequence_length=SEQ,
+        generator=gens,
+        output_type="latent",
     ).images  # [2, 16, 64] packed, float32
 
     model = FluxVelocity(pipe.transformer, height=64, width=64, guidance=3.5)
@@ -252,12 +267,22 @@ def test_models_gradient_checkpointing_same_gradients(pipe, cond):
 def test_models_decode_range_and_pipeline_agreement(pipe, cond):
     gens = [torch.Generator().manual_seed(s) for s in (3, 4)]
     images = pipe(
-        PROMPTS, height=64, width=64, num_inference_steps=2, max_sequence_length=SEQ,
-        generator=gens, output_type="pt",
+        PROMPTS,
+        height=64,
+        width=64,
+        num_inference_steps=2,
+        max_sequence_length=SEQ,
+        generator=gens,
+        output_type="pt",
     ).images  # [2, 3, 64, 64] in [0, 1]
     latents = pipe(
-        PROMPTS, height=64, width=64, num_inference_steps=2, max_sequence_length=SEQ,
-        generator=[torch.Generator().manual_seed(s) for s in (3, 4)], output_type="latent",
+        PROMPTS,
+        height=64,
+        width=64,
+        num_inference_steps=2,
+        max_sequence_length=SEQ,
+        generator=[torch.Generator().manual_seed(s) for s in (3, 4)],
+        output_type="latent",
     ).images
     ours = decode_latents(pipe.vae, latents, 64, 64, micro_batch=2)  # one call, as the pipeline
     assert ours.shape == (2, 3, 64, 64) and ours.dtype == torch.float32

@@ -55,7 +55,9 @@ def test_models_init_tiny_cli_round_trip(tmp_path, capsys):
     assert pipe.tokenizer(text).input_ids == fresh.tokenizer(text).input_ids
     assert pipe.tokenizer_2(text).input_ids == fresh.tokenizer_2(text).input_ids
     assert pipe.tokenizer_2.convert_ids_to_tokens(pipe.tokenizer_2("a cat").input_ids) == ["▁a", "▁cat", "</s>"]
-    assert pipe.vae.config.scaling_factor == pytest.approx(0.3611) and pipe.vae.config.shift_factor == pytest.approx(0.1159)
+    assert pipe.vae.config.scaling_factor == pytest.approx(0.3611) and pipe.vae.config.shift_factor == pytest.approx(
+        0.1159
+    )
     assert json.loads((out / "g2rpo_tiny.json").read_text())["seed"] == 3
 
 

@@ -13,8 +13,12 @@ PROMPTS = [f"p{i}" for i in range(8)]
 SEEDS = [0, 1]
 
 
-def make_scores(per_metric: dict[str, float], noise: dict[str, list[float]] | None = None,
-                prompt_set: str = "test-prompts-v1", seeds=SEEDS) -> EvalScores:
+def make_scores(
+    per_metric: dict[str, float],
+    noise: dict[str, list[float]] | None = None,
+    prompt_set: str = "test-prompts-v1",
+    seeds=SEEDS,
+) -> EvalScores:
     """Every (prompt, seed) gets ``per_metric[m]`` plus an optional per-item offset ``noise[m][k]``."""
     items = []
     k = 0
@@ -39,8 +43,9 @@ def publish_export(root: str, tmp_path: Path, name: str) -> str:
     return uri
 
 
-def register_version(registry: Registry, model: str, root: str, tmp_path: Path, scores: EvalScores,
-                     run: str = "run-1") -> int:
+def register_version(
+    registry: Registry, model: str, root: str, tmp_path: Path, scores: EvalScores, run: str = "run-1"
+) -> int:
     export_uri = publish_export(root, tmp_path, run)
     scores_uri, scores_sha = registry.publish_scores(model, scores)
     record = registry.register(

@@ -17,8 +17,17 @@ def race_state_writes(root: str, me: int, models: list[str], barrier, results) -
         expected = reg.read_state(model)
 
         def change(state, version=version):
-            return [HistoryEvent(revision=0, at="", actor="", action="promote", alias="champion",
-                                 version=version, previous=state.aliases.get("champion"))]
+            return [
+                HistoryEvent(
+                    revision=0,
+                    at="",
+                    actor="",
+                    action="promote",
+                    alias="champion",
+                    version=version,
+                    previous=state.aliases.get("champion"),
+                )
+            ]
 
         barrier.wait(timeout=60)
         try:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from registry_helpers import make_scores, publish_export
 
-from g2rpo.cli import main
 from g2rpo.artifacts.manifest import MARKER_NAME
 from g2rpo.artifacts.registry import Registry
 from g2rpo.artifacts.storage import open_store
+from g2rpo.cli import main
 
 pytestmark = pytest.mark.integration
 
@@ -17,11 +17,28 @@ def _register(reg_uri, root_uri, tmp_path, scores, run, extra=()):
     export = publish_export(root_uri, tmp_path, run)
     path = tmp_path / f"scores-{run}.json"
     path.write_text(scores.model_dump_json())
-    return main([
-        "registry", "register", "flux-g2rpo", "--registry", reg_uri, "--export", export, "--scores", str(path),
-        "--source-run", run, "--config-hash", "abc", "--base-model", "black-forest-labs/FLUX.1-dev",
-        "--licence", "flux-1-dev-non-commercial-license", *extra,
-    ])
+    return main(
+        [
+            "registry",
+            "register",
+            "flux-g2rpo",
+            "--registry",
+            reg_uri,
+            "--export",
+            export,
+            "--scores",
+            str(path),
+            "--source-run",
+            run,
+            "--config-hash",
+            "abc",
+            "--base-model",
+            "black-forest-labs/FLUX.1-dev",
+            "--licence",
+            "flux-1-dev-non-commercial-license",
+            *extra,
+        ]
+    )
 
 
 def test_registry_cli_full_cycle(root_uri, tmp_path, capsys):
@@ -33,8 +50,7 @@ def test_registry_cli_full_cycle(root_uri, tmp_path, capsys):
         "  clip: {direction: higher, domain: out, max_regression: 0.01, floor: 0.25}\n"
     )
     assert _register(reg_uri, root_uri, tmp_path, make_scores({"hps": 0.25, "clip": 0.30}), "r1") == 0
-    assert _register(reg_uri, root_uri, tmp_path, make_scores({"hps": 0.24, "clip": 0.35}), "r2",
-                     ["--challenger"]) == 0
+    assert _register(reg_uri, root_uri, tmp_path, make_scores({"hps": 0.24, "clip": 0.35}), "r2", ["--challenger"]) == 0
     out = capsys.readouterr().out
     assert "registered flux-g2rpo v1" in out and "challenger → v2" in out
 
@@ -60,11 +76,30 @@ def test_registry_cli_full_cycle(root_uri, tmp_path, capsys):
     local = tmp_path / "s3.json"
     local.write_text(make_scores({"hps": 0.30, "clip": 0.30}).model_dump_json())
     assert main(["storage", "put", str(local), f"{root_uri}/evals/r3.json"]) == 0
-    assert main([
-        "registry", "register", "flux-g2rpo", "--registry", reg_uri, "--export", publish_export(root_uri, tmp_path, "r3"),
-        "--scores", f"{root_uri}/evals/r3.json" if root_uri.startswith("s3://") else str(local),
-        "--source-run", "r3", "--config-hash", "abc", "--base-model", "b", "--licence", "l",
-    ]) == 0
+    assert (
+        main(
+            [
+                "registry",
+                "register",
+                "flux-g2rpo",
+                "--registry",
+                reg_uri,
+                "--export",
+                publish_export(root_uri, tmp_path, "r3"),
+                "--scores",
+                f"{root_uri}/evals/r3.json" if root_uri.startswith("s3://") else str(local),
+                "--source-run",
+                "r3",
+                "--config-hash",
+                "abc",
+                "--base-model",
+                "b",
+                "--licence",
+                "l",
+            ]
+        )
+        == 0
+    )
     assert main(["registry", "promote", "flux-g2rpo", "3", *common, "--dry-run"]) == 0
     assert "dry run: nothing recorded" in capsys.readouterr().out
     assert Registry(reg_uri).read_state("flux-g2rpo")[0].aliases["champion"] == 1
@@ -119,15 +154,41 @@ def test_registry_cli_refused_register_writes_nothing(root_uri, tmp_path, capsys
     common = ["--source-run", "r", "--config-hash", "h", "--base-model", "b", "--licence", "l", "--registry", reg_uri]
     # An export that was never published: refused before the scores are stored (a published eval
     # artifact that no version points to would never be garbage-collected).
-    assert main(["registry", "register", "flux-g2rpo", "--export", f"{root_uri}/exports/never",
-                 "--scores", str(good), *common]) == 2
+    assert (
+        main(
+            [
+                "registry",
+                "register",
+                "flux-g2rpo",
+                "--export",
+                f"{root_uri}/exports/never",
+                "--scores",
+                str(good),
+                *common,
+            ]
+        )
+        == 2
+    )
     assert "has no manifest.json" in capsys.readouterr().err
     assert open_store(reg_uri).list() == []
     # A scores file with a NaN: the message names the item and metric, and nothing is stored.
     bad = tmp_path / "bad.json"
     bad.write_text(good.read_text().replace('"hps":0.3', '"hps":NaN', 1))
-    assert main(["registry", "register", "flux-g2rpo", "--export", publish_export(root_uri, tmp_path, "r"),
-                 "--scores", str(bad), *common]) == 2
+    assert (
+        main(
+            [
+                "registry",
+                "register",
+                "flux-g2rpo",
+                "--export",
+                publish_export(root_uri, tmp_path, "r"),
+                "--scores",
+                str(bad),
+                *common,
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"--scores='{bad}': not a valid scores file" in err
     assert "items[0].scores.hps=nan: scores must be finite" in err

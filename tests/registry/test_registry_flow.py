@@ -7,10 +7,10 @@ import json
 import pytest
 from registry_helpers import make_scores, register_version
 
-from g2rpo.errors import G2RPOError
 from g2rpo.artifacts.promotion import Gates, promote, rollback
 from g2rpo.artifacts.registry import AliasConflict, HistoryEvent, Registry
 from g2rpo.artifacts.storage import open_store
+from g2rpo.errors import G2RPOError
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +31,10 @@ def test_registry_register_records_everything(root_uri, tmp_path):
     record = reg.get_version("flux-g2rpo", 1)
     assert record.source_run == "run-1" and record.config_hash == "cfg-run-1"
     assert record.base_model.licence == "flux-1-dev-non-commercial-license"
-    assert {f.path for f in record.export.files} == {"base_model.json", "transformer/diffusion_pytorch_model.safetensors"}
+    assert {f.path for f in record.export.files} == {
+        "base_model.json",
+        "transformer/diffusion_pytorch_model.safetensors",
+    }
     assert record.eval.n == 16 and record.eval.seeds == [0, 1] and record.eval.prompt_set == "test-prompts-v1"
     assert record.eval.metrics["hps"].mean == pytest.approx(0.3)
     assert reg.load_scores(record).keyed("clip")[("p3", 1)] == pytest.approx(0.3)
@@ -104,8 +107,17 @@ def test_registry_stale_state_write_is_refused(root_uri, tmp_path):
     stale = reg.read_state("m")  # nothing written yet: (empty state, no etag)
 
     def to(version):
-        return lambda state: [HistoryEvent(revision=0, at="", actor="", action="set-alias", alias="champion",
-                                           version=version, previous=state.aliases.get("champion"))]
+        return lambda state: [
+            HistoryEvent(
+                revision=0,
+                at="",
+                actor="",
+                action="set-alias",
+                alias="champion",
+                version=version,
+                previous=state.aliases.get("champion"),
+            )
+        ]
 
     reg.update_state("m", to(1))
     with pytest.raises(AliasConflict, match="aliases and history were left as they are"):

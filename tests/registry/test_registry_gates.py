@@ -6,8 +6,6 @@ import numpy as np
 import pytest
 from registry_helpers import make_scores
 
-from g2rpo.config import load_config
-from g2rpo.errors import ConfigError, G2RPOError
 from g2rpo.artifacts.promotion import (
     Gates,
     bootstrap_mean_ci,
@@ -18,6 +16,8 @@ from g2rpo.artifacts.promotion import (
     paired_differences,
 )
 from g2rpo.artifacts.registry import EvalScores, MetricSummary
+from g2rpo.config import load_config
+from g2rpo.errors import ConfigError, G2RPOError
 
 
 def _gates(**metrics) -> Gates:
@@ -133,8 +133,14 @@ def test_registry_gates_file_validation(tmp_path):
 
 def test_registry_decision_printout():
     gates = _gates(hps=HPS_IN, clip=CLIP_OUT)
-    decision = decide(make_scores({"hps": 0.35, "clip": 0.25}), make_scores({"hps": 0.30, "clip": 0.30}), gates,
-                      model="flux-g2rpo", challenger_version=3, champion_version=2)
+    decision = decide(
+        make_scores({"hps": 0.35, "clip": 0.25}),
+        make_scores({"hps": 0.30, "clip": 0.30}),
+        gates,
+        model="flux-g2rpo",
+        challenger_version=3,
+        champion_version=2,
+    )
     text = format_decision(decision)
     assert text.splitlines()[0] == "flux-g2rpo v3 vs champion v2: FAILED"
     assert "+0.0500" in text and "-0.0500" in text and "FAIL" in text

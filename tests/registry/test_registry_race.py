@@ -40,8 +40,12 @@ def _run_pair(target, args_for, expected_results: int):
 
 
 def _seed_champion(reg: Registry, model: str) -> None:
-    reg.update_state(model, lambda s: [HistoryEvent(revision=0, at="", actor="", action="promote",
-                                                    alias="champion", version=1, previous=None)])
+    reg.update_state(
+        model,
+        lambda s: [
+            HistoryEvent(revision=0, at="", actor="", action="promote", alias="champion", version=1, previous=None)
+        ],
+    )
 
 
 def test_registry_racing_state_writes_one_winner(root_uri):

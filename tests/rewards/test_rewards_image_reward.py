@@ -26,8 +26,11 @@ PROMPTS = ["a cat sitting on a red chair", "a photo of a mountain at night"]
 
 def _load(paths, **kw):
     return ImageReward.from_checkpoint(
-        paths["checkpoint"], med_config=paths["med_config"], vision_config=paths["vision_config"],
-        tokenizer_dir=paths["tokenizer_dir"], **kw,
+        paths["checkpoint"],
+        med_config=paths["med_config"],
+        vision_config=paths["vision_config"],
+        tokenizer_dir=paths["tokenizer_dir"],
+        **kw,
     )
 
 
@@ -68,8 +71,11 @@ def test_score_is_the_standardised_mlp_of_the_cls_output(tiny_image_reward):
         tokens = head.tokenizer(PROMPTS, padding="max_length", truncation=True, max_length=35, return_tensors="pt")
         image_embeds = net.vision(pixel_values=normalize(images, OPENAI_CLIP_MEAN, OPENAI_CLIP_STD)).last_hidden_state
         h = net.text(
-            input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, encoder_hidden_states=image_embeds,
-            encoder_attention_mask=torch.ones(image_embeds.shape[:-1], dtype=torch.long), is_decoder=False,
+            input_ids=tokens.input_ids,
+            attention_mask=tokens.attention_mask,
+            encoder_hidden_states=image_embeds,
+            encoder_attention_mask=torch.ones(image_embeds.shape[:-1], dtype=torch.long),
+            is_decoder=False,
         ).last_hidden_state[:, 0]
         r = net.head(h).squeeze(-1)
     torch.testing.assert_close(scores, (r - REWARD_MEAN) / REWARD_STD, rtol=0, atol=1e-6)
@@ -89,7 +95,11 @@ def test_standardisation_uses_the_published_constants(tiny_image_reward):
     images = torch.rand(2, 3, 32, 32, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         last.weight.zero_()
-        for bias, expected in ((REWARD_MEAN, 0.0), (REWARD_MEAN + REWARD_STD, 1.0), (REWARD_MEAN - 2 * REWARD_STD, -2.0)):
+        for bias, expected in (
+            (REWARD_MEAN, 0.0),
+            (REWARD_MEAN + REWARD_STD, 1.0),
+            (REWARD_MEAN - 2 * REWARD_STD, -2.0),
+        ):
             last.bias.fill_(bias)
             torch.testing.assert_close(head.score(images, PROMPTS), torch.full((2,), expected), rtol=0, atol=1e-6)
 
@@ -103,7 +113,9 @@ def test_batched_equals_one_at_a_time(tiny_image_reward):
 
 
 def test_config_dicts_equal_config_files(tiny_image_reward):
-    a = _load(tiny_image_reward).score(torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(2)), PROMPTS[:1])
+    a = _load(tiny_image_reward).score(
+        torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(2)), PROMPTS[:1]
+    )
     b = ImageReward.from_checkpoint(
         tiny_image_reward["checkpoint"],
         med_config=json.loads(tiny_image_reward["med_config"].read_text()),
@@ -157,11 +169,23 @@ def test_full_size_image_reward_layout_loads_and_scores(tmp_path, tiny_image_rew
 
     # BLIP's med_config.json as ImageReward publishes it (train/src/config/med_config.json)
     med = {
-        "architectures": ["BertModel"], "attention_probs_dropout_prob": 0.1, "hidden_act": "gelu",
-        "hidden_dropout_prob": 0.1, "hidden_size": 768, "initializer_range": 0.02, "intermediate_size": 3072,
-        "layer_norm_eps": 1e-12, "max_position_embeddings": 512, "model_type": "bert", "num_attention_heads": 12,
-        "num_hidden_layers": 12, "pad_token_id": 0, "type_vocab_size": 2, "vocab_size": 30524,
-        "encoder_width": 768, "add_cross_attention": True,
+        "architectures": ["BertModel"],
+        "attention_probs_dropout_prob": 0.1,
+        "hidden_act": "gelu",
+        "hidden_dropout_prob": 0.1,
+        "hidden_size": 768,
+        "initializer_range": 0.02,
+        "intermediate_size": 3072,
+        "layer_norm_eps": 1e-12,
+        "max_position_embeddings": 512,
+        "model_type": "bert",
+        "num_attention_heads": 12,
+        "num_hidden_layers": 12,
+        "pad_token_id": 0,
+        "type_vocab_size": 2,
+        "vocab_size": 30524,
+        "encoder_width": 768,
+        "add_cross_attention": True,
     }
     net = ImageRewardNet(med)  # vision_config None → BLIP_LARGE_VISION
     state = to_reference_image_reward_keys(net.state_dict())

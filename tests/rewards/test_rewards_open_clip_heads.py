@@ -38,7 +38,9 @@ def test_hps_loads_the_published_layout_strictly(tiny_hps):
 def test_hps_score_is_open_clip_forward_cosine(tiny_hps):
     import open_clip
 
-    head = HPSv21.from_checkpoint(tiny_hps["checkpoint"], open_clip_config=json.loads(tiny_hps["open_clip_config"].read_text()))
+    head = HPSv21.from_checkpoint(
+        tiny_hps["checkpoint"], open_clip_config=json.loads(tiny_hps["open_clip_config"].read_text())
+    )
     images = _images(3)
     scores = head.score(images, PROMPTS)
     # hpsv2: model(image, text) returns unit-normalised features (a dict there, a tuple without
@@ -62,14 +64,16 @@ def test_hps_batched_equals_one_at_a_time_and_non_square_is_letterboxed(tiny_hps
     torch.testing.assert_close(batched, single, rtol=0, atol=1e-6)
     # the letterbox: a 24×48 image becomes 16×32 inside zero (pre-normalisation) rows 8..24
     x = head.preprocess(images)
-    black = ((torch.zeros(3) - torch.tensor(head.preprocess_cfg["mean"])) / torch.tensor(head.preprocess_cfg["std"]))
+    black = (torch.zeros(3) - torch.tensor(head.preprocess_cfg["mean"])) / torch.tensor(head.preprocess_cfg["std"])
     torch.testing.assert_close(x[0, :, 0, 0], black)
     assert x.shape == (3, 3, 32, 32)
 
 
 def test_hps_bf16_runs_close_to_fp32(tiny_hps):
     fp32 = HPSv21.from_checkpoint(tiny_hps["checkpoint"], open_clip_config=tiny_hps["open_clip_config"])
-    bf16 = HPSv21.from_checkpoint(tiny_hps["checkpoint"], open_clip_config=tiny_hps["open_clip_config"], dtype=torch.bfloat16)
+    bf16 = HPSv21.from_checkpoint(
+        tiny_hps["checkpoint"], open_clip_config=tiny_hps["open_clip_config"], dtype=torch.bfloat16
+    )
     images = _images(3)
     a, b = fp32.score(images, PROMPTS), bf16.score(images, PROMPTS)
     assert b.dtype == torch.float32
@@ -80,7 +84,9 @@ def test_hps_bare_state_dict_is_accepted(tiny_hps, tmp_path):
     bare = tmp_path / "bare.pt"
     torch.save(torch.load(tiny_hps["checkpoint"], weights_only=True)["state_dict"], bare)
     a = HPSv21.from_checkpoint(bare, open_clip_config=tiny_hps["open_clip_config"]).score(_images(1), PROMPTS[:1])
-    b = HPSv21.from_checkpoint(tiny_hps["checkpoint"], open_clip_config=tiny_hps["open_clip_config"]).score(_images(1), PROMPTS[:1])
+    b = HPSv21.from_checkpoint(tiny_hps["checkpoint"], open_clip_config=tiny_hps["open_clip_config"]).score(
+        _images(1), PROMPTS[:1]
+    )
     assert torch.equal(a, b)
 
 

@@ -59,9 +59,7 @@ def hps():
     from g2rpo.rewards.hps import HPSv21
 
     folder, expected, prompts = read_fixture("hps_v21")
-    head = HPSv21.from_checkpoint(
-        folder / expected["checkpoint"], open_clip_config=folder / "open_clip_config.json"
-    )
+    head = HPSv21.from_checkpoint(folder / expected["checkpoint"], open_clip_config=folder / "open_clip_config.json")
     return head, folder, expected, prompts
 
 
@@ -172,8 +170,14 @@ def test_committed_fixtures_regenerate_identically(reward, tmp_path):
     python = REPO / venv / "bin" / "python"
     if not python.exists():
         pytest.skip(f"{venv} not built; run `make parity`")
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf"),
-           "HPS_ROOT": str(tmp_path / "hpsv2"), "PYTHONWARNINGS": "ignore"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "HPS_ROOT": str(tmp_path / "hpsv2"),
+        "PYTHONWARNINGS": "ignore",
+    }
     out = tmp_path / reward
     subprocess.run([str(python), script, str(out)], cwd=REPO, env=env, check=True, capture_output=True, timeout=300)
     committed = FIXTURES / reward

@@ -61,7 +61,9 @@ def test_score_is_logit_scale_times_cosine(tiny_pickscore):
     scores = head.score(images, PROMPTS)
     tokens = head.tokenizer(PROMPTS, padding=True, truncation=True, max_length=77, return_tensors="pt")
     with torch.no_grad():
-        out = head.model(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, pixel_values=head.preprocess(images))
+        out = head.model(
+            input_ids=tokens.input_ids, attention_mask=tokens.attention_mask, pixel_values=head.preprocess(images)
+        )
     # CLIPModel's logits_per_image = exp(logit_scale) · cos: its diagonal pairs image i with prompt i
     torch.testing.assert_close(scores, torch.diagonal(out.logits_per_image), rtol=0, atol=1e-5)
     assert float(head.model.logit_scale.detach().exp()) > 1.0  # the scale is applied (CLIP init: 1/0.07)
@@ -118,4 +120,6 @@ def test_wrong_keys_are_errors_not_random_initialisation(tiny_pickscore, tmp_pat
 
     images = torch.rand(1, 3, 32, 32, generator=torch.Generator().manual_seed(8))
     older = PickScore.from_pretrained_dir(variant("position_ids", with_position_ids))
-    assert torch.equal(older.score(images, ["a cat"]), PickScore.from_pretrained_dir(tiny_pickscore["dir"]).score(images, ["a cat"]))
+    assert torch.equal(
+        older.score(images, ["a cat"]), PickScore.from_pretrained_dir(tiny_pickscore["dir"]).score(images, ["a cat"])
+    )

@@ -16,7 +16,14 @@ from g2rpo.rewards.config import RewardModelConfig, RewardsConfig
 from g2rpo.rewards.registry import REWARDS, build_reward, reward_names, score_batched
 
 EXPECTED_NAMES = [
-    "aesthetic", "clip", "hps_v21", "image_reward", "jpeg_compressibility", "pickscore", "sharpness", "total_variation",
+    "aesthetic",
+    "clip",
+    "hps_v21",
+    "image_reward",
+    "jpeg_compressibility",
+    "pickscore",
+    "sharpness",
+    "total_variation",
 ]
 
 
@@ -71,13 +78,21 @@ def test_heads_that_need_weights_say_so_when_built():
 
 def test_build_every_head_from_config(tiny_hps, tiny_clip_dir, tiny_pickscore, tiny_image_reward, tiny_aesthetic):
     entries = [
-        RewardModelConfig(name="hps_v21", weights=str(tiny_hps["checkpoint"]), arch_config=str(tiny_hps["open_clip_config"])),
+        RewardModelConfig(
+            name="hps_v21", weights=str(tiny_hps["checkpoint"]), arch_config=str(tiny_hps["open_clip_config"])
+        ),
         RewardModelConfig(name="hps_v21", weights=str(tiny_hps["checkpoint"].parent)),  # folder: finds both files
         RewardModelConfig(name="clip", weights=str(tiny_clip_dir["dir"])),
-        RewardModelConfig(name="clip", weights=str(tiny_clip_dir["weights"]), arch_config=str(tiny_clip_dir["open_clip_config"])),
+        RewardModelConfig(
+            name="clip", weights=str(tiny_clip_dir["weights"]), arch_config=str(tiny_clip_dir["open_clip_config"])
+        ),
         RewardModelConfig(name="pickscore", weights=str(tiny_pickscore["dir"])),
-        RewardModelConfig(name="image_reward", weights=str(tiny_image_reward["checkpoint"])),  # med_config etc. beside it
-        RewardModelConfig(name="aesthetic", weights=str(tiny_aesthetic["mlp"]), backbone=str(tiny_aesthetic["clip_dir"])),
+        RewardModelConfig(
+            name="image_reward", weights=str(tiny_image_reward["checkpoint"])
+        ),  # med_config etc. beside it
+        RewardModelConfig(
+            name="aesthetic", weights=str(tiny_aesthetic["mlp"]), backbone=str(tiny_aesthetic["clip_dir"])
+        ),
         RewardModelConfig(name="jpeg_compressibility"),
         RewardModelConfig(name="sharpness"),
         RewardModelConfig(name="total_variation"),
@@ -99,13 +114,17 @@ def test_build_every_head_from_config(tiny_hps, tiny_clip_dir, tiny_pickscore, t
         "hps_v21": HPSv21.from_checkpoint(tiny_hps["checkpoint"], open_clip_config=tiny_hps["open_clip_config"]),
         "clip": CLIPScore.from_local_dir(tiny_clip_dir["dir"]),
         "image_reward": ImageReward.from_checkpoint(
-            tiny_image_reward["checkpoint"], med_config=tiny_image_reward["med_config"],
-            vision_config=tiny_image_reward["vision_config"], tokenizer_dir=tiny_image_reward["tokenizer_dir"],
+            tiny_image_reward["checkpoint"],
+            med_config=tiny_image_reward["med_config"],
+            vision_config=tiny_image_reward["vision_config"],
+            tokenizer_dir=tiny_image_reward["tokenizer_dir"],
         ),
     }
     for entry in entries[:6]:
         if entry.name in direct:
-            assert torch.equal(build_reward(entry).score(images, prompts), direct[entry.name].score(images, prompts)), entry
+            assert torch.equal(build_reward(entry).score(images, prompts), direct[entry.name].score(images, prompts)), (
+                entry
+            )
     assert not torch.equal(direct["hps_v21"].score(images, prompts), direct["clip"].score(images, prompts))
 
 
@@ -120,7 +139,9 @@ def test_any_float_dtype_is_accepted_and_scored_like_float32(
         RewardModelConfig(name="clip", weights=str(tiny_clip_dir["dir"])),
         RewardModelConfig(name="pickscore", weights=str(tiny_pickscore["dir"])),
         RewardModelConfig(name="image_reward", weights=str(tiny_image_reward["checkpoint"])),
-        RewardModelConfig(name="aesthetic", weights=str(tiny_aesthetic["mlp"]), backbone=str(tiny_aesthetic["clip_dir"])),
+        RewardModelConfig(
+            name="aesthetic", weights=str(tiny_aesthetic["mlp"]), backbone=str(tiny_aesthetic["clip_dir"])
+        ),
         RewardModelConfig(name="jpeg_compressibility"),
         RewardModelConfig(name="sharpness"),
         RewardModelConfig(name="total_variation"),
@@ -143,7 +164,9 @@ def test_bad_device_is_a_clear_error():
     with pytest.raises(G2RPOError, match=r"sharpness.device='gpu': use a torch device string such as cpu, cuda"):
         build_reward("sharpness", device="gpu")
     if not torch.cuda.is_available():
-        with pytest.raises(G2RPOError, match=r"sharpness.device='cuda': CUDA is not available on this machine: use cpu"):
+        with pytest.raises(
+            G2RPOError, match=r"sharpness.device='cuda': CUDA is not available on this machine: use cpu"
+        ):
             build_reward("sharpness", device="cuda")
     assert build_reward("sharpness", device=torch.device("cpu")).score(torch.rand(1, 3, 8, 8), [""]).shape == (1,)
 
@@ -160,7 +183,9 @@ def test_score_batched_checks_its_inputs_like_score():
         score_batched(head, images, ["", ""], 2)
     with pytest.raises(G2RPOError, match="range"):
         score_batched(head, images * 255, ["", "", ""], 2)
-    torch.testing.assert_close(score_batched(head, images, ["", "", ""], 2), head.score(images, ["", "", ""]), rtol=0, atol=0)
+    torch.testing.assert_close(
+        score_batched(head, images, ["", "", ""], 2), head.score(images, ["", "", ""]), rtol=0, atol=0
+    )
 
 
 def test_image_reward_without_its_config_files_is_an_error(tiny_image_reward, tmp_path):
@@ -173,7 +198,9 @@ def test_score_batched_equals_one_call_and_reports_nan(tiny_hps, tmp_path, caplo
     head = build_reward(RewardModelConfig(name="hps_v21", weights=str(tiny_hps["checkpoint"].parent)))
     images = torch.rand(5, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     prompts = ["a cat", "a dog", "a car", "a tree", "the sea"]
-    torch.testing.assert_close(score_batched(head, images, prompts, batch_size=2), head.score(images, prompts), rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        score_batched(head, images, prompts, batch_size=2), head.score(images, prompts), rtol=0, atol=1e-6
+    )
     # a checkpoint whose image projection holds a NaN makes every score NaN: reported by name and count
     state = torch.load(tiny_hps["checkpoint"], weights_only=True)
     state["state_dict"]["visual.proj"][0, 0] = float("nan")
@@ -227,7 +254,8 @@ def test_auxiliary_files_from_s3_artifacts(tiny_image_reward, s3_env, tmp_path):
     shutil.copy(tiny_image_reward["checkpoint"], alone / "ImageReward.pt")  # nothing beside it
     remote = build_reward(
         RewardModelConfig(
-            name="image_reward", weights=str(alone / "ImageReward.pt"),
+            name="image_reward",
+            weights=str(alone / "ImageReward.pt"),
             arch_config=f"s3://{s3_env.bucket}/rewards/ir-configs",
             vision_config=f"s3://{s3_env.bucket}/rewards/ir-configs",
             tokenizer=f"s3://{s3_env.bucket}/rewards/ir-tokenizer",
@@ -278,7 +306,21 @@ def test_cli_rewards_score(tmp_path, capsys, tiny_hps):
     assert main(["rewards", "score", "jpeg_compressibility", *paths, "--prompt", "x", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert set(result["scores"]) == set(paths) and all(v < 0 for v in result["scores"].values())
-    assert main(["rewards", "score", "hps_v21", paths[0], "--prompt", "a cat", "--weights", str(tiny_hps["checkpoint"].parent)]) == 0
+    assert (
+        main(
+            [
+                "rewards",
+                "score",
+                "hps_v21",
+                paths[0],
+                "--prompt",
+                "a cat",
+                "--weights",
+                str(tiny_hps["checkpoint"].parent),
+            ]
+        )
+        == 0
+    )
     assert paths[0] in capsys.readouterr().out
     assert main(["rewards", "score", "hps_v3", paths[0], "--prompt", "x"]) == 2
     assert "valid names" in capsys.readouterr().err

@@ -61,7 +61,9 @@ def test_total_variation_hand_worked_and_equal_to_piq():
 
     x = torch.rand(2, 3, 9, 13, generator=torch.Generator().manual_seed(3))
     count = 3 * (9 * 12 + 8 * 13)
-    torch.testing.assert_close(mean_total_variation(x), piq.total_variation(x, reduction="none", norm_type="l1") / count)
+    torch.testing.assert_close(
+        mean_total_variation(x), piq.total_variation(x, reduction="none", norm_type="l1") / count
+    )
 
 
 def test_weight_free_heads_accept_empty_prompts_but_still_check_lengths():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 
+import pydantic
 import pytest
 from pydantic import Field, model_validator
 
@@ -37,7 +38,7 @@ def test_defaults_and_overrides(tmp_path):
     assert cfg.name == "from-file"
     assert cfg.steps == 3
     # frozen: configs are values
-    with pytest.raises(Exception):
+    with pytest.raises(pydantic.ValidationError):
         cfg.steps = 5  # type: ignore[misc]
 
 

@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from g2rpo.cli import main
 from g2rpo.artifacts.manifest import MANIFEST_NAME, MARKER_NAME
 from g2rpo.artifacts.storage import open_store
+from g2rpo.cli import main
 
 pytestmark = pytest.mark.integration
 

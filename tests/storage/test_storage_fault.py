@@ -8,9 +8,9 @@ from datetime import timedelta
 import pytest
 
 from g2rpo.artifacts import storage as storage_module
-from g2rpo.errors import G2RPOError
 from g2rpo.artifacts.manifest import MANIFEST_NAME, download_dir, gc, has_manifest, publish_dir, read_manifest
 from g2rpo.artifacts.storage import MiB, S3Settings, open_store
+from g2rpo.errors import G2RPOError
 
 pytestmark = pytest.mark.integration
 
@@ -41,8 +41,14 @@ def test_storage_server_killed_mid_upload_then_recovers(own_server, tmp_path, mo
     payload = os.urandom(40 * MiB)
     (src / "model.safetensors").write_bytes(payload)
     (src / "config.json").write_text("{}")
-    settings = S3Settings(multipart_threshold=5 * MiB, min_part_size=5 * MiB, max_concurrency=1,
-                          max_attempts=2, connect_timeout=2, read_timeout=10)
+    settings = S3Settings(
+        multipart_threshold=5 * MiB,
+        min_part_size=5 * MiB,
+        max_concurrency=1,
+        max_attempts=2,
+        connect_timeout=2,
+        read_timeout=10,
+    )
     uri = "s3://fault/exports/v1"
 
     sent = {"bytes": 0, "killed_at": None}
@@ -78,11 +84,23 @@ def test_storage_server_killed_mid_upload_then_recovers(own_server, tmp_path, mo
     from g2rpo.artifacts.registry import BaseModelRef, EvalRecord, MetricSummary, Registry
 
     registry = Registry("s3://fault/registry", settings)
-    eval_record = EvalRecord(prompt_set="p", seeds=[0], n=1, metrics={"hps": MetricSummary(mean=0.3, ci_low=0.3,
-                             ci_high=0.3, n=1)}, scores_uri="s3://fault/none", scores_sha256="0" * 64)
+    eval_record = EvalRecord(
+        prompt_set="p",
+        seeds=[0],
+        n=1,
+        metrics={"hps": MetricSummary(mean=0.3, ci_low=0.3, ci_high=0.3, n=1)},
+        scores_uri="s3://fault/none",
+        scores_sha256="0" * 64,
+    )
     with pytest.raises(G2RPOError, match="upload never finished"):
-        registry.register("flux-g2rpo", export_uri=uri, eval_record=eval_record, source_run="r", config_hash="h",
-                          base_model=BaseModelRef(name="b", licence="l"))
+        registry.register(
+            "flux-g2rpo",
+            export_uri=uri,
+            eval_record=eval_record,
+            source_run="r",
+            config_hash="h",
+            base_model=BaseModelRef(name="b", licence="l"),
+        )
     assert registry.models() == []
 
     # The killed multipart upload's parts are still on the server; GC aborts them.

@@ -7,9 +7,9 @@ from datetime import timedelta
 
 import pytest
 
-from g2rpo.errors import G2RPOError
 from g2rpo.artifacts.manifest import parse_duration, unique_uri
-from g2rpo.artifacts.storage import MiB, FileStore, S3Store, locate, open_store, part_size_for, validate_key
+from g2rpo.artifacts.storage import FileStore, MiB, S3Store, locate, open_store, part_size_for, validate_key
+from g2rpo.errors import G2RPOError
 
 
 @pytest.mark.parametrize("key", ["a", "a/b/c.bin", "runs/r-1/model.safetensors", "x.y/z_1"])

@@ -5,11 +5,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from g2rpo.errors import G2RPOError
 from g2rpo.artifacts.manifest import (
     MANIFEST_NAME,
     MARKER_NAME,
@@ -24,6 +23,7 @@ from g2rpo.artifacts.manifest import (
     write_manifest,
 )
 from g2rpo.artifacts.storage import open_store
+from g2rpo.errors import G2RPOError
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +68,9 @@ def test_storage_download_verifies_every_digest(root_uri, tmp_path):
     publish_dir(src, uri)
     out = tmp_path / "out"
     download_dir(uri, out)
-    assert (out / "transformer" / "model.safetensors").read_bytes() == (src / "transformer" / "model.safetensors").read_bytes()
+    assert (out / "transformer" / "model.safetensors").read_bytes() == (
+        src / "transformer" / "model.safetensors"
+    ).read_bytes()
     assert (out / MANIFEST_NAME).is_file()
     # Same size, different bytes: only the sha256 can tell.
     store = open_store(uri)
@@ -132,7 +134,7 @@ def test_storage_gc_removes_only_old_unpublished_prefixes(root_uri, tmp_path):
     root.put_bytes("guarded/model.bin", b"y" * 10)
     # A plain object that was never part of a publish.
     root.put_bytes("notes.txt", b"keep me")
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
 
     report = gc(root_uri, timedelta(hours=1), now=now)
     assert report.removed == [] and len(report.kept_recent) == 2  # too young

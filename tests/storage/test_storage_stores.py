@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from g2rpo.errors import G2RPOError
 from g2rpo.artifacts.storage import MiB, ObjectNotFound, S3Settings, WriteConflict, locate, open_store
+from g2rpo.errors import G2RPOError
 
 pytestmark = pytest.mark.integration
 
@@ -92,7 +92,9 @@ def test_storage_anonymous_request_refused(s3_env):
     from botocore.exceptions import ClientError
 
     anon = boto3.client(
-        "s3", endpoint_url=s3_env.server.endpoint_url, region_name="us-east-1",
+        "s3",
+        endpoint_url=s3_env.server.endpoint_url,
+        region_name="us-east-1",
         config=Config(signature_version=UNSIGNED, s3={"addressing_style": "path"}),
     )
     with pytest.raises(ClientError) as err:
@@ -120,8 +122,9 @@ def test_storage_botocore_retries_make_exactly_max_attempts(max_attempts, monkey
         port = sock.getsockname()[1]
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
-    settings = S3Settings(endpoint_url=f"http://127.0.0.1:{port}", region="us-east-1", max_attempts=max_attempts,
-                          connect_timeout=1)
+    settings = S3Settings(
+        endpoint_url=f"http://127.0.0.1:{port}", region="us-east-1", max_attempts=max_attempts, connect_timeout=1
+    )
     client = make_s3_client(settings)
     sent = []
     client.meta.events.register("before-send.s3.GetObject", lambda request, **_: sent.append(request.url))

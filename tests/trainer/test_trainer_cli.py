@@ -7,34 +7,45 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from trainer_testlib import REPO
 
 from g2rpo.cli import main
 from g2rpo.config import load_config
 from g2rpo.training.run_config import RunConfig, resume_hash
-from trainer_testlib import REPO
 
 TINY = REPO / "configs" / "tiny-cpu.yaml"
 
 
 def test_validate_lists_every_problem_at_once(capsys):
-    code = main([
-        "validate", "--world-size", "2", "--config", str(TINY),
-        "algorithm.group_size=1",                 # schema: G ≥ 2
-        "model.lr=3",                             # unknown key
-        "rewards.models=[{name: jpeg}]",          # unknown reward name
-        "train.prompts_per_iteration=3",          # not divisible by 2 ranks
-        "deepspeed.enabled=true",
-        "deepspeed.extra={gradient_clippping: 1}",  # misspelt top-level DeepSpeed key
-        "data.prompts=/nonexistent/prompts.txt",  # missing file
-    ])
+    code = main(
+        [
+            "validate",
+            "--world-size",
+            "2",
+            "--config",
+            str(TINY),
+            "algorithm.group_size=1",  # schema: G ≥ 2
+            "model.lr=3",  # unknown key
+            "rewards.models=[{name: jpeg}]",  # unknown reward name
+            "train.prompts_per_iteration=3",  # not divisible by 2 ranks
+            "deepspeed.enabled=true",
+            "deepspeed.extra={gradient_clippping: 1}",  # misspelt top-level DeepSpeed key
+            "data.prompts=/nonexistent/prompts.txt",  # missing file
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert "6 configuration problem(s)" in err
-    for needle in ("algorithm.group_size", "model.lr", "jpeg", "train.prompts_per_iteration=3",
-                   "did you mean gradient_clipping", "data.prompts"):
+    for needle in (
+        "algorithm.group_size",
+        "model.lr",
+        "jpeg",
+        "train.prompts_per_iteration=3",
+        "did you mean gradient_clipping",
+        "data.prompts",
+    ):
         assert needle in err, needle
 
 
@@ -84,8 +95,13 @@ def test_example_configs_are_valid():
 
 
 def test_gpu_benchmark_parses_arguments_here():
-    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_flux_step", "--help"], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_flux_step", "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0 and "MFU" in done.stdout
 
 
@@ -95,10 +111,36 @@ def test_gpu_benchmark_code_path_runs_on_the_cpu(tmp_path):
     # CPU: checks the code, not the speed (the numbers of such a run mean nothing).
     out = tmp_path / "gpu.json"
     done = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu_flux_step", "--device", "cpu", "--layers", "1", "--single-layers", "0",
-         "--size", "64", "--text-tokens", "16", "--group-size", "2", "--steps", "1", "--gemm-size", "128",
-         "--repeats", "1", "--output", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        [
+            sys.executable,
+            "-m",
+            "benchmarks.gpu_flux_step",
+            "--device",
+            "cpu",
+            "--layers",
+            "1",
+            "--single-layers",
+            "0",
+            "--size",
+            "64",
+            "--text-tokens",
+            "16",
+            "--group-size",
+            "2",
+            "--steps",
+            "1",
+            "--gemm-size",
+            "128",
+            "--repeats",
+            "1",
+            "--output",
+            str(out),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
@@ -112,12 +154,23 @@ def test_bad_inputs_are_listed_with_fixes(tmp_path, capsys):
     # a non-UTF-8 line: validate names each, and nothing is written
     model = tmp_path / "model"
     model.mkdir()
-    (model / "model_index.json").write_text('{"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]}')
+    (model / "model_index.json").write_text(
+        '{"_class_name": "FluxPipeline", "transformer": ["diffusers", "FluxTransformer2DModel"], "vae": ["diffusers", "AutoencoderKL"]}'
+    )
     prompts = tmp_path / "prompts.txt"
     prompts.write_bytes(b"a cat\n\n\xff\xfe broken\n")
     out = tmp_path / "run"
-    code = main(["validate", "--config", str(TINY), f"model.path={model}", "model.create_tiny=false",
-                 f"data.prompts={prompts}", f"output.dir={out}"])
+    code = main(
+        [
+            "validate",
+            "--config",
+            str(TINY),
+            f"model.path={model}",
+            "model.create_tiny=false",
+            f"data.prompts={prompts}",
+            f"output.dir={out}",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert "model.path" in err and "transformer" in err
@@ -129,7 +182,17 @@ def test_cross_section_checks_are_listed_together():
     from g2rpo.errors import ConfigError
 
     with pytest.raises(ConfigError) as info:
-        load_config(RunConfig, TINY, ["train.lora.enabled=true", "deepspeed.enabled=true", "deepspeed.zero_stage=3",
-                                      "train.ema.enabled=true", "output.export_ema=false", "train.precision=fp32"])
+        load_config(
+            RunConfig,
+            TINY,
+            [
+                "train.lora.enabled=true",
+                "deepspeed.enabled=true",
+                "deepspeed.zero_stage=3",
+                "train.ema.enabled=true",
+                "output.export_ema=false",
+                "train.precision=fp32",
+            ],
+        )
     message = str(info.value)
     assert "LoRA" in message and "EMA is kept on full weights" in message

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainer_testlib import REPO, export_weights, run_train, subprocess_env, tiny_overrides
 
 from tests.tiny_flux_fixture import make_tiny_flux
-from trainer_testlib import REPO, export_weights, run_train, subprocess_env, tiny_overrides
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -37,9 +37,25 @@ def _torchrun_worker(tiny_model: Path, out: Path, *extra: str, stage: int = 2) -
     out.mkdir()
     torchrun = Path(sys.executable).parent / "torchrun"
     done = subprocess.run(
-        [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-         str(WORKER), str(tiny_model), str(out), str(stage), *extra],
-        env=subprocess_env(), cwd=REPO, capture_output=True, text=True, timeout=800,
+        [
+            str(torchrun),
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(_free_port()),
+            str(WORKER),
+            str(tiny_model),
+            str(out),
+            str(stage),
+            *extra,
+        ],
+        env=subprocess_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=800,
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return [torch.load(out / f"rank-{r}.pt", weights_only=False) for r in range(2)]
@@ -97,7 +113,9 @@ def test_single_rank_zero2_fp32_equals_plain_adamw(tiny_model, tmp_path):
     runs = {}
     for name, enabled in (("torch", False), ("zero2", True)):
         out = tmp_path / name
-        done = run_train(tiny_overrides(tiny_model, out, **{"train.iterations": 2, "deepspeed.enabled": enabled}), timeout=800)
+        done = run_train(
+            tiny_overrides(tiny_model, out, **{"train.iterations": 2, "deepspeed.enabled": enabled}), timeout=800
+        )
         assert done.returncode == 0, done.stderr[-4000:]
         runs[name] = export_weights(out)
     assert runs["torch"].keys() == runs["zero2"].keys()
@@ -113,7 +131,9 @@ def test_single_rank_zero2_bf16_trains_and_exports_bf16(tiny_model, tmp_path):
     from diffusers import FluxTransformer2DModel
 
     out = tmp_path / "bf16"
-    config = tiny_overrides(tiny_model, out, **{"train.iterations": 2, "deepspeed.enabled": True, "train.precision": "bf16"})
+    config = tiny_overrides(
+        tiny_model, out, **{"train.iterations": 2, "deepspeed.enabled": True, "train.precision": "bf16"}
+    )
     done = run_train(config, timeout=800)
     assert done.returncode == 0, done.stderr[-4000:]
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -122,7 +142,9 @@ def test_single_rank_zero2_bf16_trains_and_exports_bf16(tiny_model, tmp_path):
     assert all(r["grad_norm"] is not None and r["grad_norm"] > 0 for r in records)
     weights = export_weights(out)
     assert {t.dtype for t in weights.values()} == {torch.bfloat16}
-    start = FluxTransformer2DModel.from_pretrained(tiny_model, subfolder="transformer", local_files_only=True).state_dict()
+    start = FluxTransformer2DModel.from_pretrained(
+        tiny_model, subfolder="transformer", local_files_only=True
+    ).state_dict()
     assert sum(not torch.equal(weights[k], start[k].to(torch.bfloat16)) for k in weights) > len(weights) // 2
 
 
@@ -156,9 +178,26 @@ def _torchrun_train(config: dict, fault: str | None = None) -> subprocess.Comple
         env["G2RPO_FAULT_KILL_AT"] = fault
     torchrun = Path(sys.executable).parent / "torchrun"
     return subprocess.run(
-        [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(_free_port()),
-         "-m", "g2rpo", "train", "--config", str(base), *as_cli(config)],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=800,
+        [
+            str(torchrun),
+            "--nproc_per_node",
+            "2",
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(_free_port()),
+            "-m",
+            "g2rpo",
+            "train",
+            "--config",
+            str(base),
+            *as_cli(config),
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=800,
     )
 
 
@@ -174,7 +213,9 @@ def test_two_ranks_sigkill_and_resume_through_the_cli_is_bit_identical(tiny_mode
     shards = sorted(p.name for p in (out / "checkpoints" / "iter-000002" / "deepspeed" / "state").iterdir())
     assert sum("optim_states" in s for s in shards) == 2  # one ZeRO shard per rank
     assert sorted(p.name for p in (out / "checkpoints" / "iter-000002" / "ranks").iterdir()) == [
-        "rank-00000.pt", "rank-00001.pt"]
+        "rank-00000.pt",
+        "rank-00001.pt",
+    ]
     resumed = _torchrun_train(config)
     assert resumed.returncode == 0, resumed.stderr[-4000:]
     _assert_same(straight, out)

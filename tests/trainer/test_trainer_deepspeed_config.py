@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from g2rpo.errors import ConfigError
 from g2rpo.training.deepspeed_config import (
     DeepSpeedSection,
     build_deepspeed_config,
     known_top_level_keys,
     validate_deepspeed_config,
 )
-from g2rpo.errors import ConfigError
 
 
 def _build(section: DeepSpeedSection, world_size: int = 2, accumulation: int = 4, precision: str = "bf16") -> dict:

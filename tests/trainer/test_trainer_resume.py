@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainer_testlib import export_weights, run_train, tiny_overrides
 
-from g2rpo.training.checkpoint import CheckpointManager, TrainerState, is_complete
 from g2rpo.config import load_config
 from g2rpo.errors import G2RPOError
+from g2rpo.training.checkpoint import CheckpointManager, TrainerState, is_complete
 from g2rpo.training.run_config import RunConfig, resume_hash
 from g2rpo.training.trainer import Trainer
 from tests.tiny_flux_fixture import make_tiny_flux
-from trainer_testlib import export_weights, run_train, tiny_overrides
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -108,7 +108,9 @@ def test_resume_from_another_config_hash_is_refused_naming_both(tiny_model, unin
 
     out = tmp_path / "copy"
     shutil.copytree(uninterrupted, out, ignore=shutil.ignore_patterns("export"))
-    changed = load_config(RunConfig, None, tiny_overrides(tiny_model, out, **{"train.iterations": 8, "algorithm.group_size": 3}))
+    changed = load_config(
+        RunConfig, None, tiny_overrides(tiny_model, out, **{"train.iterations": 8, "algorithm.group_size": 3})
+    )
     original = load_config(RunConfig, None, tiny_overrides(tiny_model, out, **{"train.iterations": ITERATIONS}))
     written = {p.relative_to(out): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()}
     with pytest.raises(G2RPOError) as info:

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainer_testlib import export_weights, probe_reward, tiny_overrides
 
 from g2rpo.config import load_config
 from g2rpo.errors import G2RPOError
 from g2rpo.training.run_config import RunConfig
 from g2rpo.training.trainer import Trainer
 from tests.tiny_flux_fixture import make_tiny_flux
-from trainer_testlib import export_weights, probe_reward, tiny_overrides
 
 pytestmark = pytest.mark.integration
 
@@ -33,8 +33,14 @@ def test_training_raises_mean_reward_seeded(tiny_model, tmp_path):
     # 8 prompts with the same draws before and after (a paired comparison). Measured: about
     # -7.27 → -6.5 bits/pixel (less negative = more compressible); 0.2 is a wide margin.
     trainer = _trainer(
-        tiny_model, tmp_path / "run", **{"train.iterations": 10, "train.prompts_per_iteration": 4,
-                                          "train.checkpoint_every": 100, "output.export": False}
+        tiny_model,
+        tmp_path / "run",
+        **{
+            "train.iterations": 10,
+            "train.prompts_per_iteration": 4,
+            "train.checkpoint_every": 100,
+            "output.export": False,
+        },
     ).setup()
     before = probe_reward(trainer)
     records = [trainer.step() for _ in range(10)]
@@ -55,8 +61,20 @@ def test_run_writes_metrics_checkpoints_and_export(tiny_model, tmp_path):
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in lines] == [0, 1, 2]
     record = lines[0]
-    for key in ("reward_mean", "advantage_mean", "advantage_std", "loss", "clip_fraction", "grad_norm", "lr",
-                "sampling_forwards", "training_forwards", "seconds", "dropped_groups", "reward_names"):
+    for key in (
+        "reward_mean",
+        "advantage_mean",
+        "advantage_std",
+        "loss",
+        "clip_fraction",
+        "grad_norm",
+        "lr",
+        "sampling_forwards",
+        "training_forwards",
+        "seconds",
+        "dropped_groups",
+        "reward_names",
+    ):
         assert key in record, key
     assert record["reward_names"] == ["jpeg_compressibility"]
     assert len(record["reward_mean"]) == 1 and len(record["reward_mean"][0]) == 2  # 1 reward model × 2 strides
@@ -79,8 +97,9 @@ def test_run_writes_metrics_checkpoints_and_export(tiny_model, tmp_path):
 def test_lora_trains_adapters_only_and_exports_them(tiny_model, tmp_path):
     out = tmp_path / "run"
     trainer = _trainer(
-        tiny_model, out, **{"train.iterations": 2, "train.lora.enabled": True, "train.lora.rank": 4,
-                            "train.lora.alpha": 4.0}
+        tiny_model,
+        out,
+        **{"train.iterations": 2, "train.lora.enabled": True, "train.lora.rank": 4, "train.lora.alpha": 4.0},
     ).setup()
     trainable = [n for n, p in trainer.velocity.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
@@ -112,7 +131,9 @@ def test_lora_adapters_start_from_the_run_seed(tiny_model, tmp_path):
 
 
 def test_lora_on_missing_module_names_close_matches(tiny_model, tmp_path):
-    trainer = _trainer(tiny_model, tmp_path / "run", **{"train.lora.enabled": True, "train.lora.target_modules": ["to_qq"]})
+    trainer = _trainer(
+        tiny_model, tmp_path / "run", **{"train.lora.enabled": True, "train.lora.target_modules": ["to_qq"]}
+    )
     with pytest.raises(G2RPOError) as info:
         trainer.setup()
     assert "to_qq" in str(info.value) and "to_q" in str(info.value)
@@ -122,22 +143,33 @@ def test_lora_on_missing_module_names_close_matches(tiny_model, tmp_path):
 def test_lora_on_a_module_that_is_not_a_linear_layer_is_refused(tiny_model, tmp_path):
     # norm1 exists in every block but is an AdaLayerNormZero (peft would fail with a traceback);
     # its Linear, norm1.linear, is a valid target.
-    trainer = _trainer(tiny_model, tmp_path / "run", **{"train.lora.enabled": True, "train.lora.target_modules": ["to_q", "norm1"]})
+    trainer = _trainer(
+        tiny_model, tmp_path / "run", **{"train.lora.enabled": True, "train.lora.target_modules": ["to_q", "norm1"]}
+    )
     with pytest.raises(G2RPOError) as info:
         trainer.setup()
     message = str(info.value)
     assert "train.lora.target_modules" in message and "'norm1' matches AdaLayerNormZero modules" in message
     assert "norm1.linear" in message and "'to_q' matches" not in message  # the fix; to_q is not blamed
     assert not (tmp_path / "run").exists()
-    ok = _trainer(tiny_model, tmp_path / "ok", **{"train.lora.enabled": True, "train.lora.target_modules": ["norm1.linear"]}).setup()
+    ok = _trainer(
+        tiny_model, tmp_path / "ok", **{"train.lora.enabled": True, "train.lora.target_modules": ["norm1.linear"]}
+    ).setup()
     assert any("norm1.linear.lora_A" in n for n, p in ok.velocity.named_parameters() if p.requires_grad)
 
 
 def test_ema_tracks_weights_and_is_exported(tiny_model, tmp_path):
     out = tmp_path / "run"
     trainer = _trainer(
-        tiny_model, out, **{"train.iterations": 2, "train.ema.enabled": True, "train.ema.decay": 0.5,
-                            "output.export_ema": True, "train.checkpoint_every": 100}
+        tiny_model,
+        out,
+        **{
+            "train.iterations": 2,
+            "train.ema.enabled": True,
+            "train.ema.decay": 0.5,
+            "output.export_ema": True,
+            "train.checkpoint_every": 100,
+        },
     ).setup()
     start = {n: p.detach().clone() for n, p in trainer._trainable().items()}
     trainer.step()
@@ -175,9 +207,10 @@ def test_global_batch_depends_only_on_seed_and_iteration():
 def test_training_from_the_embedding_cache_equals_start_up_encoding(tiny_model, tmp_path):
     # The cache stores the text encoders' outputs bit-exactly, so a run that reads it trains the
     # same weights as a run that encodes the prompts itself at start-up.
+    from trainer_testlib import PROMPTS
+
     from g2rpo.data import dedupe_prompts, read_prompt_file, write_embedding_cache
     from g2rpo.models.loading import load_text_encoder
-    from trainer_testlib import PROMPTS
 
     prompts, _ = dedupe_prompts(read_prompt_file(PROMPTS))
     cache = tmp_path / "embeddings"
@@ -208,14 +241,16 @@ def test_cache_built_for_another_model_is_refused_before_training(tiny_model, tm
     import shutil
 
     from diffusers import FluxTransformer2DModel
+    from trainer_testlib import PROMPTS
 
     from g2rpo.data import dedupe_prompts, read_prompt_file, write_embedding_cache
     from g2rpo.models.loading import load_text_encoder
-    from trainer_testlib import PROMPTS
 
     wide = tmp_path / "wide-model"
     shutil.copytree(tiny_model, wide)
-    config = {k: v for k, v in FluxTransformer2DModel.load_config(wide / "transformer").items() if not k.startswith("_")}
+    config = {
+        k: v for k, v in FluxTransformer2DModel.load_config(wide / "transformer").items() if not k.startswith("_")
+    }
     shutil.rmtree(wide / "transformer")
     FluxTransformer2DModel(**{**config, "joint_attention_dim": 64}).save_pretrained(wide / "transformer")
     prompts, _ = dedupe_prompts(read_prompt_file(PROMPTS))

@@ -41,8 +41,14 @@ def main() -> None:
         tiny_overrides(
             model,
             out,
-            **{"deepspeed.enabled": True, "deepspeed.zero_stage": stage, "train.iterations": iterations,
-               "train.prompts_per_iteration": 4, "train.checkpoint_every": 100, "output.export": False},
+            **{
+                "deepspeed.enabled": True,
+                "deepspeed.zero_stage": stage,
+                "train.iterations": iterations,
+                "train.prompts_per_iteration": 4,
+                "train.checkpoint_every": 100,
+                "output.export": False,
+            },
         ),
     )
     trainer = Trainer(config).setup()

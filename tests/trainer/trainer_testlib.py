@@ -13,6 +13,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = REPO / "configs" / "tiny-prompts.txt"
 
+
 # Test settings, far from the paper's (spec §6): lr 1e-2 (paper 2e-6), ratio clip 0.2 (reference
 # 1e-4), T = 4, G = 4, Λ = {1, 2}, 64×64 images, the exact JPEG-compressibility reward. The
 # paper's settings move a 135k-parameter model too little to see in a few iterations.
@@ -57,7 +58,9 @@ def as_cli(config: dict[str, Any], prefix: str = "") -> list[str]:
         if isinstance(value, dict) and key != "extra":
             out += as_cli(value, f"{prefix}{key}.")
         else:
-            out.append(f"{prefix}{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}")
+            out.append(
+                f"{prefix}{key}={yaml.safe_dump(value, default_flow_style=True).strip().removesuffix('...').strip()}"
+            )
     return out
 
 
@@ -112,7 +115,9 @@ def probe_reward(trainer: Any, seed: int = 1234) -> float:
     n = len(trainer.prompts)
     indices = list(range(n))
     cond = trainer._conditioning_of(indices)
-    rollout = trainer.strategy.rollout(trainer.driver.policy, cond, Draws(seed, 0, tuple(indices)), trainer.latent_shape)
+    rollout = trainer.strategy.rollout(
+        trainer.driver.policy, cond, Draws(seed, 0, tuple(indices)), trainer.latent_shape
+    )
     images = decode_latents(trainer.vae, rollout.final_latents, 64, 64, micro_batch=64)
     texts = [trainer.prompts[int(p)] for p in rollout.final_prompt]
     return float(trainer._score(images, texts).mean())
