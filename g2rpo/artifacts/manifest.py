@@ -30,6 +30,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -280,21 +281,25 @@ def publish_dir(
         raise G2RPOError(
             f"{store.uri} is already published; artifacts are immutable: publish under a new prefix (unique_prefix)"
         )
-    marker = {"producer": producer, "started_at": _iso(_now()), "pid": os.getpid()}
-    store.put_bytes(MARKER_NAME, json.dumps(marker).encode())
+    _claim(store, producer)
     root = Path(local_dir)
     try:
         for entry in files:
             store.put_file(entry.path, root / entry.path)
     except G2RPOError as exc:
-        raise G2RPOError(
-            f"{exc}\nnothing was published at {store.uri} (no {MANIFEST_NAME}); run the same publish again to "
-            "retry (`g2rpo storage gc` removes abandoned partial uploads)"
-        ) from None
+        released = _release_claim(store)
+        retry = (
+            "run the same publish again to retry"
+            if released
+            else f"its claim {MARKER_NAME} is still there: `g2rpo storage gc {store.uri} --older-than 0s` removes "
+            "the leftovers once you are sure no publish is running, then run the same publish again"
+        )
+        raise G2RPOError(f"{exc}\nnothing was published at {store.uri} (no {MANIFEST_NAME}); {retry}") from None
     # A manifest must never name a file that is not there: re-check every size before writing it
     # (one HEAD per file), in case a GC with too short an --older-than or another writer got in.
     changed = [e.path for e in files if (info := store.head(e.path)) is None or info.size != e.size]
     if changed:
+        _release_claim(store)
         raise G2RPOError(
             f"{len(changed)} file(s) under {store.uri} vanished or changed during the publish (e.g. {changed[0]}): "
             f"another writer or a `g2rpo storage gc` with a shorter --older-than than the upload took; nothing was "
@@ -303,6 +308,39 @@ def publish_dir(
     manifest = write_manifest(store, "", files, producer, config_hash, metadata)
     store.delete(MARKER_NAME)
     return manifest
+
+
+def _claim(store: Store, producer: str) -> None:
+    """Claim the prefix for this publish: the marker is written create-only (``If-None-Match: *``),
+    the registry's mechanism, so a second publish to the same prefix is refused before it uploads a
+    byte (its files would otherwise mix with the first's)."""
+    marker = {"producer": producer, "started_at": _iso(_now()), "pid": os.getpid(), "host": socket.gethostname()}
+    try:
+        store.put_bytes(MARKER_NAME, json.dumps(marker).encode(), if_none_match=True)
+    except WriteConflict:
+        try:
+            holder = json.loads(store.get_bytes(MARKER_NAME)[0])
+            who = (
+                f"{holder.get('producer', '?')} (pid {holder.get('pid', '?')} on {holder.get('host', '?')}, "
+                f"started {holder.get('started_at', '?')})"
+            )
+        except (ObjectNotFound, ValueError):
+            who = "another publish"
+        raise G2RPOError(
+            f"{store.uri} is being published by {who}: two publishes to one prefix would mix their files. "
+            "Publish under a fresh prefix (unique_prefix / `storage put --unique`); if that publish died, "
+            f"`g2rpo storage gc {store.uri} --older-than 1h` removes its leftovers once they are that old"
+        ) from None
+
+
+def _release_claim(store: Store) -> bool:
+    """Remove this publish's marker after a failed upload so the same call can be retried (best effort:
+    False when the store cannot be reached, e.g. the server died)."""
+    try:
+        store.delete(MARKER_NAME)
+        return True
+    except G2RPOError:
+        return False
 
 
 # --------------------------------------------------------------------------- reading

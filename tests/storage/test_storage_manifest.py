@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import threading
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -198,3 +199,60 @@ def test_storage_gc_spares_a_prefix_with_a_multipart_upload_in_flight(s3_env):
     report = gc(store.uri, timedelta(seconds=1.5), now=initiated + timedelta(hours=1))
     assert report.removed == [store.uri_for("busy")] and report.uploads_aborted == [store.uri_for("busy/model.bin")]
     assert store.list() == [] and store.incomplete_uploads() == []
+
+
+def test_storage_second_publish_to_a_claimed_prefix_is_refused_up_front(root_uri, tmp_path, monkeypatch):
+    # Publish A is paused inside its upload (the real store's put_file, held on an event); publish B
+    # to the same prefix must be refused before it uploads anything, and A then publishes its own files.
+    a, b = _artifact(tmp_path, "a"), _artifact(tmp_path, "b")
+    uri = f"{root_uri}/shared"
+    store_cls = type(open_store(uri))
+    real_put_file = store_cls.put_file
+    inside, release = threading.Event(), threading.Event()
+    uploads: list[str] = []
+
+    def put_file_paused(self, key, path, *, callback=None):
+        uploads.append(str(path))
+        inside.set()
+        assert release.wait(30)
+        return real_put_file(self, key, path, callback=callback)
+
+    monkeypatch.setattr(store_cls, "put_file", put_file_paused)
+    result: dict = {}
+    first = threading.Thread(target=lambda: result.setdefault("a", publish_dir(a, uri)))
+    first.start()
+    assert inside.wait(30)
+    uploads_before = list(uploads)
+    try:
+        with pytest.raises(G2RPOError, match=r"is being published by .*pid .*: two publishes to one prefix") as err:
+            publish_dir(b, uri)
+        assert "unique_prefix" in str(err.value) and "storage gc" in str(err.value)
+        assert uploads == uploads_before  # B uploaded nothing
+    finally:
+        release.set()
+        first.join(30)
+    monkeypatch.setattr(store_cls, "put_file", real_put_file)
+    assert "a" in result
+    out = tmp_path / "back"
+    download_dir(uri, out)
+    for rel in ("config.json", "transformer/model.safetensors"):
+        assert (out / rel).read_bytes() == (a / rel).read_bytes()
+    assert not open_store(uri).exists(MARKER_NAME)
+
+
+def test_storage_failed_publish_releases_its_claim_for_a_retry(root_uri, tmp_path, monkeypatch):
+    src = _artifact(tmp_path)
+    uri = f"{root_uri}/retry"
+    store_cls = type(open_store(uri))
+    real_put_file = store_cls.put_file
+
+    def put_file_failing(self, key, path, *, callback=None):
+        raise G2RPOError(f"upload of {key} failed: connection reset")
+
+    monkeypatch.setattr(store_cls, "put_file", put_file_failing)
+    with pytest.raises(G2RPOError, match="run the same publish again to retry"):
+        publish_dir(src, uri)
+    monkeypatch.setattr(store_cls, "put_file", real_put_file)
+    assert not open_store(uri).exists(MARKER_NAME)
+    publish_dir(src, uri)
+    verify(open_store(uri), deep=True)
