@@ -25,9 +25,12 @@ Outputs under ``output.dir``: ``config.yaml`` (every default written out), ``met
 record per iteration: the step stats, rewards per model and stride, grad norm, lr, seconds per
 phase), ``checkpoints/`` (see :mod:`g2rpo.training.checkpoint`) and ``export/``. ``metrics.jsonl`` is
 appended to; after a resume the iterations after the checkpoint are written again, and a record
-``{"event": "resumed", ...}`` marks where (readers keep the last record of each iteration).
+``{"event": "resumed", ...}`` marks where (:func:`g2rpo.training.metrics.read_iteration_records`
+keeps the last record of each iteration).
 
-The resume tests kill a real run at the fail points of :mod:`g2rpo.training.failpoints`.
+Callbacks (:class:`TrainerCallback`, passed as ``Trainer(config, callbacks=[...])``) see each
+iteration's record and each checkpoint, on every rank. The resume tests kill a real run at the
+fail points of :mod:`g2rpo.training.failpoints`.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,7 +71,7 @@ from g2rpo.training.drivers import EMA, DeepSpeedDriver, TorchDriver, apply_lora
 from g2rpo.training.failpoints import FailAfterSave, fail_point
 from g2rpo.training.run_config import RunConfig, resume_hash, run_problems
 
-__all__ = ["Trainer", "IterationRecord", "train_from_config"]
+__all__ = ["Trainer", "IterationRecord", "TrainerCallback", "train_from_config"]
 
 PHASES = ("sampling", "decoding", "reward", "training")
 
@@ -101,14 +104,35 @@ class IterationRecord:
         return out
 
 
+class TrainerCallback:
+    """What a callback may hook into; subclass it and override the methods you need.
+
+    Called on every rank, in the order given, from inside the loop: a callback that should act
+    once per run checks ``trainer.ctx.is_main``; one that does a collective must do it on every
+    rank. An exception in a callback is not caught: it propagates out of ``step()`` / ``run()`` and
+    stops the run like any other error (a resume continues from the last complete checkpoint).
+    """
+
+    def on_iteration_end(self, trainer: Trainer, record: IterationRecord) -> None:
+        """After each iteration, once its record is in ``metrics.jsonl`` and before its checkpoint.
+
+        ``record`` is this rank's (its prompts, its seconds); ``record.as_json()`` is what rank 0
+        wrote to ``metrics.jsonl``.
+        """
+
+    def on_checkpoint(self, trainer: Trainer, path: Path, iteration: int) -> None:
+        """After the checkpoint of ``iteration`` is complete (manifest written) at ``path``."""
+
+
 # --------------------------------------------------------------------------- the trainer
 
 
 class Trainer:
     """``setup()`` once, then ``step()`` per iteration (returns an :class:`IterationRecord`), or ``run()``."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, callbacks: Sequence[TrainerCallback] = ()) -> None:
         self.config = config
+        self.callbacks = list(callbacks)
         self.hash = resume_hash(config)
         self.iteration = 0
         self._is_setup = False
@@ -364,6 +388,8 @@ class Trainer:
         self.iteration += 1
         if ctx.is_main:
             self._append_metrics(record.as_json())
+        for callback in self.callbacks:
+            callback.on_iteration_end(self, record)
         if self.iteration % cfg.train.checkpoint_every == 0 or self.iteration in cfg.train.keep_iterations:
             self.save_checkpoint()
         return record
@@ -470,7 +496,10 @@ class Trainer:
             backend=self.driver.backend,
             zero_stage=self.config.deepspeed.zero_stage if self.config.deepspeed.enabled else None,
         )
-        return self.checkpoints.save(state, FailAfterSave(self.driver, self.iteration), self.ema)
+        path = self.checkpoints.save(state, FailAfterSave(self.driver, self.iteration), self.ema)
+        for callback in self.callbacks:
+            callback.on_checkpoint(self, path, self.iteration)
+        return path
 
     def export(self) -> Path | None:
         """Export the trained transformer (or LoRA adapters) to ``output.dir/export`` (rank 0)."""
@@ -552,12 +581,12 @@ def _license_of(record: dict[str, Any]) -> dict[str, Any]:
     return FLUX_DEV_LICENSE
 
 
-def train_from_config(config: RunConfig) -> dict[str, Any]:
+def train_from_config(config: RunConfig, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
     """Run a whole training job from a validated config; returns the summary of :meth:`Trainer.run`.
 
     Under torchrun every rank calls this; the process group is left together at the end.
     """
-    trainer = Trainer(config)
+    trainer = Trainer(config, callbacks)
     try:
         return trainer.run()
     finally:
