@@ -12,10 +12,9 @@ One iteration (:meth:`Trainer.step`), on each rank, for the P prompts this rank 
 
 The strategy decides what a loss term is and when the optimiser steps (one step per iteration by
 default, or one per trained step k); the trainer owns ``backward`` and ``step``. Two drivers run the
-same loop: :class:`DeepSpeedDriver` (``engine.backward`` / ``engine.step``; ZeRO 0–3, bf16 with fp32
-master weights; gradient accumulation boundaries set from the strategy's terms, loss not rescaled
-since the strategy already divides by |M|) and :class:`TorchDriver` (plain ``torch.optim.AdamW`` +
-``clip_grad_norm_``, one process, fp32).
+same loop, :class:`~g2rpo.training.drivers.DeepSpeedDriver` and
+:class:`~g2rpo.training.drivers.TorchDriver`; they, LoRA and the EMA live in
+:mod:`g2rpo.training.drivers`.
 
 Random draws come only from :class:`g2rpo.seeding.Draws` keyed by (run seed, iteration, global
 batch slot, k, branch): the slot is the prompt's position in the iteration's global batch (unique
@@ -26,38 +25,53 @@ Outputs under ``output.dir``: ``config.yaml`` (every default written out), ``met
 record per iteration: the step stats, rewards per model and stride, grad norm, lr, seconds per
 phase), ``checkpoints/`` (see :mod:`g2rpo.training.checkpoint`) and ``export/``. ``metrics.jsonl`` is
 appended to; after a resume the iterations after the checkpoint are written again, and a record
-``{"event": "resumed", ...}`` marks where (readers keep the last record of each iteration).
+``{"event": "resumed", ...}`` marks where (:func:`g2rpo.training.metrics.read_iteration_records`
+keeps the last record of each iteration).
 
-Test hook: ``G2RPO_FAULT_KILL_AT=iteration:N`` (SIGKILL at the start of training phase of
-iteration N) or ``checkpoint:N`` (SIGKILL after the weights of checkpoint N are written, before its
-manifest) lets tests kill a real run at a known point.
+Callbacks (:class:`TrainerCallback`, passed as ``Trainer(config, callbacks=[...])``) see each
+iteration's record and each checkpoint, on every rank. The resume tests kill a real run at the
+fail points of :mod:`g2rpo.training.failpoints`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm.auto import tqdm
 
 from g2rpo.config import to_yaml
+from g2rpo.data import EmbeddingCache, dedupe_prompts, read_prompt_location
 from g2rpo.errors import ConfigError, G2RPOError, problem
+from g2rpo.models.flux import FluxConditioning, FluxVelocity, decode_latents, vae_scale_factor_of
+from g2rpo.models.loading import base_model_record, load_text_encoder, load_transformer, load_vae
+from g2rpo.models.tiny import save_tiny_flux
+from g2rpo.rewards.registry import build_reward
 from g2rpo.seeding import Draws, derive_seed
+from g2rpo.strategies import build_strategy
 from g2rpo.strategies.base import StepStats, summarize_step
-from g2rpo.training.checkpoint import CheckpointManager, TrainerState, export_model, is_complete, manifest_metadata
-from g2rpo.training.distributed import DistContext, init_distributed, prompts_per_rank
+from g2rpo.training.checkpoint import (
+    FLUX_DEV_LICENSE,
+    CheckpointManager,
+    TrainerState,
+    export_model,
+    is_complete,
+    manifest_metadata,
+)
+from g2rpo.training.distributed import global_prompt_indices, init_distributed, prompts_per_rank
+from g2rpo.training.drivers import EMA, DeepSpeedDriver, TorchDriver, apply_lora
+from g2rpo.training.failpoints import FailAfterSave, fail_point
 from g2rpo.training.run_config import RunConfig, resume_hash, run_problems
 
-__all__ = ["Trainer", "IterationRecord", "TorchDriver", "DeepSpeedDriver", "EMA", "apply_lora", "train_from_config"]
+__all__ = ["Trainer", "IterationRecord", "TrainerCallback", "train_from_config"]
 
 PHASES = ("sampling", "decoding", "reward", "training")
 
@@ -90,246 +104,24 @@ class IterationRecord:
         return out
 
 
-# --------------------------------------------------------------------------- drivers
+class TrainerCallback:
+    """What a callback may hook into; subclass it and override the methods you need.
 
+    Called on every rank, in the order given, from inside the loop: a callback that should act
+    once per run checks ``trainer.ctx.is_main``; one that does a collective must do it on every
+    rank. An exception in a callback is not caught: it propagates out of ``step()`` / ``run()`` and
+    stops the run like any other error (a resume continues from the last complete checkpoint).
+    """
 
-class TorchDriver:
-    """Plain single-process optimisation: ``loss.backward()``, clip, ``AdamW.step()``."""
+    def on_iteration_end(self, trainer: Trainer, record: IterationRecord) -> None:
+        """After each iteration, once its record is in ``metrics.jsonl`` and before its checkpoint.
 
-    backend = "torch"
-
-    def __init__(self, module: torch.nn.Module, params: list[torch.nn.Parameter], config: RunConfig) -> None:
-        train = config.train
-        self.module = module
-        self.params = params
-        self.max_grad_norm = train.max_grad_norm
-        self.optimizer = torch.optim.AdamW(
-            params,
-            lr=train.learning_rate,
-            betas=tuple(train.adam_betas),
-            eps=train.adam_eps,
-            weight_decay=train.weight_decay,
-        )
-
-    @property
-    def policy(self) -> torch.nn.Module:
-        return self.module
-
-    def backward(self, loss: torch.Tensor, boundary: bool) -> None:
-        loss.backward()
-
-    def step(self) -> float:
-        norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return float(norm)
-
-    @property
-    def learning_rate(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
-
-    def trainable_state(self) -> dict[str, torch.Tensor]:
-        names = {id(p): n for n, p in self.module.named_parameters()}
-        return {names[id(p)]: p.detach() for p in self.params}
-
-    def save(self, directory: Path) -> None:
-        (directory / "torch").mkdir(exist_ok=True)
-        torch.save(self.trainable_state(), directory / "torch" / "model.pt")
-        torch.save(self.optimizer.state_dict(), directory / "torch" / "optimizer.pt")
-
-    def load(self, directory: Path) -> None:
-        weights = torch.load(directory / "torch" / "model.pt", weights_only=True)
-        current = self.trainable_state()
-        if set(weights) != set(current):
-            raise G2RPOError(
-                f"checkpoint {directory} holds other trainable tensors than this model "
-                f"({len(weights)} vs {len(current)}): resume with the config it was made with"
-            )
-        with torch.no_grad():
-            for name, tensor in current.items():
-                tensor.copy_(weights[name])
-        self.optimizer.load_state_dict(torch.load(directory / "torch" / "optimizer.pt", weights_only=True))
-
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        return None  # the module holds the full weights
-
-
-class DeepSpeedDriver:
-    """A DeepSpeed engine around the policy (ZeRO 0–3), driven through ``backward`` / ``step``."""
-
-    backend = "deepspeed"
-
-    def __init__(
-        self, module: torch.nn.Module, params: list[torch.nn.Parameter], config: RunConfig, ctx: DistContext
-    ) -> None:
-        import deepspeed
-
-        from g2rpo.training.deepspeed_config import build_deepspeed_config, validate_deepspeed_config
-
-        train = config.train
-        self.ds_config = build_deepspeed_config(
-            config.deepspeed,
-            precision=train.precision,
-            max_grad_norm=train.max_grad_norm,
-            world_size=ctx.world_size,
-            accumulation_steps=1,  # boundaries come from the strategy's terms (set_gradient_accumulation_boundary)
-        )
-        validate_deepspeed_config(self.ds_config, ctx.world_size)
-        optimizer = torch.optim.AdamW(
-            params,
-            lr=train.learning_rate,
-            betas=tuple(train.adam_betas),
-            eps=train.adam_eps,
-            weight_decay=train.weight_decay,
-        )
-        if not ctx.distributed:
-            # deepspeed.initialize wants a process group even for one rank.
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-            os.environ.setdefault("RANK", "0")
-            os.environ.setdefault("LOCAL_RANK", "0")
-            os.environ.setdefault("WORLD_SIZE", "1")
-        deepspeed.init_distributed(dist_backend="nccl" if ctx.device.type == "cuda" else "gloo", verbose=False)
-        self.engine, self.optimizer, _, _ = deepspeed.initialize(
-            model=module, optimizer=optimizer, config=self.ds_config, dist_init_required=False
-        )
-        self.module = self.engine.module
-        self.zero_stage = config.deepspeed.zero_stage
-
-    @property
-    def policy(self) -> Any:
-        return self.engine  # engine(x, sigma, cond) runs the module's forward with ZeRO's hooks
-
-    def backward(self, loss: torch.Tensor, boundary: bool) -> None:
-        self.engine.set_gradient_accumulation_boundary(boundary)
-        self.engine.backward(loss, scale_wrt_gas=False)  # the strategy already scaled each term
-        if not boundary:
-            self.engine.step()  # a micro-step: DeepSpeed only counts it
-
-    def zero_loss(self, rollout: Any) -> torch.Tensor:
-        """A loss of exactly 0 made by one real forward of one row (padding for lock-step ranks).
-
-        A real forward (not 0·Σθ) so that ZeRO-3 gathers and every stage's gradient hooks fire in
-        the same order as for a loss term: ZeRO-2 packs gradients into reduction buckets in the
-        order they arrive, and ranks must agree on it.
+        ``record`` is this rank's (its prompts, its seconds); ``record.as_json()`` is what rank 0
+        wrote to ``metrics.jsonl``.
         """
-        row = rollout.final_latents[:1]
-        cond = rollout.cond[rollout.final_prompt[:1].to(torch.long)]
-        sigma = torch.full((1,), 0.5, device=row.device)
-        return self.engine(row, sigma, cond).sum() * 0.0
 
-    def step(self) -> float | None:
-        self.engine.step()
-        norm = self.engine.get_global_grad_norm()
-        return None if norm is None else float(norm)
-
-    @property
-    def learning_rate(self) -> float:
-        return float(self.engine.get_lr()[0])
-
-    def save(self, directory: Path) -> None:
-        self.engine.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)
-
-    def load(self, directory: Path) -> None:
-        path, _ = self.engine.load_checkpoint(
-            str(directory / "deepspeed"), tag="state", load_optimizer_states=True, load_lr_scheduler_states=True
-        )
-        if path is None:
-            raise G2RPOError(f"DeepSpeed found no checkpoint in {directory / 'deepspeed'}: the checkpoint is damaged")
-
-    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
-        """ZeRO-3: the consolidated 16-bit weights (rank 0; collective call). Else None."""
-        if self.zero_stage != 3:
-            return None
-        return self.engine._zero3_consolidated_16bit_state_dict()
-
-
-# --------------------------------------------------------------------------- LoRA, EMA
-
-
-def apply_lora(transformer: torch.nn.Module, lora: Any, seed: int | None = None) -> None:
-    """Add peft LoRA adapters to ``transformer`` (base weights frozen). A target that matches no
-    module is an error listing close module names. peft draws the adapters' initial A from the
-    global torch RNG; with ``seed`` that draw is made from ``torch.manual_seed(seed)`` in a forked
-    RNG (the caller's RNG state is left as it was), so the same seed gives the same adapters."""
-    import difflib
-
-    from peft import LoraConfig
-
-    names = [n for n, _ in transformer.named_modules() if n]
-    missing = [t for t in lora.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
-    if missing:
-        suffixes = sorted({".".join(n.split(".")[-k:]) for n in names for k in (1, 2)})
-        hints = {t: difflib.get_close_matches(t, suffixes, n=4) for t in missing}
-        detail = "; ".join(f"{t!r} (close: {', '.join(h) or 'none'})" for t, h in hints.items())
-        raise G2RPOError(
-            problem(
-                "train.lora.target_modules",
-                list(lora.target_modules),
-                f"no module of the transformer matches {detail}; use names of its Linear layers, e.g. to_q, to_k, to_v, to_out.0",
-            )
-        )
-    # peft adapts Linear, Embedding and Conv layers only; a target that names another module (a
-    # norm, a whole block) would fail inside peft with a traceback.
-    supported = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
-    modules = dict(transformer.named_modules())
-    unsupported = {
-        t: sorted(
-            {
-                type(m).__name__
-                for n, m in modules.items()
-                if (n == t or n.endswith("." + t)) and not isinstance(m, supported)
-            }
-        )
-        for t in lora.target_modules
-    }
-    unsupported = {t: kinds for t, kinds in unsupported.items() if kinds}
-    if unsupported:
-        detail = "; ".join(f"{t!r} matches {' and '.join(kinds)} modules" for t, kinds in unsupported.items())
-        raise G2RPOError(
-            problem(
-                "train.lora.target_modules",
-                list(lora.target_modules),
-                f"LoRA adapts Linear layers only: {detail}; name Linear layers, e.g. to_q, to_k, to_v, to_out.0 "
-                "(or the Linear inside a module, e.g. norm1.linear)",
-            )
-        )
-    transformer.requires_grad_(False)
-    config = LoraConfig(
-        r=lora.rank,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules=list(lora.target_modules),
-        init_lora_weights="gaussian",
-    )
-    if seed is None:
-        transformer.add_adapter(config)
-        return
-    with torch.random.fork_rng(devices=[]):  # the transformer is on the CPU here
-        torch.manual_seed(seed)
-        transformer.add_adapter(config)
-
-
-class EMA:
-    """Exponential moving average of named trainable tensors, kept in float32:
-    ``θ_ema ← d·θ_ema + (1 − d)·θ`` after each optimiser step."""
-
-    def __init__(self, named: dict[str, torch.Tensor], decay: float) -> None:
-        self.decay = decay
-        self.shadow = {n: t.detach().float().clone() for n, t in named.items()}
-
-    @torch.no_grad()
-    def update(self, named: dict[str, torch.Tensor]) -> None:
-        for n, t in named.items():
-            self.shadow[n].mul_(self.decay).add_(t.detach().float(), alpha=1.0 - self.decay)
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        return dict(self.shadow)
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        if set(state) != set(self.shadow):
-            raise G2RPOError("the checkpoint's EMA tensors do not match this model's trainable parameters")
-        self.shadow = {n: t.float().clone() for n, t in state.items()}
+    def on_checkpoint(self, trainer: Trainer, path: Path, iteration: int) -> None:
+        """After the checkpoint of ``iteration`` is complete (manifest written) at ``path``."""
 
 
 # --------------------------------------------------------------------------- the trainer
@@ -338,8 +130,9 @@ class EMA:
 class Trainer:
     """``setup()`` once, then ``step()`` per iteration (returns an :class:`IterationRecord`), or ``run()``."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, callbacks: Sequence[TrainerCallback] = ()) -> None:
         self.config = config
+        self.callbacks = list(callbacks)
         self.hash = resume_hash(config)
         self.iteration = 0
         self._is_setup = False
@@ -379,8 +172,6 @@ class Trainer:
         self._load_data()
         self._check_conditioning_fits()
         self._load_rewards()
-        from g2rpo.strategies import build_strategy
-
         self.strategy = build_strategy(cfg.algorithm)
         params = [p for p in self.velocity.parameters() if p.requires_grad]
         if cfg.deepspeed.enabled:
@@ -455,14 +246,9 @@ class Trainer:
         return None
 
     def _load_models(self) -> None:
-        from g2rpo.models.flux import FluxVelocity, vae_scale_factor_of
-        from g2rpo.models.loading import load_transformer, load_vae
-
         cfg = self.config
         path = Path(cfg.model.path)
         if cfg.model.create_tiny and not path.exists():
-            from g2rpo.models.tiny import save_tiny_flux
-
             if self.ctx.is_main:
                 save_tiny_flux(path)
             self.ctx.barrier()
@@ -491,8 +277,6 @@ class Trainer:
     def _load_data(self) -> None:
         """Prompt texts and their conditioning for every global prompt index (CPU, read lazily
         from the embedding cache, or encoded once here and the text encoders freed)."""
-        from g2rpo.data import EmbeddingCache, dedupe_prompts, read_prompt_location
-
         data = self.config.data
         if data.embeddings:
             cache = EmbeddingCache(data.embeddings)
@@ -510,9 +294,6 @@ class Trainer:
             self.prompts = list(cache.prompts)
             self._conditioning_of = cache.get
             return
-        from g2rpo.models.flux import FluxConditioning
-        from g2rpo.models.loading import load_text_encoder
-
         self.prompts, _ = dedupe_prompts(read_prompt_location(data.prompts))
         dtype = "bfloat16" if self.config.train.precision == "bf16" else "float32"
         encoder = load_text_encoder(self.config.model.path, dtype=dtype, max_sequence_length=data.max_sequence_length)
@@ -550,8 +331,6 @@ class Trainer:
         specs = self.config.rewards.models
         self.reward_names = [spec.name for spec in specs]
         self.reward_weights = [spec.weight for spec in specs]
-        from g2rpo.rewards.registry import build_reward
-
         self.reward_models = [
             build_reward(spec, device=self.ctx.device, cache_dir=self.config.rewards.cache_dir) for spec in specs
         ]
@@ -568,9 +347,6 @@ class Trainer:
         if not self._is_setup:
             self.setup()
         cfg, ctx = self.config, self.ctx
-        from g2rpo.models.flux import decode_latents
-        from g2rpo.training.distributed import global_prompt_indices
-
         batch = global_prompt_indices(
             cfg.train.seed, self.iteration, cfg.train.prompts_per_iteration, len(self.prompts)
         )
@@ -594,7 +370,7 @@ class Trainer:
             texts = [self.prompts[indices[int(p)]] for p in rollout.final_prompt]
             rewards = self._score(images, texts).reshape(rollout.reward_layout(len(self.reward_models)))  # [R, *shape]
             advantages = self.strategy.advantages(rollout, rewards, self.reward_weights)
-        _fault_point("iteration", self.iteration)
+        fail_point("iteration", self.iteration)
         with _timed(seconds, "training"):
             terms, grad_norm = self._optimise(rollout, advantages)
         stats = summarize_step(rollout, rewards, advantages, terms)
@@ -612,6 +388,8 @@ class Trainer:
         self.iteration += 1
         if ctx.is_main:
             self._append_metrics(record.as_json())
+        for callback in self.callbacks:
+            callback.on_iteration_end(self, record)
         if self.iteration % cfg.train.checkpoint_every == 0 or self.iteration in cfg.train.keep_iterations:
             self.save_checkpoint()
         return record
@@ -684,8 +462,6 @@ class Trainer:
         last: IterationRecord | None = None
         bar = None
         if cfg.train.progress and self.ctx.is_main:
-            from tqdm.auto import tqdm
-
             bar = tqdm(total=cfg.train.iterations, initial=start, desc="g2rpo train", unit="it")
         while self.iteration < cfg.train.iterations:
             last = self.step()
@@ -720,7 +496,10 @@ class Trainer:
             backend=self.driver.backend,
             zero_stage=self.config.deepspeed.zero_stage if self.config.deepspeed.enabled else None,
         )
-        return self.checkpoints.save(state, _FaultingDriver(self.driver, self.iteration), self.ema)
+        path = self.checkpoints.save(state, FailAfterSave(self.driver, self.iteration), self.ema)
+        for callback in self.callbacks:
+            callback.on_checkpoint(self, path, self.iteration)
+        return path
 
     def export(self) -> Path | None:
         """Export the trained transformer (or LoRA adapters) to ``output.dir/export`` (rank 0)."""
@@ -736,8 +515,6 @@ class Trainer:
             return directory
         gathered = self.driver.full_state_dict()  # collective under ZeRO-3
         if self.ctx.is_main:
-            from g2rpo.models.loading import base_model_record
-
             transformer = self.transformer
             state_dict = None
             if gathered is not None:
@@ -797,42 +574,19 @@ def _finite(value: Any) -> Any:
     return value
 
 
-def _fault_point(kind: str, iteration: int) -> None:
-    """Tests: SIGKILL this process at a named point (G2RPO_FAULT_KILL_AT=kind:N)."""
-    target = os.environ.get("G2RPO_FAULT_KILL_AT")
-    if target and target == f"{kind}:{iteration}":
-        os.kill(os.getpid(), signal.SIGKILL)
-
-
-class _FaultingDriver:
-    """Passes save/load through; the checkpoint fault point fires after the weights are written."""
-
-    def __init__(self, driver: Any, iteration: int) -> None:
-        self._driver, self._iteration = driver, iteration
-
-    def save(self, directory: Path) -> None:
-        self._driver.save(directory)
-        _fault_point("checkpoint", self._iteration)
-
-    def load(self, directory: Path) -> None:
-        self._driver.load(directory)
-
-
 def _license_of(record: dict[str, Any]) -> dict[str, Any]:
     """The licence block of an export, from the models layer's record of the base model."""
-    from g2rpo.training.checkpoint import FLUX_DEV_LICENSE
-
     if record.get("kind") == "tiny":
         return {"name": record.get("licence"), "url": record.get("licence_url"), "note": record.get("note")}
     return FLUX_DEV_LICENSE
 
 
-def train_from_config(config: RunConfig) -> dict[str, Any]:
+def train_from_config(config: RunConfig, callbacks: Sequence[TrainerCallback] = ()) -> dict[str, Any]:
     """Run a whole training job from a validated config; returns the summary of :meth:`Trainer.run`.
 
     Under torchrun every rank calls this; the process group is left together at the end.
     """
-    trainer = Trainer(config)
+    trainer = Trainer(config, callbacks)
     try:
         return trainer.run()
     finally:

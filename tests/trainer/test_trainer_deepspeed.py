@@ -74,6 +74,9 @@ def test_two_ranks_zero2_keep_identical_parameters_that_move_and_raise_the_rewar
     # each iteration's 4 prompts are split 2 + 2, and the ranks hold different ones
     for p0, p1 in zip(ranks[0]["prompts"], ranks[1]["prompts"]):
         assert len(p0) == len(p1) == 2 and not set(p0) & set(p1)
+    # callbacks run on every rank, with that rank's record of each iteration
+    for rank, result in enumerate(ranks):
+        assert result["callback"] == [(rank, i, prompts) for i, prompts in enumerate(result["prompts"])]
     # The mean reward rises: a paired probe (all 8 prompts, the same draws before and after) on
     # each rank. Measured with one process on the same settings: -7.27 before; the first 4
     # iterations dip to about -7.58, then it climbs to about -6.38 after 10. 0.2 is a wide margin.

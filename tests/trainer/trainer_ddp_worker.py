@@ -2,7 +2,8 @@
 this rank's parameters and the prompts it trained (argv: model dir, output dir, zero stage, and
 optionally ``nan-rank1``: rank 1's reward returns NaN, so all its groups are dropped and it yields
 no loss terms while rank 0 yields its usual ones; ``iterations=N``: train N iterations instead of 3).
-Each rank also records the paired reward probe (same draws) before and after training."""
+Each rank also records the paired reward probe (same draws) before and after training, and what
+a trainer callback saw on that rank (rank, iteration, prompts of each record)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from trainer_testlib import probe_reward, tiny_overrides  # noqa: E402
 from g2rpo.config import load_config  # noqa: E402
 from g2rpo.rewards.base import RewardModel  # noqa: E402
 from g2rpo.training.run_config import RunConfig  # noqa: E402
-from g2rpo.training.trainer import Trainer  # noqa: E402
+from g2rpo.training.trainer import IterationRecord, Trainer, TrainerCallback  # noqa: E402
 
 
 class NaNReward(RewardModel):
@@ -29,6 +30,14 @@ class NaNReward(RewardModel):
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         return torch.full((images.shape[0],), float("nan"))
+
+
+class SeenOnThisRank(TrainerCallback):
+    def __init__(self) -> None:
+        self.seen: list[tuple[int, int, list[int]]] = []
+
+    def on_iteration_end(self, trainer: Trainer, record: IterationRecord) -> None:
+        self.seen.append((trainer.ctx.rank, record.iteration, record.prompt_indices))
 
 
 def main() -> None:
@@ -51,7 +60,8 @@ def main() -> None:
             },
         ),
     )
-    trainer = Trainer(config).setup()
+    callback = SeenOnThisRank()
+    trainer = Trainer(config, callbacks=[callback]).setup()
     if "nan-rank1" in options and trainer.ctx.rank == 1:
         trainer.reward_models = [NaNReward()]
     start = {n: p.detach().clone() for n, p in trainer.driver.module.named_parameters()}
@@ -64,7 +74,14 @@ def main() -> None:
     end = {n: p.detach().clone() for n, p in trainer.driver.module.named_parameters()}
     probe_after = probe_reward(trainer)
     torch.save(
-        {"start": start, "end": end, "prompts": prompts, "dropped": dropped, "probe": (probe_before, probe_after)},
+        {
+            "start": start,
+            "end": end,
+            "prompts": prompts,
+            "dropped": dropped,
+            "probe": (probe_before, probe_after),
+            "callback": callback.seen,
+        },
         out / f"rank-{trainer.ctx.rank}.pt",
     )
 

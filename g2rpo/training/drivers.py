@@ -1,0 +1,271 @@
+"""What the trainer's loop drives: the optimiser drivers, LoRA adapters and the EMA of the weights.
+
+A driver owns the optimiser (and, under DeepSpeed, the engine around the policy); the loop in
+:mod:`g2rpo.training.trainer` only calls it:
+
+- ``policy`` — what the strategy calls for velocities (the module, or the DeepSpeed engine so that
+  ZeRO-3's gather hooks run);
+- ``backward(loss, boundary)`` — back-propagate one loss term; ``boundary`` closes the accumulation;
+- ``step() -> grad norm`` — clip and step the optimiser;
+- ``learning_rate``, ``save(dir)`` / ``load(dir)`` (checkpoints), ``full_state_dict()`` (export).
+
+:class:`TorchDriver` is plain ``torch.optim.AdamW`` + ``clip_grad_norm_`` on one process, fp32.
+:class:`DeepSpeedDriver` is a DeepSpeed engine (ZeRO 0–3, bf16 with fp32 master weights) whose
+gradient accumulation boundaries come from the strategy's terms; the loss is not rescaled, since the
+strategy already divides by |M|. :func:`apply_lora` adds peft LoRA adapters (base frozen, seeded
+initial values); :class:`EMA` keeps a float32 moving average of the trainable tensors.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from g2rpo.errors import G2RPOError, problem
+from g2rpo.training.deepspeed_config import build_deepspeed_config, validate_deepspeed_config
+from g2rpo.training.distributed import DistContext
+from g2rpo.training.run_config import LoraSection, RunConfig
+
+__all__ = ["TorchDriver", "DeepSpeedDriver", "apply_lora", "EMA"]
+
+
+# --------------------------------------------------------------------------- drivers
+
+
+class TorchDriver:
+    """Plain single-process optimisation: ``loss.backward()``, clip, ``AdamW.step()``."""
+
+    backend = "torch"
+
+    def __init__(self, module: torch.nn.Module, params: list[torch.nn.Parameter], config: RunConfig) -> None:
+        train = config.train
+        self.module = module
+        self.params = params
+        self.max_grad_norm = train.max_grad_norm
+        self.optimizer = torch.optim.AdamW(
+            params,
+            lr=train.learning_rate,
+            betas=tuple(train.adam_betas),
+            eps=train.adam_eps,
+            weight_decay=train.weight_decay,
+        )
+
+    @property
+    def policy(self) -> torch.nn.Module:
+        return self.module
+
+    def backward(self, loss: torch.Tensor, boundary: bool) -> None:
+        loss.backward()
+
+    def step(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return float(norm)
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def trainable_state(self) -> dict[str, torch.Tensor]:
+        names = {id(p): n for n, p in self.module.named_parameters()}
+        return {names[id(p)]: p.detach() for p in self.params}
+
+    def save(self, directory: Path) -> None:
+        (directory / "torch").mkdir(exist_ok=True)
+        torch.save(self.trainable_state(), directory / "torch" / "model.pt")
+        torch.save(self.optimizer.state_dict(), directory / "torch" / "optimizer.pt")
+
+    def load(self, directory: Path) -> None:
+        weights = torch.load(directory / "torch" / "model.pt", weights_only=True)
+        current = self.trainable_state()
+        if set(weights) != set(current):
+            raise G2RPOError(
+                f"checkpoint {directory} holds other trainable tensors than this model "
+                f"({len(weights)} vs {len(current)}): resume with the config it was made with"
+            )
+        with torch.no_grad():
+            for name, tensor in current.items():
+                tensor.copy_(weights[name])
+        self.optimizer.load_state_dict(torch.load(directory / "torch" / "optimizer.pt", weights_only=True))
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        return None  # the module holds the full weights
+
+
+class DeepSpeedDriver:
+    """A DeepSpeed engine around the policy (ZeRO 0–3), driven through ``backward`` / ``step``."""
+
+    backend = "deepspeed"
+
+    def __init__(
+        self, module: torch.nn.Module, params: list[torch.nn.Parameter], config: RunConfig, ctx: DistContext
+    ) -> None:
+        import deepspeed  # heavy (and JIT-compiles ops): loaded only when a run asks for DeepSpeed
+
+        train = config.train
+        self.ds_config = build_deepspeed_config(
+            config.deepspeed,
+            precision=train.precision,
+            max_grad_norm=train.max_grad_norm,
+            world_size=ctx.world_size,
+            accumulation_steps=1,  # boundaries come from the strategy's terms (set_gradient_accumulation_boundary)
+        )
+        validate_deepspeed_config(self.ds_config, ctx.world_size)
+        optimizer = torch.optim.AdamW(
+            params,
+            lr=train.learning_rate,
+            betas=tuple(train.adam_betas),
+            eps=train.adam_eps,
+            weight_decay=train.weight_decay,
+        )
+        if not ctx.distributed:
+            # deepspeed.initialize wants a process group even for one rank.
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+            os.environ.setdefault("RANK", "0")
+            os.environ.setdefault("LOCAL_RANK", "0")
+            os.environ.setdefault("WORLD_SIZE", "1")
+        deepspeed.init_distributed(dist_backend="nccl" if ctx.device.type == "cuda" else "gloo", verbose=False)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=module, optimizer=optimizer, config=self.ds_config, dist_init_required=False
+        )
+        self.module = self.engine.module
+        self.zero_stage = config.deepspeed.zero_stage
+
+    @property
+    def policy(self) -> Any:
+        return self.engine  # engine(x, sigma, cond) runs the module's forward with ZeRO's hooks
+
+    def backward(self, loss: torch.Tensor, boundary: bool) -> None:
+        self.engine.set_gradient_accumulation_boundary(boundary)
+        self.engine.backward(loss, scale_wrt_gas=False)  # the strategy already scaled each term
+        if not boundary:
+            self.engine.step()  # a micro-step: DeepSpeed only counts it
+
+    def zero_loss(self, rollout: Any) -> torch.Tensor:
+        """A loss of exactly 0 made by one real forward of one row (padding for lock-step ranks).
+
+        A real forward (not 0·Σθ) so that ZeRO-3 gathers and every stage's gradient hooks fire in
+        the same order as for a loss term: ZeRO-2 packs gradients into reduction buckets in the
+        order they arrive, and ranks must agree on it.
+        """
+        row = rollout.final_latents[:1]
+        cond = rollout.cond[rollout.final_prompt[:1].to(torch.long)]
+        sigma = torch.full((1,), 0.5, device=row.device)
+        return self.engine(row, sigma, cond).sum() * 0.0
+
+    def step(self) -> float | None:
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return None if norm is None else float(norm)
+
+    @property
+    def learning_rate(self) -> float:
+        return float(self.engine.get_lr()[0])
+
+    def save(self, directory: Path) -> None:
+        self.engine.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)
+
+    def load(self, directory: Path) -> None:
+        path, _ = self.engine.load_checkpoint(
+            str(directory / "deepspeed"), tag="state", load_optimizer_states=True, load_lr_scheduler_states=True
+        )
+        if path is None:
+            raise G2RPOError(f"DeepSpeed found no checkpoint in {directory / 'deepspeed'}: the checkpoint is damaged")
+
+    def full_state_dict(self) -> dict[str, torch.Tensor] | None:
+        """ZeRO-3: the consolidated 16-bit weights (rank 0; collective call). Else None."""
+        if self.zero_stage != 3:
+            return None
+        return self.engine._zero3_consolidated_16bit_state_dict()
+
+
+# --------------------------------------------------------------------------- LoRA, EMA
+
+
+def apply_lora(transformer: torch.nn.Module, lora: LoraSection, seed: int | None = None) -> None:
+    """Add peft LoRA adapters to ``transformer`` (base weights frozen). A target that matches no
+    module is an error listing close module names. peft draws the adapters' initial A from the
+    global torch RNG; with ``seed`` that draw is made from ``torch.manual_seed(seed)`` in a forked
+    RNG (the caller's RNG state is left as it was), so the same seed gives the same adapters."""
+    from peft import LoraConfig  # heavy: loaded only when a run asks for LoRA
+
+    names = [n for n, _ in transformer.named_modules() if n]
+    missing = [t for t in lora.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        suffixes = sorted({".".join(n.split(".")[-k:]) for n in names for k in (1, 2)})
+        hints = {t: difflib.get_close_matches(t, suffixes, n=4) for t in missing}
+        detail = "; ".join(f"{t!r} (close: {', '.join(h) or 'none'})" for t, h in hints.items())
+        raise G2RPOError(
+            problem(
+                "train.lora.target_modules",
+                list(lora.target_modules),
+                f"no module of the transformer matches {detail}; use names of its Linear layers, e.g. to_q, to_k, to_v, to_out.0",
+            )
+        )
+    # peft adapts Linear, Embedding and Conv layers only; a target that names another module (a
+    # norm, a whole block) would fail inside peft with a traceback.
+    supported = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+    modules = dict(transformer.named_modules())
+    unsupported = {
+        t: sorted(
+            {
+                type(m).__name__
+                for n, m in modules.items()
+                if (n == t or n.endswith("." + t)) and not isinstance(m, supported)
+            }
+        )
+        for t in lora.target_modules
+    }
+    unsupported = {t: kinds for t, kinds in unsupported.items() if kinds}
+    if unsupported:
+        detail = "; ".join(f"{t!r} matches {' and '.join(kinds)} modules" for t, kinds in unsupported.items())
+        raise G2RPOError(
+            problem(
+                "train.lora.target_modules",
+                list(lora.target_modules),
+                f"LoRA adapts Linear layers only: {detail}; name Linear layers, e.g. to_q, to_k, to_v, to_out.0 "
+                "(or the Linear inside a module, e.g. norm1.linear)",
+            )
+        )
+    transformer.requires_grad_(False)
+    config = LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        init_lora_weights="gaussian",
+    )
+    if seed is None:
+        transformer.add_adapter(config)
+        return
+    with torch.random.fork_rng(devices=[]):  # the transformer is on the CPU here
+        torch.manual_seed(seed)
+        transformer.add_adapter(config)
+
+
+class EMA:
+    """Exponential moving average of named trainable tensors, kept in float32:
+    ``θ_ema ← d·θ_ema + (1 − d)·θ`` after each optimiser step."""
+
+    def __init__(self, named: dict[str, torch.Tensor], decay: float) -> None:
+        self.decay = decay
+        self.shadow = {n: t.detach().float().clone() for n, t in named.items()}
+
+    @torch.no_grad()
+    def update(self, named: dict[str, torch.Tensor]) -> None:
+        for n, t in named.items():
+            self.shadow[n].mul_(self.decay).add_(t.detach().float(), alpha=1.0 - self.decay)
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.shadow)
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        if set(state) != set(self.shadow):
+            raise G2RPOError("the checkpoint's EMA tensors do not match this model's trainable parameters")
+        self.shadow = {n: t.float().clone() for n, t in state.items()}
