@@ -1,0 +1,123 @@
+"""Step **train**: a validated run config in, the trained export (optionally published as an artifact) out.
+
+:func:`train` runs the whole job (:func:`g2rpo.training.trainer.train_from_config`: resume, iterations,
+checkpoints, export) and, with ``publish_uri``, publishes the export folder under a fresh prefix of
+that URI (:func:`publish_export`). Under torchrun every rank calls :func:`train`; rank 0 publishes.
+
+:func:`read_iteration_records` reads ``metrics.jsonl`` back: one record per iteration.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from g2rpo.artifacts.manifest import Manifest, publish_dir, unique_prefix
+from g2rpo.artifacts.storage import S3Settings
+from g2rpo.errors import G2RPOError, problem
+from g2rpo.training.checkpoint import manifest_metadata
+from g2rpo.training.run_config import RunConfig, resume_hash
+from g2rpo.training.trainer import train_from_config
+
+__all__ = ["PublishedExport", "TrainResult", "publish_export", "read_iteration_records", "train"]
+
+
+@dataclass(frozen=True)
+class PublishedExport:
+    """An export folder published as an immutable artifact."""
+
+    uri: str
+    manifest: Manifest
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What :func:`train` produced. ``summary`` is the trainer's (iterations, first/last reward, backend, ...)."""
+
+    summary: dict[str, Any]
+    output_dir: Path
+    metrics_path: Path
+    checkpoints_dir: Path
+    export_dir: Path | None  # None when output.export is false
+    config_hash: str  # the resume hash (model, algorithm, data sections)
+    published: PublishedExport | None  # with publish_uri, on rank 0
+
+    @property
+    def export_uri(self) -> str | None:
+        return None if self.published is None else self.published.uri
+
+
+def train(
+    config: RunConfig,
+    *,
+    publish_uri: str | None = None,
+    settings: S3Settings | None = None,
+    producer: str = "g2rpo train",
+) -> TrainResult:
+    """Train from ``config``; with ``publish_uri`` (a folder, ``file://`` or ``s3://`` base) publish the export
+    under a fresh prefix of it and return its URI and manifest."""
+    if publish_uri is not None and not config.output.export:
+        raise G2RPOError(problem("output.export", False, "publishing needs the export: set output.export=true"))
+    summary = train_from_config(config)
+    config_hash = resume_hash(config)
+    export_dir = None if summary["export"] is None else Path(summary["export"])
+    published = None
+    if publish_uri is not None and export_dir is not None and int(os.environ.get("RANK", "0")) == 0:
+        published = publish_export(export_dir, publish_uri, config_hash, producer=producer, settings=settings)
+    out = Path(summary["output_dir"])
+    return TrainResult(
+        summary=summary,
+        output_dir=out,
+        metrics_path=out / "metrics.jsonl",
+        checkpoints_dir=out / "checkpoints",
+        export_dir=export_dir,
+        config_hash=config_hash,
+        published=published,
+    )
+
+
+def publish_export(
+    export_dir: str | Path,
+    uri_base: str,
+    config_hash: str,
+    *,
+    producer: str = "g2rpo train",
+    settings: S3Settings | None = None,
+) -> PublishedExport:
+    """Publish a trainer's export folder under a fresh prefix ``uri_base/model-<...>``.
+
+    The export carries the trainer's local manifest (same format); :func:`publish_dir` writes the
+    artifact's own, last, so the local one is left out of the upload and its metadata carried over.
+    """
+    uri = f"{uri_base.rstrip('/')}/{unique_prefix('model')}"
+    with tempfile.TemporaryDirectory() as tmp:
+        staging = Path(tmp) / "export"
+        shutil.copytree(export_dir, staging, ignore=shutil.ignore_patterns("manifest.json"))
+        manifest = publish_dir(
+            staging,
+            uri,
+            producer=producer,
+            config_hash=config_hash,
+            metadata=manifest_metadata(export_dir),
+            settings=settings,
+        )
+    return PublishedExport(uri=uri, manifest=manifest)
+
+
+def read_iteration_records(path: str | Path) -> list[dict[str, Any]]:
+    """The iteration records of a run's ``metrics.jsonl``, in iteration order.
+
+    Events (resume, checkpoint, ...) are skipped; an iteration logged twice (a run resumed after it
+    was written) counts once, with its last record.
+    """
+    by_iteration: dict[int, dict[str, Any]] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if "iteration" in record and "event" not in record:
+            by_iteration[record["iteration"]] = record
+    return [by_iteration[i] for i in sorted(by_iteration)]
