@@ -43,6 +43,7 @@ class EvaluateResult:
     output_uri: str
     scores: EvalScores  # per (prompt, seed), as in scores.json
     means: dict[str, float]  # metric -> mean over every (prompt, seed)
+    metrics: dict[str, dict[str, float | int]]  # metric -> {mean, std, n}, as in metrics.json
     manifest: Manifest
     evaluation: EvalResult  # the images (float, before PNG quantisation) and score tables
 
@@ -121,6 +122,13 @@ def evaluate(
             metadata=metadata,
             settings=settings,
         )
-    means = {name: summary["mean"] for name, summary in metric_summaries(result).items()}
+    metrics = metric_summaries(result)
     say("done")
-    return EvaluateResult(output_uri=output_uri, scores=scores, means=means, manifest=manifest, evaluation=result)
+    return EvaluateResult(
+        output_uri=output_uri,
+        scores=scores,
+        means={name: float(summary["mean"]) for name, summary in metrics.items()},
+        metrics=metrics,
+        manifest=manifest,
+        evaluation=result,
+    )
