@@ -5,6 +5,8 @@ checkpoints, export) and, with ``publish_uri``, publishes the export folder unde
 that URI (:func:`publish_export`). Under torchrun every rank calls :func:`train`; rank 0 publishes.
 
 :func:`read_iteration_records` reads ``metrics.jsonl`` back: one record per iteration.
+:func:`matching_evaluation` is the evaluation config that samples as a run does (for before/after
+comparisons on the run's own sampler).
 """
 
 from __future__ import annotations
@@ -20,11 +22,19 @@ from typing import Any
 from g2rpo.artifacts.manifest import Manifest, publish_dir, unique_prefix
 from g2rpo.artifacts.storage import S3Settings
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.evaluation.config import EvaluationConfig
 from g2rpo.training.checkpoint import manifest_metadata
 from g2rpo.training.run_config import RunConfig, resume_hash
 from g2rpo.training.trainer import train_from_config
 
-__all__ = ["PublishedExport", "TrainResult", "publish_export", "read_iteration_records", "train"]
+__all__ = [
+    "PublishedExport",
+    "TrainResult",
+    "matching_evaluation",
+    "publish_export",
+    "read_iteration_records",
+    "train",
+]
 
 
 @dataclass(frozen=True)
@@ -121,3 +131,28 @@ def read_iteration_records(path: str | Path) -> list[dict[str, Any]]:
         if "iteration" in record and "event" not in record:
             by_iteration[record["iteration"]] = record
     return [by_iteration[i] for i in sorted(by_iteration)]
+
+
+def matching_evaluation(
+    config: RunConfig, prompts: str, *, num_prompts: int | None = None, seeds: list[int] | tuple[int, ...] = (0, 1, 2)
+) -> EvaluationConfig:
+    """The evaluation that samples as the run ``config`` does: its σ grid (``algorithm``: T, grid,
+    shift, timestep truncation), image size and guidance (``model``), T5 length (``data``), rewards,
+    device, and the dtype of its precision; on ``prompts`` (first ``num_prompts``) × ``seeds``."""
+    algo = config.algorithm
+    return EvaluationConfig(
+        prompts=prompts,
+        num_prompts=num_prompts,
+        seeds=list(seeds),
+        num_steps=algo.num_steps,
+        grid=algo.grid,
+        shift=algo.shift,
+        truncate_timestep=algo.truncate_timestep,
+        height=config.model.height,
+        width=config.model.width,
+        guidance=config.model.guidance,
+        max_sequence_length=config.data.max_sequence_length,
+        rewards=config.rewards,
+        dtype="bfloat16" if config.train.precision == "bf16" else "float32",
+        device=config.train.device,
+    )
