@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-from steps_helpers import tiny_run_config
+from steps_helpers import PROMPTS, REPO, tiny_run_config
 
 from g2rpo.artifacts.manifest import verify
 from g2rpo.artifacts.storage import open_store
+from g2rpo.cli import main
 from g2rpo.errors import G2RPOError
 from g2rpo.steps.train import read_iteration_records, train
 from g2rpo.training.run_config import resume_hash
@@ -59,3 +60,20 @@ def test_read_iteration_records_keeps_the_last_record_of_each_iteration(tmp_path
     ]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert [r["reward_mean_all"] for r in read_iteration_records(path)] == [1.0, 2.5, 3.0]
+
+
+def test_train_cli_publishes_with_publish(tiny_flux_dir, tmp_path, capsys):
+    base = (tmp_path / "store" / "exports").as_uri()
+    overrides = [
+        f"model.path={tiny_flux_dir}",
+        f"data.prompts={PROMPTS}",
+        "train.iterations=1",
+        "train.progress=false",
+        f"output.dir={tmp_path / 'run'}",
+    ]
+    assert main(["train", "--config", str(REPO / "configs" / "tiny-cpu.yaml"), *overrides, "--publish", base]) == 0
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if line.startswith("published export → ")]
+    uri = line.removeprefix("published export → ")
+    assert uri.startswith(base + "/model-")
+    assert verify(open_store(uri), deep=True).metadata["iterations"] == 1
