@@ -202,7 +202,7 @@ def run_demo(
         registry_uri,
         MODEL_NAME,
         export_uri=trained.export_uri,
-        scores=after.scores,
+        eval_uri=after.output_uri,
         source_run=run_dir.name,
         config_hash=trained.config_hash,
         base_model=config.model.base_model_name,

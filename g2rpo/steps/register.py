@@ -23,6 +23,8 @@ from g2rpo.errors import G2RPOError, problem
 
 __all__ = ["RegisterResult", "read_scores", "register"]
 
+EVAL_SCORES_FILE = "scores.json"  # in an evaluation artifact (g2rpo.evaluation.artifact's layout)
+
 
 @dataclass(frozen=True)
 class RegisterResult:
@@ -72,7 +74,8 @@ def register(
     model: str,
     *,
     export_uri: str,
-    scores: EvalScores | str,
+    scores: EvalScores | str | None = None,
+    eval_uri: str | None = None,
     source_run: str,
     config_hash: str,
     base_model: str,
@@ -80,9 +83,15 @@ def register(
     challenger: bool = False,
     settings: S3Settings | None = None,
 ) -> RegisterResult:
-    """Register the published export ``export_uri`` as a new version of ``model`` with its ``scores``
-    (an :class:`EvalScores` or the location of its JSON file)."""
-    if isinstance(scores, str):
+    """Register the published export ``export_uri`` as a new version of ``model`` with its evaluation's
+    per-prompt scores: ``scores`` (an :class:`EvalScores` or the location of its JSON file), or
+    ``eval_uri``, a published evaluation artifact (:func:`g2rpo.steps.evaluate.evaluate`'s output)."""
+    if (scores is None) == (eval_uri is None):
+        raise G2RPOError(problem("scores", scores, "pass the scores or eval_uri (the evaluation artifact), not both"))
+    if eval_uri is not None:
+        read_manifest(open_store(eval_uri, settings))  # a published evaluation, not a half-written one
+        scores = read_scores(f"{eval_uri.rstrip('/')}/{EVAL_SCORES_FILE}", settings, field="eval_uri")
+    elif isinstance(scores, str):
         scores = read_scores(scores, settings)
     registry = Registry(registry_uri, settings)
     # Before anything is written: a refused registration must leave no published (and so never

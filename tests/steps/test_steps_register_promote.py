@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from steps_helpers import make_scores, publish_fake_export
 
+from g2rpo.artifacts.manifest import publish_dir
 from g2rpo.artifacts.promotion import load_gates
 from g2rpo.artifacts.registry import Registry
 from g2rpo.artifacts.storage import open_store
@@ -116,3 +117,20 @@ def test_promote_a_challenger_against_the_champion(root_uri, tmp_path):
     result = decide_and_promote(registry_uri, MODEL, "challenger", floor_gates_from({"jpeg": -6.0}, 0.5))
     assert result.version == 2 and result.passed and result.champion == 2
     assert result.decision.champion == 1  # compared with the previous champion
+
+
+def test_register_reads_the_scores_of_a_published_evaluation(root_uri, tmp_path):
+    scores = make_scores({"jpeg": -5.0}, offsets=[0.1 * k for k in range(8)])
+    folder = tmp_path / "evaluation"
+    folder.mkdir()
+    (folder / "scores.json").write_text(scores.model_dump_json())
+    (folder / "metrics.json").write_text("{}")
+    publish_dir(folder, f"{root_uri}/evaluations/e1", producer="test")
+    result = _register(root_uri, tmp_path, None, "r1", eval_uri=f"{root_uri}/evaluations/e1")
+    assert Registry(f"{root_uri}/registry").load_scores(result.record) == scores
+    # an evaluation that was never published, or both sources at once: refused, nothing written
+    with pytest.raises(G2RPOError, match="has no manifest.json"):
+        _register(root_uri, tmp_path, None, "r2", eval_uri=f"{root_uri}/evaluations/never")
+    with pytest.raises(G2RPOError, match="not both"):
+        _register(root_uri, tmp_path, scores, "r3", eval_uri=f"{root_uri}/evaluations/e1")
+    assert Registry(f"{root_uri}/registry").version_numbers(MODEL) == [1]
