@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import textwrap
 
 from g2rpo.errors import G2RPOError
 
@@ -11,19 +12,22 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     ev = subparsers.add_parser(
         "eval",
         help="score a model (Flux pipeline or trainer export) on fixed prompts × seeds; publish the result",
-        description=(
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=textwrap.fill(
             "ODE-sample every (prompt, seed) of a prompt set with the model at --model (a FluxPipeline folder "
             "or a training run's export, local or s3://), decode, score with the reward models, and publish "
             "one artifact at --output: scores.json (per prompt and seed), metrics.json (mean, std, n), "
             "prompts.json, images/, grid.png and manifest.json (last). The same (prompt, seed) gives the same "
             "image for the same weights, so two evaluations compare paired. Config: --config FILE, then "
             "key=value overrides, then the flags below. `g2rpo eval --describe` lists every key. "
-            "See docs/evaluation.md."
+            "See docs/evaluation.md.",
+            width=88,
         ),
         epilog=(
-            "example: g2rpo eval --model runs/tiny-cpu/export --prompts configs/tiny-prompts.txt "
-            "--output runs/eval-1 --base-model runs/tiny-flux --seeds 0,1 --steps 4 "
-            "--metrics jpeg_compressibility num_prompts=4 device=cpu"
+            "example:\n"
+            "  g2rpo eval --model runs/tiny-cpu/export --prompts configs/tiny-prompts.txt \\\n"
+            "      --output runs/eval-1 --seeds 0,1 --steps 4 --metrics jpeg_compressibility \\\n"
+            "      num_prompts=4 device=cpu"
         ),
     )
     ev.add_argument("--model", metavar="URI", help="FluxPipeline folder or trainer export (path, file:// or s3://)")

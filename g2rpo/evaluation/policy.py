@@ -109,7 +109,7 @@ def load_policy(
         elif (root / "lora").is_dir():
             kind = "export-lora"
             transformer = load_transformer(base_root, dtype=config.dtype)
-            transformer.load_lora_adapter(str(root / "lora"), prefix=None, adapter_name="default")
+            _load_lora(transformer, root / "lora")
         else:
             raise G2RPOError(
                 problem(
@@ -170,6 +170,14 @@ def _recorded_base(model_uri: str, info: dict[str, Any]) -> str:
             "URI (g2rpo eval --base-model URI)",
         )
     )
+
+
+def _load_lora(transformer: torch.nn.Module, folder: Path) -> None:
+    """The exported peft adapters (``save_lora_adapter`` layout) onto the base transformer."""
+    weights = folder / "pytorch_lora_weights.safetensors"
+    if not weights.is_file():
+        raise G2RPOError(problem("model", str(folder), f"the export's lora/ lacks {weights.name}: export it again"))
+    transformer.load_lora_adapter(str(folder), weight_name=weights.name, prefix=None, adapter_name="default")
 
 
 def _load_export_transformer(folder: Path, dtype: str) -> torch.nn.Module:
