@@ -20,6 +20,7 @@ from g2rpo.errors import G2RPOError
 COMMAND_MODULES: list[str] = [
     "g2rpo.commands.demo",
     "g2rpo.commands.train",
+    "g2rpo.commands.eval",
     "g2rpo.commands.model",
     "g2rpo.commands.data",
     "g2rpo.commands.storage",

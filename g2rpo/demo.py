@@ -1,23 +1,27 @@
 """``g2rpo demo``: the project's main job, end to end, on the tiny random-weight Flux, on the CPU.
 
-The sequence (:func:`run_demo`), each step a library call:
+The sequence (:func:`run_demo`) is the pipeline's, each stage one step function of
+:mod:`g2rpo.steps`, with URIs (a local ``file://`` store under the run folder) passing between them:
 
 1. **model** — build the tiny ``FluxPipeline`` (real diffusers/transformers classes, seeded random
    weights; :mod:`g2rpo.models.tiny`) into the run folder;
 2. **config** — ``configs/tiny-cpu.yaml`` loaded through :func:`g2rpo.config.load_config` with the
    demo's overrides (:data:`DEMO_OVERRIDES`, then the user's ``--set``);
-3. **evaluate before** — deterministic ODE samples of fixed prompts × fixed seeds, decoded and
-   scored with the run's reward (:func:`g2rpo.evaluation.sampling.sample_and_score`);
-4. **train** — :class:`g2rpo.training.trainer.Trainer` (G²RPO rollout → decode → reward → advantages → loss
-   → AdamW; ``metrics.jsonl``, checkpoints, export);
-5. **evaluate after** on the same prompts and seeds → ``eval_grid.png`` (before | after) and
-   ``reward.png`` (reward per iteration);
-6. **publish and register** — the export as an artifact in a local ``file://`` store
-   (:func:`g2rpo.artifacts.manifest.publish_dir`), a version in a local :class:`g2rpo.artifacts.registry.Registry`
-   with the per-prompt scores, and the promotion gates (:func:`g2rpo.artifacts.promotion.promote`) against
-   absolute floors (a first version): the floor of each reward is the *untrained* model's mean on
-   the same evaluation set, so the version becomes champion iff training raised the reward;
-7. **summary** — what ran, the rewards before/after, where every output is.
+3. **prepare** — validate and dedupe ``configs/tiny-prompts.txt`` (:func:`g2rpo.steps.prepare.prepare_data`;
+   every prompt trains, the evaluation set is the first :data:`EVAL_PROMPTS`);
+4. **evaluate the base model** — deterministic ODE samples of fixed prompts × fixed seeds, decoded and
+   scored with the run's reward, published (:func:`g2rpo.steps.evaluate.evaluate`);
+5. **train** — :func:`g2rpo.steps.train.train` (G²RPO rollout → decode → reward → advantages → loss →
+   AdamW; ``metrics.jsonl``, checkpoints, export), the export published as an artifact;
+6. **evaluate the published export** on the same prompts and seeds → ``eval_grid.png`` (before |
+   after) and ``reward.png`` (reward per iteration);
+7. **register and promote** — a registry version with the export's per-prompt scores
+   (:func:`g2rpo.steps.register.register`), then the promotion gates
+   (:func:`g2rpo.steps.promote.decide_and_promote`) against absolute floors (a first version): the
+   floor of each reward is the base model's mean on the same evaluation set
+   (:func:`g2rpo.steps.promote.floor_gates_from`), so the version becomes champion iff training
+   raised the reward;
+8. **summary** — what ran, the rewards before/after, where every output is.
 
 The settings are far from the paper's (printed at the start): a 135k-parameter model, 64×64
 images, T = 4, G = 4, learning rate 1e-2, the weight-free JPEG-compressibility reward. Measured on
@@ -31,10 +35,7 @@ velocity model of :mod:`g2rpo.toy`, whose reward is exact.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,14 +44,23 @@ from typing import Any
 import torch
 
 from g2rpo import core
+from g2rpo.artifacts.promotion import Decision, format_decision, load_gates
 from g2rpo.config import load_config, parse_overrides
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.evaluation.sampling import EvalResult, save_before_after_grid, save_reward_curve
+from g2rpo.models.tiny import save_tiny_flux
 from g2rpo.seeding import Draws
+from g2rpo.steps.evaluate import evaluate
+from g2rpo.steps.prepare import prepare_data
+from g2rpo.steps.promote import decide_and_promote, floor_gates_from, write_gates
+from g2rpo.steps.register import register
+from g2rpo.steps.train import matching_evaluation, read_iteration_records, train
 from g2rpo.strategies import build_strategy
 from g2rpo.strategies._shared import make_grid
 from g2rpo.strategies.base import StepStats, summarize_step
 from g2rpo.strategies.config import AlgorithmConfig
 from g2rpo.toy import ToyConditioning, ToyReward, ToyVelocityModel, make_toy_problem
+from g2rpo.training.run_config import RunConfig
 
 __all__ = [
     "DEMO_OVERRIDES",
@@ -71,6 +81,9 @@ EVAL_SEEDS = (0, 1, 2)
 # reward rise clearly within 30 iterations (measured: docs/demo.md). Checkpoints every 10.
 DEMO_OVERRIDES = {"train": {"learning_rate": 1e-2, "prompts_per_iteration": 4, "checkpoint_every": 10}}
 # The paper's / reference code's values of the settings the demo shrinks (spec §6), for the printout.
+FLOOR_GATES_COMMENT = """g2rpo demo: promotion gates for a first version (no champion yet).
+floor = the untrained tiny model's mean score on the same fixed prompts and seeds, so the
+trained version is promoted iff training raised the reward on the evaluation set."""
 PAPER_SETTINGS = {
     "algorithm.num_steps": 16,
     "algorithm.group_size": 12,
@@ -90,13 +103,13 @@ class FluxDemoResult:
     run_dir: Path
     reward_before: float  # mean over the fixed (prompt, seed) set, untrained model
     reward_after: float  # the same set, trained model
-    before: Any  # g2rpo.evaluation.sampling.EvalResult
-    after: Any
+    before: EvalResult  # the base model's images and scores
+    after: EvalResult  # the published export's
     train_summary: dict[str, Any]
     export_uri: str
     registry_uri: str
     version: int
-    decision: Any  # g2rpo.artifacts.promotion.Decision
+    decision: Decision
     outputs: dict[str, Path]
 
 
@@ -118,22 +131,18 @@ def run_demo(
     progress: bool = True,
     echo=print,
 ) -> FluxDemoResult:
-    """Train the tiny Flux with G²RPO, evaluate before/after, publish, register, promote; report."""
-    from g2rpo.artifacts.promotion import eval_record_from_scores, format_decision, load_gates, promote
-    from g2rpo.artifacts.registry import BaseModelRef, Registry
-    from g2rpo.evaluation.sampling import sample_and_score, save_before_after_grid, save_reward_curve
-    from g2rpo.models.loading import load_text_encoder
-    from g2rpo.models.tiny import save_tiny_flux
-    from g2rpo.training.run_config import RunConfig
-    from g2rpo.training.trainer import Trainer
+    """Prepare, evaluate the base model, train, evaluate the export, register, promote; report.
 
+    Each stage is one step function of :mod:`g2rpo.steps`; what passes between them is URIs.
+    """
     started = time.perf_counter()
     config_path = tiny_config_path()
     user = parse_overrides(overrides)
     run_dir = _new_run_dir(Path(out_root), f"demo-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}").resolve()
+    store = (run_dir / "store").as_uri()
     base = {
         "model": {"path": str(run_dir / "tiny-flux")},
-        "data": {"prompts": str(config_path.parent / "tiny-prompts.txt")},
+        "data": {"prompts": str(run_dir / "data" / "train.jsonl")},
         "train": {"iterations": iterations, "seed": seed, "progress": progress},
         "output": {"dir": str(run_dir / "train")},
     }
@@ -144,72 +153,81 @@ def run_demo(
 
     echo(f"g2rpo demo → {run_dir}")
     if Path(config.model.path).exists():
-        echo(f"[1/6] model: {config.model.path} (exists; used as it is)")
+        echo(f"[1/8] model: {config.model.path} (exists; used as it is)")
     else:
-        echo(f"[1/6] tiny Flux pipeline (real diffusers classes, random weights) → {config.model.path}")
+        echo(f"[1/8] tiny Flux pipeline (real diffusers classes, random weights) → {config.model.path}")
         save_tiny_flux(config.model.path)
-    echo(f"[2/6] config {config_path.name} + demo overrides; far from the paper's: {_departures(config)}")
-    trainer = Trainer(config).setup()
+    echo(f"[2/8] config {config_path.name} + demo overrides; far from the paper's: {_departures(config)}")
 
-    echo(f"[3/6] ODE evaluation before training: {EVAL_PROMPTS} prompts × seeds {list(EVAL_SEEDS)}, T={algo.num_steps}")
-    prompts = trainer.prompts[:EVAL_PROMPTS]
-    cond = load_text_encoder(
-        config.model.path, dtype="float32", max_sequence_length=config.data.max_sequence_length
-    ).encode(prompts)
-    rewards = dict(zip(trainer.reward_names, trainer.reward_models))
-    sigmas = make_grid(algo, trainer.latent_shape[0])
-    before = sample_and_score(trainer.velocity, trainer.vae, cond, prompts, EVAL_SEEDS, rewards, sigmas)
+    source = config_path.parent / "tiny-prompts.txt"
+    data = prepare_data(str(source), run_dir / "data", test_size=0, seed=seed)
+    echo(
+        f"[3/8] prepare: {data.read} prompts from {source.name}, {data.duplicates} duplicate(s) dropped → "
+        f"{data.train_prompts} (every prompt trains; the evaluation set is its first {EVAL_PROMPTS})"
+    )
 
-    echo(f"[4/6] G²RPO training: {iterations} iterations × {config.train.prompts_per_iteration} prompts")
-    summary = trainer.run()
-    records = _read_metrics(Path(config.output.dir) / "metrics.jsonl")
-    after = sample_and_score(trainer.velocity, trainer.vae, cond, prompts, EVAL_SEEDS, rewards, sigmas)
-    name = trainer.reward_names[0]
+    evaluation = matching_evaluation(config, str(data.train_prompts), num_prompts=EVAL_PROMPTS, seeds=EVAL_SEEDS)
+    echo(f"[4/8] evaluate the base model: {EVAL_PROMPTS} prompts × seeds {list(EVAL_SEEDS)}, ODE T={algo.num_steps}")
+    before = evaluate(config.model.path, evaluation, f"{store}/evaluations/base")
+
+    echo(f"[5/8] G²RPO training: {iterations} iterations × {config.train.prompts_per_iteration} prompts")
+    trained = train(config, publish_uri=f"{store}/exports/{MODEL_NAME}", producer="g2rpo demo")
+    records = read_iteration_records(trained.metrics_path)
+
+    echo(f"[6/8] evaluate the published export on the same prompts and seeds: {trained.export_uri}")
+    after = evaluate(trained.export_uri, evaluation, f"{store}/evaluations/export", base_model_uri=config.model.path)
+    name = config.rewards.models[0].name
+    reward_before, reward_after = before.evaluation.mean(name), after.evaluation.mean(name)
     outputs = {
-        "metrics": Path(config.output.dir) / "metrics.jsonl",
-        "checkpoints": Path(config.output.dir) / "checkpoints",
-        "export": Path(summary["export"]),
-        "eval_grid": save_before_after_grid(before, after, run_dir / "eval_grid.png", reward=name),
+        "data": data.output_dir,
+        "metrics": trained.metrics_path,
+        "checkpoints": trained.checkpoints_dir,
+        "export": trained.export_dir,
+        "eval_grid": save_before_after_grid(
+            before.evaluation, after.evaluation, run_dir / "eval_grid.png", reward=name
+        ),
         "reward_plot": save_reward_curve(
             [r["reward_mean_all"] for r in records],
             run_dir / "reward.png",
-            before.mean(name),
-            after.mean(name),
+            reward_before,
+            reward_after,
             title=f"g2rpo demo: {name} (tiny Flux, {algo.strategy})",
         ),
     }
 
-    echo("[5/6] publish the export, register it, run the promotion gates")
-    store = run_dir / "store"
-    export_uri = _publish_export(outputs["export"], f"{store.as_uri()}/exports/{MODEL_NAME}", trainer.hash)
-    registry = Registry((run_dir / "registry").as_uri())
-    prompt_file = Path(config.data.prompts)
-    scores = after.eval_scores(
-        prompt_set=str(prompt_file), prompt_set_sha256=hashlib.sha256(prompt_file.read_bytes()).hexdigest()
-    )
-    scores_uri, scores_sha = registry.publish_scores(MODEL_NAME, scores)
-    licence = json.loads((outputs["export"] / "base_model.json").read_text())["license"]["name"]
-    record = registry.register(
+    echo("[7/8] register the export with its scores; promotion gates: floor = the base model's mean")
+    registry_uri = (run_dir / "registry").as_uri()
+    licence = json.loads((trained.export_dir / "base_model.json").read_text())["license"]["name"]
+    registered = register(
+        registry_uri,
         MODEL_NAME,
-        export_uri=export_uri,
-        eval_record=eval_record_from_scores(scores, scores_uri, scores_sha),
+        export_uri=trained.export_uri,
+        eval_uri=after.output_uri,
         source_run=run_dir.name,
-        config_hash=trainer.hash,
-        base_model=BaseModelRef(name=config.model.base_model_name, licence=str(licence)),
+        config_hash=trained.config_hash,
+        base_model=config.model.base_model_name,
+        licence=str(licence),
     )
-    outputs["gates"] = _write_floor_gates(run_dir / "gates.yaml", before)
-    gates, gates_sha = load_gates(outputs["gates"])
-    decision = promote(registry, MODEL_NAME, record.version, gates, gates_sha256=gates_sha, reason="g2rpo demo")
-    echo(format_decision(decision))
-    state, _ = registry.read_state(MODEL_NAME)
+    outputs["gates"], gates_sha = write_gates(
+        floor_gates_from({metric: before.evaluation.mean(metric) for metric in before.evaluation.scores}),
+        run_dir / "gates.yaml",
+        comment=FLOOR_GATES_COMMENT,
+    )
+    gates, _ = load_gates(outputs["gates"])
+    promoted = decide_and_promote(
+        registry_uri, MODEL_NAME, registered.version, gates, gates_sha256=gates_sha, reason="g2rpo demo"
+    )
+    echo(format_decision(promoted.decision))
     outputs["registry"] = run_dir / "registry"
+    outputs["evaluations"] = run_dir / "store" / "evaluations"
 
     last = records[-1]
-    echo(f"[6/6] summary ({time.perf_counter() - started:.0f} s)")
+    echo(f"[8/8] summary ({time.perf_counter() - started:.0f} s)")
     echo(
         f"  ran: {algo.strategy}, T={algo.num_steps}, G={algo.group_size}, M={algo.trained_steps}, Λ={algo.strides}, "
-        f"η={algo.eta}, ε={algo.ratio_clip}, lr={config.train.learning_rate}, {summary['iterations']} iterations × "
-        f"{config.train.prompts_per_iteration} prompts, {config.model.height}×{config.model.width}, reward {name}"
+        f"η={algo.eta}, ε={algo.ratio_clip}, lr={config.train.learning_rate}, {trained.summary['iterations']} "
+        f"iterations × {config.train.prompts_per_iteration} prompts, {config.model.height}×{config.model.width}, "
+        f"reward {name}"
     )
     echo(
         f"  per iteration: {last['sampling_forwards']} sampling forwards in {last['model_calls']} batched calls, "
@@ -219,28 +237,26 @@ def run_demo(
         f"  rollout reward (training prompts): first {records[0]['reward_mean_all']:.4f}, last {last['reward_mean_all']:.4f}"
     )
     echo(
-        f"  ODE-sample reward on the fixed set ({len(prompts)} prompts × {len(EVAL_SEEDS)} seeds): "
-        f"before {before.mean(name):.4f}, after {after.mean(name):.4f} "
-        f"(Δ {after.mean(name) - before.mean(name):+.4f}; higher is better)"
+        f"  ODE-sample reward on the fixed set ({EVAL_PROMPTS} prompts × {len(EVAL_SEEDS)} seeds): "
+        f"before {reward_before:.4f}, after {reward_after:.4f} "
+        f"(Δ {reward_after - reward_before:+.4f}; higher is better)"
     )
-    echo(
-        f"  registry: {MODEL_NAME} v{record.version}, champion = "
-        f"{'v' + str(state.aliases['champion']) if 'champion' in state.aliases else 'none'}"
-    )
+    champion = f"v{promoted.champion}" if promoted.champion is not None else "none"
+    echo(f"  registry: {MODEL_NAME} v{registered.version}, champion = {champion}")
     for label, path in outputs.items():
         echo(f"  {label:<12} {path}")
-    echo(f"  {'export_uri':<12} {export_uri}")
+    echo(f"  {'export_uri':<12} {trained.export_uri}")
     return FluxDemoResult(
         run_dir=run_dir,
-        reward_before=before.mean(name),
-        reward_after=after.mean(name),
-        before=before,
-        after=after,
-        train_summary=summary,
-        export_uri=export_uri,
-        registry_uri=registry.store.uri,
-        version=record.version,
-        decision=decision,
+        reward_before=reward_before,
+        reward_after=reward_after,
+        before=before.evaluation,
+        after=after.evaluation,
+        train_summary=trained.summary,
+        export_uri=trained.export_uri,
+        registry_uri=registered.registry_uri,
+        version=registered.version,
+        decision=promoted.decision,
         outputs=outputs,
     )
 
@@ -266,55 +282,6 @@ def _departures(config: Any) -> str:
         "rewards": " + ".join(spec.name for spec in config.rewards.models),
     }
     return ", ".join(f"{k}={current[k]} (paper {v})" for k, v in PAPER_SETTINGS.items() if current[k] != v) or "none"
-
-
-def _read_metrics(path: Path) -> list[dict[str, Any]]:
-    """The iteration records of metrics.jsonl (the last record of each iteration)."""
-    by_iteration = {}
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
-        if "iteration" in record and "event" not in record:
-            by_iteration[record["iteration"]] = record
-    return [by_iteration[i] for i in sorted(by_iteration)]
-
-
-def _publish_export(export_dir: Path, uri_base: str, config_hash: str) -> str:
-    """Publish the trainer's export folder as an artifact under a fresh prefix; returns its URI.
-
-    The export carries the trainer's local manifest (same format); ``publish_dir`` writes the
-    artifact's own, last, so the local one is left out of the upload.
-    """
-    from g2rpo.artifacts.manifest import publish_dir, unique_prefix
-    from g2rpo.training.checkpoint import manifest_metadata
-
-    uri = f"{uri_base}/{unique_prefix('model')}"
-    with tempfile.TemporaryDirectory() as tmp:
-        staging = Path(tmp) / "export"
-        shutil.copytree(export_dir, staging, ignore=shutil.ignore_patterns("manifest.json"))
-        publish_dir(
-            staging, uri, producer="g2rpo demo", config_hash=config_hash, metadata=manifest_metadata(export_dir)
-        )
-    return uri
-
-
-def _write_floor_gates(path: Path, before: Any) -> Path:
-    """A gates file for a first version: each reward must reach the untrained model's mean."""
-    lines = [
-        "# g2rpo demo: promotion gates for a first version (no champion yet).",
-        "# floor = the untrained tiny model's mean score on the same fixed prompts and seeds, so the",
-        "# trained version is promoted iff training raised the reward on the evaluation set.",
-        "metrics:",
-    ]
-    for name in before.scores:
-        lines += [
-            f"  {name}:",
-            "    direction: higher",
-            "    domain: in",
-            "    min_improvement: 0.0",
-            f"    floor: {before.mean(name)!r}",
-        ]
-    path.write_text("\n".join(lines) + "\n")
-    return path
 
 
 # --------------------------------------------------------------------------- g2rpo demo --toy

@@ -60,46 +60,30 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _prep(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    from g2rpo.steps.prepare import prepare_data
 
-    from g2rpo.data import prepare_prompts, read_prompt_split, write_embedding_cache
-
-    model = None
-    if args.model:  # a missing or partial model is reported before anything is written
-        from g2rpo.models.loading import TEXT_COMPONENTS, check_model_dir, resolve_model_location
-
-        model = resolve_model_location(args.model)
-        check_model_dir(model, TEXT_COMPONENTS)
-    summary = prepare_prompts(
-        args.prompts, args.output, test_size=args.test_size, seed=args.seed, overwrite=args.overwrite
+    result = prepare_data(
+        args.prompts,
+        args.output,
+        model_uri=args.model,
+        test_size=args.test_size,
+        seed=args.seed,
+        dtype=args.dtype,
+        device=args.device,
+        max_sequence_length=args.max_sequence_length,
+        batch_size=args.batch_size,
+        shard_rows=args.shard_rows,
+        overwrite=args.overwrite,
+        progress=True,
     )
     print(
-        f"{summary.read} prompts read, {summary.duplicates} duplicate(s) dropped: "
-        f"{summary.train} train, {summary.test} test -> {summary.output}"
+        f"{result.read} prompts read, {result.duplicates} duplicate(s) dropped: "
+        f"{result.train} train, {result.test} test -> {result.output_dir}"
     )
-    if args.model:
-        from g2rpo.models.loading import load_text_encoder
-
-        encoder = load_text_encoder(model, dtype=args.dtype, max_sequence_length=args.max_sequence_length)
-        encoder.text_encoder.to(args.device)
-        encoder.text_encoder_2.to(args.device)
-        out = Path(args.output)
-        for split in ("train", "test"):
-            prompts = read_prompt_split(out / f"{split}.jsonl") if (out / f"{split}.jsonl").stat().st_size else []
-            if not prompts:
-                continue
-            manifest = write_embedding_cache(
-                out / "embeddings" / split,
-                prompts,
-                encoder,
-                batch_size=args.batch_size,
-                shard_rows=args.shard_rows,
-                encoder_source=str(args.model),
-                overwrite=args.overwrite,
-                progress=True,
-            )
-            print(
-                f"{split}: {manifest['count']} embeddings in {len(manifest['shards'])} shard(s), "
-                f"{manifest['total_bytes'] / 2**20:.1f} MiB, {manifest['dtype']}, shapes {json.dumps(manifest['shapes'])}"
-            )
+    for split, cache in result.embeddings.items():
+        shapes = {name: list(shape) for name, shape in cache.shapes.items()}
+        print(
+            f"{split}: {cache.count} embeddings in {cache.shards} shard(s), "
+            f"{cache.total_bytes / 2**20:.1f} MiB, {cache.dtype}, shapes {json.dumps(shapes)}"
+        )
     return 0

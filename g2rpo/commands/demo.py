@@ -34,6 +34,11 @@ def add_commands(subparsers) -> None:
     )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     parser.add_argument(
+        "--verbose",
+        action="store_true",
+        help="also show the libraries' own log lines and loading bars (DeepSpeed, diffusers, transformers)",
+    )
+    parser.add_argument(
         "--toy", action="store_true", help="run G²RPO on the toy velocity model instead of the tiny Flux"
     )
     parser.add_argument("--lr", type=float, default=None, help="--toy only: AdamW learning rate (default 1e-2)")
@@ -46,6 +51,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.iterations < 1:
         raise G2RPOError(f"--iterations={args.iterations}: run at least one iteration, e.g. --iterations 30")
+    if not args.verbose:
+        _quiet_libraries()
     if args.toy:
         from g2rpo.demo import run_toy_demo
 
@@ -69,7 +76,6 @@ def _run(args: argparse.Namespace) -> int:
             raise G2RPOError(f"{flag}={value}: only for --toy; for the Flux demo pass --set {key}={value}")
     from g2rpo.demo import run_demo
 
-    _quiet_loading_bars()
     run_demo(
         iterations=args.iterations,
         out_root=args.out,
@@ -80,10 +86,17 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _quiet_loading_bars() -> None:
-    """diffusers/transformers draw a bar per weight load and save; the demo prints its own steps."""
+def _quiet_libraries() -> None:
+    """The demo prints its own steps: hide the libraries' loading bars and their below-error log lines.
+
+    DeepSpeed logs (to stdout) a warning when it finds no GPU, on its first import; a filter on its
+    logger outlives the level that its import sets.
+    """
+    import logging
+
     from diffusers.utils import logging as diffusers_logging
     from transformers.utils import logging as transformers_logging
 
     diffusers_logging.disable_progress_bar()
     transformers_logging.disable_progress_bar()
+    logging.getLogger("DeepSpeed").addFilter(lambda record: record.levelno >= logging.ERROR)

@@ -8,8 +8,7 @@ import os
 from g2rpo.commands.storage import _add_s3_options, settings_from_args
 
 
-def _registry(args):
-    from g2rpo.artifacts.registry import Registry
+def _registry_uri(args) -> str:
     from g2rpo.errors import G2RPOError
 
     uri = args.registry or os.environ.get("G2RPO_REGISTRY_URI")
@@ -17,7 +16,13 @@ def _registry(args):
         raise G2RPOError(
             "--registry=None: pass --registry URI (a folder or s3://bucket/prefix) or set G2RPO_REGISTRY_URI"
         )
-    return Registry(uri, settings_from_args(args))
+    return uri
+
+
+def _registry(args):
+    from g2rpo.artifacts.registry import Registry
+
+    return Registry(_registry_uri(args), settings_from_args(args))
 
 
 def _list(args) -> int:
@@ -54,78 +59,50 @@ def _show(args) -> int:
 
 
 def _register(args) -> int:
-    import json
-    from pathlib import Path
+    from g2rpo.steps.register import read_scores, register
 
-    from g2rpo.artifacts.promotion import eval_record_from_scores
-    from g2rpo.artifacts.registry import BaseModelRef, EvalScores
-    from g2rpo.errors import G2RPOError, problem
-
-    reg = _registry(args)
-    if args.scores.startswith("s3://"):
-        from g2rpo.artifacts.storage import locate
-
-        store, key = locate(args.scores, settings_from_args(args))
-        text = store.get_bytes(key)[0].decode("utf-8")
-    else:
-        path = Path(args.scores)
-        if not path.is_file():
-            raise G2RPOError(problem("--scores", args.scores, "no such file; pass the eval's per-prompt scores JSON"))
-        text = path.read_text(encoding="utf-8")
-    from pydantic import ValidationError
-
-    try:
-        scores = EvalScores.model_validate(json.loads(text))
-    except json.JSONDecodeError as exc:
-        raise G2RPOError(problem("--scores", args.scores, f"not JSON ({exc}); see docs/registry.md")) from None
-    except ValidationError as exc:
-        details = "; ".join(
-            (f"{'.'.join(str(part) for part in e['loc'])}: " if e["loc"] else "")
-            + e["msg"].removeprefix("Value error, ")
-            for e in exc.errors()[:3]
-        )
-        raise G2RPOError(
-            problem("--scores", args.scores, f"not a valid scores file: {details}; see docs/registry.md")
-        ) from None
-    # Check the export before anything is written, so that a refused registration leaves no
-    # published (and so never garbage-collected) eval artifact behind.
-    from g2rpo.artifacts.manifest import read_manifest
-    from g2rpo.artifacts.storage import open_store
-
-    read_manifest(open_store(args.export, settings_from_args(args)))
-    scores_uri, scores_sha = reg.publish_scores(args.model, scores)
-    record = reg.register(
+    settings = settings_from_args(args)
+    result = register(
+        _registry_uri(args),
         args.model,
         export_uri=args.export,
-        eval_record=eval_record_from_scores(scores, scores_uri, scores_sha),
+        scores=read_scores(args.scores, settings, field="--scores"),
         source_run=args.source_run,
         config_hash=args.config_hash,
-        base_model=BaseModelRef(name=args.base_model, licence=args.licence),
+        base_model=args.base_model,
+        licence=args.licence,
+        challenger=args.challenger,
+        settings=settings,
     )
-    print(f"registered {args.model} v{record.version}")
-    if args.challenger:
-        reg.set_alias(args.model, "challenger", record.version, reason="registered as challenger")
-        print(f"challenger → v{record.version}")
+    print(f"registered {args.model} v{result.version}")
+    if result.challenger:
+        print(f"challenger → v{result.version}")
     return 0
 
 
 def _promote(args) -> int:
-    from g2rpo.artifacts.promotion import format_decision, load_gates, promote
+    from g2rpo.artifacts.promotion import format_decision, load_gates
+    from g2rpo.steps.promote import decide_and_promote
 
-    reg = _registry(args)
     gates, gates_sha = load_gates(args.gates)
-    number = reg.resolve(args.model, args.version)
-    decision = promote(
-        reg, args.model, number, gates, gates_sha256=gates_sha, dry_run=args.dry_run, reason=args.reason or ""
+    result = decide_and_promote(
+        _registry_uri(args),
+        args.model,
+        args.version,
+        gates,
+        gates_sha256=gates_sha,
+        dry_run=args.dry_run,
+        reason=args.reason or "",
+        settings=settings_from_args(args),
     )
-    print(format_decision(decision))
-    if args.dry_run:
+    print(format_decision(result.decision))
+    if result.dry_run:
         print("dry run: nothing recorded")
-    elif decision.passed:
-        print(f"champion → v{number}")
+    elif result.passed:
+        print(f"champion → v{result.version}")
     else:
-        print(f"champion unchanged (v{decision.champion})" if decision.champion else "no champion set")
-    return 0 if decision.passed else 1
+        print(f"champion unchanged (v{result.decision.champion})" if result.decision.champion else "no champion set")
+    return 0 if result.passed else 1
 
 
 def _rollback(args) -> int:

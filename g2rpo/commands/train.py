@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
+from g2rpo.commands.storage import _add_s3_options, settings_from_args
+
 _OVERRIDES_HELP = "dotted.key=value overrides applied after the file, values parsed as YAML (e.g. train.iterations=10)"
 
 
@@ -23,6 +25,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--config", required=True, metavar="FILE", help="run config (YAML)")
     train.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help=_OVERRIDES_HELP)
     train.add_argument("--summary-json", metavar="FILE", help="also write the run's summary as JSON to FILE")
+    train.add_argument(
+        "--publish",
+        metavar="URI",
+        help="publish the export as an artifact under a fresh prefix of URI (folder, file:// or s3://bucket/prefix)",
+    )
+    _add_s3_options(train)
     train.set_defaults(handler=_train)
 
     validate = subparsers.add_parser(
@@ -54,18 +62,20 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _train(args: argparse.Namespace) -> int:
-    from g2rpo.training.run_config import load_run_config
-    from g2rpo.training.trainer import train_from_config
-
-    config = load_run_config(args.config, args.overrides)
-    summary = train_from_config(config)
     import os
 
+    from g2rpo.steps.train import train
+    from g2rpo.training.run_config import load_run_config
+
+    config = load_run_config(args.config, args.overrides)
+    result = train(config, publish_uri=args.publish, settings=settings_from_args(args))
     if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps(summary, indent=1))
+        print(json.dumps(result.summary, indent=1))
+        if result.published is not None:
+            print(f"published export → {result.published.uri}")
         if args.summary_json:
             with open(args.summary_json, "w", encoding="utf-8") as handle:
-                json.dump(summary, handle, indent=1)
+                json.dump(result.summary, handle, indent=1)
     return 0
 
 

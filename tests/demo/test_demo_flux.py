@@ -4,16 +4,21 @@ that are the evaluation's own (recomputed here from the saved base model and the
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from g2rpo.cli import main
-from g2rpo.demo import EVAL_SEEDS, MODEL_NAME, run_demo
+from g2rpo.demo import EVAL_SEEDS, MODEL_NAME, run_demo, tiny_config_path
 
 pytestmark = pytest.mark.integration
 
 PNG = b"\x89PNG\r\n\x1a\n"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +78,7 @@ def test_demo_before_and_after_are_what_the_evaluation_computes(demo):
 
     from g2rpo.artifacts.manifest import download_dir
     from g2rpo.config import load_config
+    from g2rpo.data import read_prompt_split
     from g2rpo.evaluation.sampling import sample_and_score
     from g2rpo.models.flux import FluxVelocity
     from g2rpo.models.loading import load_text_encoder, load_transformer, load_vae
@@ -84,7 +90,13 @@ def test_demo_before_and_after_are_what_the_evaluation_computes(demo):
     config = load_config(RunConfig, result.run_dir / "train" / "config.yaml")
     model_dir = config.model.path
     prompts = result.before.prompts
-    assert prompts == [line for line in open(config.data.prompts).read().splitlines() if line][:4]
+    # the run trains on the prepare step's split of configs/tiny-prompts.txt (every prompt, in file
+    # order); the evaluation set is its first 4 prompts
+    assert prompts == read_prompt_split(config.data.prompts)[:4]
+    assert (
+        prompts
+        == [line for line in tiny_config_path().with_name("tiny-prompts.txt").read_text().splitlines() if line][:4]
+    )
     cond = load_text_encoder(model_dir, dtype="float32", max_sequence_length=config.data.max_sequence_length).encode(
         prompts
     )
@@ -137,6 +149,24 @@ def test_demo_uses_an_existing_model_dir_as_it_is(tmp_path, tiny_flux_dir):
     assert any("exists; used as it is" in line for line in lines)
     assert not (result.run_dir / "tiny-flux").exists()
     assert sorted(p.relative_to(tiny_flux_dir) for p in tiny_flux_dir.rglob("*")) == before  # nothing written there
+
+
+def test_demo_prints_only_its_own_lines_unless_verbose(tmp_path):
+    """DeepSpeed logs an accelerator warning to stdout on its first import on a CPU machine: the demo
+    hides it (and any library log line below error); --verbose shows it. Fresh processes, so that
+    DeepSpeed is imported anew."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    runs = {}
+    for flag in ("--no-progress", "--verbose"):
+        command = [sys.executable, "-m", "g2rpo", "demo", "--iterations", "1", "--out", str(tmp_path), "--no-progress"]
+        done = subprocess.run(command + [flag], capture_output=True, text=True, env=env, timeout=600, cwd=REPO)
+        assert done.returncode == 0, done.stderr
+        runs[flag] = done
+    quiet = runs["--no-progress"]
+    assert "[WARNING]" not in quiet.stdout + quiet.stderr and "DeepSpeed" not in quiet.stdout + quiet.stderr
+    assert quiet.stdout.startswith("g2rpo demo → ") and "[8/8] summary" in quiet.stdout
+    if not torch.cuda.is_available():  # the warning exists to be hidden
+        assert "Setting accelerator to CPU" in runs["--verbose"].stdout + runs["--verbose"].stderr
 
 
 @pytest.mark.slow

@@ -1,0 +1,89 @@
+"""Step **decide + promote**: a registered version and the promotion gates in, a recorded decision out.
+
+:func:`decide_and_promote` applies the gates to the version against the current champion
+(:func:`g2rpo.artifacts.promotion.promote`: the decision is stored with the version, and the
+champion alias moves by one conditional write iff every gate passed).
+
+:func:`floor_gates_from` is the policy for a first version (no champion to compare with): each
+reward must reach a floor, e.g. the untrained base model's mean on the same evaluation set, so the
+version is promoted iff training raised the reward. :func:`write_gates` stores gates as YAML.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from g2rpo.artifacts.promotion import Decision, Gates, MetricGate, promote
+from g2rpo.artifacts.registry import Registry
+from g2rpo.artifacts.storage import S3Settings
+
+__all__ = ["PromoteResult", "decide_and_promote", "floor_gates_from", "write_gates"]
+
+
+@dataclass(frozen=True)
+class PromoteResult:
+    """What :func:`decide_and_promote` decided and did."""
+
+    registry_uri: str
+    model: str
+    version: int
+    decision: Decision
+    dry_run: bool  # nothing was recorded
+    champion: int | None  # the champion after the step
+
+    @property
+    def passed(self) -> bool:
+        return self.decision.passed
+
+
+def decide_and_promote(
+    registry_uri: str,
+    model: str,
+    version: int | str,
+    gates: Gates,
+    *,
+    gates_sha256: str = "",
+    dry_run: bool = False,
+    reason: str = "",
+    settings: S3Settings | None = None,
+) -> PromoteResult:
+    """Apply ``gates`` to ``version`` (a number, ``v3``, or an alias such as ``challenger``) of ``model``;
+    make it champion if it passes, unless ``dry_run``. ``gates_sha256`` (of the gates file) is recorded."""
+    registry = Registry(registry_uri, settings)
+    number = registry.resolve(model, version)
+    decision = promote(registry, model, number, gates, gates_sha256=gates_sha256, dry_run=dry_run, reason=reason)
+    state, _ = registry.read_state(model)
+    return PromoteResult(
+        registry_uri=registry.store.uri,
+        model=model,
+        version=number,
+        decision=decision,
+        dry_run=dry_run,
+        champion=state.aliases.get("champion"),
+    )
+
+
+def floor_gates_from(means: Mapping[str, float], min_improvement: float = 0.0) -> Gates:
+    """Gates for a first version: every metric of ``means`` is in-domain, higher is better, and must
+    reach its mean here as a floor (the base model's scores make "training raised it" the test)."""
+    return Gates(
+        metrics={
+            name: MetricGate(direction="higher", domain="in", min_improvement=min_improvement, floor=float(mean))
+            for name, mean in means.items()
+        }
+    )
+
+
+def write_gates(gates: Gates, path: str | Path, comment: str = "") -> tuple[Path, str]:
+    """Write ``gates`` as a gates YAML (``comment`` lines first); return the path and the file's sha256
+    (what :func:`decide_and_promote` records as ``gates_sha256``)."""
+    path = Path(path)
+    header = "".join(f"# {line}\n" if line else "#\n" for line in comment.splitlines())
+    body = yaml.safe_dump(gates.model_dump(mode="json", exclude_none=True), sort_keys=False)
+    path.write_text(header + body, encoding="utf-8")
+    return path, hashlib.sha256(path.read_bytes()).hexdigest()
