@@ -225,3 +225,25 @@ def test_bad_launch_settings_are_listed_before_any_request():
             launch_trainjob(_launch(api, image="", poll_interval_s=0), [], config_yaml="{}", nodes=0, echo=print)
     assert all(f in str(info.value) for f in ("nodes=0", "image=''", "poll_interval_s=0"))
     assert api.calls == []
+
+
+def test_the_train_step_with_several_nodes_launches_the_trainjob(tmp_path):
+    from g2rpo.config import load_config, to_yaml
+    from g2rpo.steps.train import train
+    from g2rpo.training.run_config import RunConfig
+
+    repo = Path(__file__).resolve().parents[2]
+    config = load_config(RunConfig, repo / "configs" / "tiny-cpu.yaml", {"output": {"dir": str(tmp_path / "run")}})
+    with pytest.raises(G2RPOError, match="nodes=2: more than one node trains as a Kubeflow TrainJob"):
+        train(config, nodes=2, checkpoint_uri="s3://b/runs/r1/checkpoints")
+    with KubeAPI(TRAINING_RUNTIME, script=_complete_after(1)) as api:
+        launch = _launch(api)
+        with pytest.raises(G2RPOError, match="checkpoint_uri=None: a multi-node run mirrors its checkpoints"):
+            train(config, nodes=2, trainjob=launch)
+        result = train(config, nodes=3, trainjob=launch, checkpoint_uri="s3://b/runs/r1/checkpoints")
+    assert result.trainjob == job_name(launch.run_id, launch.task) and result.published is None
+    (job,) = _posted(api)
+    trainer = job["spec"]["trainer"]
+    assert trainer["numNodes"] == 3 and trainer["command"][4:] == ["--checkpoint-uri", "s3://b/runs/r1/checkpoints"]
+    assert {e["name"]: e["value"] for e in trainer["env"]}[CONFIG_ENV] == to_yaml(config)
+    assert not (tmp_path / "run").exists()  # nothing trained here
