@@ -51,6 +51,7 @@ import torch
 
 from g2rpo.config import to_yaml
 from g2rpo.errors import ConfigError, G2RPOError, problem
+from g2rpo.rewards.scoring import score_rewards
 from g2rpo.seeding import Draws, derive_seed
 from g2rpo.strategies.base import StepStats, summarize_step
 from g2rpo.training.checkpoint import CheckpointManager, TrainerState, export_model, is_complete, manifest_metadata
@@ -659,11 +660,7 @@ class Trainer:
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """Rewards ``[R, N]``. A NaN/inf score is kept: the strategy drops its group and counts it."""
-        rows = []
-        for model, size in zip(self.reward_models, self.reward_batch):
-            parts = [model.score(images[i : i + size], prompts[i : i + size]) for i in range(0, images.shape[0], size)]
-            rows.append(torch.cat(parts).float().cpu())
-        return torch.stack(rows)  # [R, N]
+        return score_rewards(self.reward_models, images, prompts, self.reward_batch)  # [R, N]
 
     def _global_mean(self, value: float) -> float:
         if not self.ctx.distributed:
