@@ -38,7 +38,7 @@ __all__ = [
     "ConfigError",
     "load_config",
     "parse_overrides",
-    "apply_overrides",
+    "deep_merge",
     "config_hash",
     "describe",
     "to_yaml",
@@ -90,12 +90,13 @@ def parse_overrides(items: typing.Iterable[str]) -> dict[str, Any]:
     return tree
 
 
-def apply_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge ``overrides`` into a copy of ``base`` (dicts merge, everything else replaces)."""
+def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` over a copy of ``base``: nested dicts merge key by key; anything else, lists
+    included, replaces the base's value. Neither argument is modified."""
     out = dict(base)
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = apply_overrides(out[key], value)
+            out[key] = deep_merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -198,7 +199,7 @@ def load_config(
     """
     data = _read_yaml(Path(path)) if path is not None else {}
     extra = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
-    data = apply_overrides(data, extra)
+    data = deep_merge(data, extra)
     try:
         return cls.model_validate(data)
     except ValidationError as err:

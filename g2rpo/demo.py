@@ -45,7 +45,7 @@ import torch
 
 from g2rpo import core
 from g2rpo.artifacts.promotion import Decision, format_decision, load_gates
-from g2rpo.config import load_config, parse_overrides
+from g2rpo.config import deep_merge, load_config, parse_overrides
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.sampling import EvalResult, save_before_after_grid, save_reward_curve
 from g2rpo.models.tiny import save_tiny_flux
@@ -146,7 +146,7 @@ def run_demo(
         "train": {"iterations": iterations, "seed": seed, "progress": progress},
         "output": {"dir": str(run_dir / "train")},
     }
-    config = load_config(RunConfig, config_path, _merge(_merge(DEMO_OVERRIDES, base), user))
+    config = load_config(RunConfig, config_path, deep_merge(deep_merge(DEMO_OVERRIDES, base), user))
     algo = config.algorithm
     if not config.output.export:
         raise G2RPOError(problem("output.export", False, "the demo publishes and registers the export: leave it true"))
@@ -259,14 +259,6 @@ def run_demo(
         decision=promoted.decision,
         outputs=outputs,
     )
-
-
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """``extra`` over ``base``, nested sections merged key by key."""
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
 
 
 def _departures(config: Any) -> str:

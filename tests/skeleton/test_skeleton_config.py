@@ -8,7 +8,7 @@ import pydantic
 import pytest
 from pydantic import Field, model_validator
 
-from g2rpo.config import Section, config_hash, describe, load_config, parse_overrides
+from g2rpo.config import Section, config_hash, deep_merge, describe, load_config, parse_overrides
 from g2rpo.errors import ConfigError, G2RPOError, problem
 
 
@@ -117,3 +117,19 @@ def test_cli_closed_pipe_is_not_a_traceback():
     _, err = proc.communicate(timeout=120)
     assert "Traceback" not in err.decode(), err.decode()
     assert proc.returncode == 141
+
+
+def test_deep_merge_merges_sections_and_replaces_everything_else():
+    base = {"model": {"path": "m", "lora": {"rank": 8, "alpha": 16}}, "strides": [1, 2, 3], "name": "run"}
+    over = {"model": {"lora": {"rank": 4}}, "strides": [5], "name": {"new": 1}, "extra": None}
+    merged = deep_merge(base, over)
+    assert merged == {
+        "model": {"path": "m", "lora": {"rank": 4, "alpha": 16}},  # nested dicts merge key by key
+        "strides": [5],  # a list replaces, it is not concatenated or merged by position
+        "name": {"new": 1},  # a section over a value replaces it
+        "extra": None,
+    }
+    assert deep_merge(over, {"model": "flat"})["model"] == "flat"  # a value over a section replaces it too
+    # neither input changes
+    assert base["model"]["lora"] == {"rank": 8, "alpha": 16} and base["strides"] == [1, 2, 3]
+    assert over["model"] == {"lora": {"rank": 4}}
