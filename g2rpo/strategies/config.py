@@ -204,20 +204,3 @@ class AlgorithmConfig(Section):
     def settings(self) -> StrategySettings:
         """The chosen strategy's own section."""
         return getattr(self, self.strategy)
-
-    # ------------------------------------------------------------------ former names, kept for readers not yet moved
-
-    @property
-    def granularities(self) -> list[int]:
-        """Λ of the ``g2rpo`` section (former ``algorithm.granularities``)."""
-        return list(self.g2rpo.granularities)
-
-    @property
-    def strides(self) -> list[int]:
-        """Λ of the ``g2rpo`` section (``[1]`` with the g2rpo_no_mgai preset)."""
-        return list(self.g2rpo.granularities)
-
-    @property
-    def trained_steps(self) -> list[int]:
-        """M of the ``g2rpo`` section on this grid: its branch steps, or the noisiest half."""
-        return self.g2rpo.all_branch_steps(self.num_steps)

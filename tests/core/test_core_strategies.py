@@ -566,8 +566,6 @@ def test_config_defaults_and_derived_values():
     assert g2rpo.trained_steps == list(range(8)) and g2rpo.strides == [1, 2, 3] and cfg.g2rpo.weights == [1.0] * 3
     assert build_strategy(config(num_steps=7)).trained_steps == [0, 1, 2, 3]  # ceil(7/2) = 4
     assert build_strategy(config(g2rpo={"branch_steps": [5, 2]})).trained_steps == [2, 5]
-    # the former names stay readable on the algorithm section (g2rpo/demo.py reads them)
-    assert (cfg.trained_steps, cfg.strides, cfg.granularities) == (list(range(8)), [1, 2, 3], [1, 2, 3])
     dance, mix = config(strategy="dancegrpo"), config(strategy="mixgrpo")
     assert (dance.settings.train_fraction, dance.settings.shared_noise) == (0.6, True)
     assert (mix.settings.window_size, mix.settings.window_shift, mix.settings.iters_per_shift) == (4, 1, 25)
