@@ -225,3 +225,26 @@ def test_registry_cli_unknown_model_and_missing_registry_are_errors(root_uri, tm
     # the real names still work
     assert main(["registry", "history", "flux-g2rpo", "--registry", reg_uri]) == 0
     assert "flux-g2rpo: no alias changes yet" in capsys.readouterr().out
+
+
+def test_registry_cli_gate_on_a_metric_the_eval_lacks_records_nothing(root_uri, tmp_path, capsys):
+    reg_uri = f"{root_uri}/registry"
+    registry = Registry(reg_uri)
+    for run, hps in (("r1", 0.25), ("r2", 0.30)):
+        register_version(registry, "flux-g2rpo", root_uri, tmp_path, make_scores({"hps": hps, "clip": 0.3}), run=run)
+    registry.set_alias("flux-g2rpo", "champion", 1, reason="first")
+    gates = tmp_path / "gates.yaml"
+    gates.write_text(
+        "metrics:\n"
+        "  hps: {direction: higher, domain: in, min_improvement: 0.01}\n"
+        "  pickscore: {direction: higher, domain: out, max_regression: 0.1}\n"
+    )
+    store = open_store(reg_uri)
+    before = {info.key: store.get_bytes(info.key)[0] for info in store.list()}
+    capsys.readouterr()
+    assert main(["registry", "promote", "flux-g2rpo", "2", "--registry", reg_uri, "--gates", str(gates)]) == 2
+    out, err = capsys.readouterr()
+    assert "FAILED" not in out and "gates.metrics=['pickscore']" in err and "it has clip, hps" in err, err
+    # no decision record, aliases and history unchanged: every object of the registry as it was
+    assert {info.key: store.get_bytes(info.key)[0] for info in store.list()} == before
+    assert registry.decisions("flux-g2rpo", 2) == []
