@@ -260,7 +260,10 @@ class CheckpointManager:
             self._verified.add(directory)
         return None
 
-    def _set_aside(self, directory: Path, reason: str, fallback: Path, on_skip: Any) -> None:
+    def _set_aside(
+        self, directory: Path, reason: str, fallback: Path, on_skip: Callable[[dict[str, Any]], None] | None
+    ) -> None:
+        """Report a damaged checkpoint and move it out of the list (rank 0 only; the others only skip it)."""
         aside = directory.with_name(f"{directory.name}.damaged")
         n = 1
         while aside.exists():
