@@ -259,22 +259,27 @@ def decide(
     champion_version: int | None = None,
     gates_sha256: str = "",
 ) -> Decision:
-    """Apply every gate; pure (no I/O). ``champion=None`` means a first version (floors)."""
+    """Apply every gate; pure (no I/O). ``champion=None`` means a first version (floors).
+
+    A gate on a metric the challenger's eval does not have is a configuration error, raised before
+    any gate is applied (so :func:`promote` stores nothing), not a failed gate.
+    """
+    ungated = [metric for metric in gates.metrics if not challenger.keyed(metric)]
+    if ungated:
+        raise G2RPOError(
+            problem(
+                "gates.metrics",
+                ungated,
+                f"the challenger's eval{f' (v{challenger_version})' if challenger_version else ''} has no scores "
+                f"for {'this metric' if len(ungated) == 1 else 'these metrics'}; it has "
+                f"{', '.join(challenger.metric_names()) or 'none'}: gate only metrics the eval has, or evaluate "
+                "the version with the missing ones (nothing was decided or recorded)",
+            )
+        )
     results = []
     for metric, gate in gates.metrics.items():
         sign = 1.0 if gate.direction == "higher" else -1.0
         chal_values = challenger.keyed(metric)
-        if not chal_values:
-            results.append(
-                GateResult(
-                    metric=metric,
-                    kind="floor" if champion is None else ("improvement" if gate.domain == "in" else "regression"),
-                    passed=False,
-                    challenger_mean=None,
-                    reason=f"the challenger's eval has no {metric!r} scores",
-                )
-            )
-            continue
         chal_mean = float(np.mean(list(chal_values.values())))
         if champion is None:
             if gate.floor is None:
@@ -400,7 +405,8 @@ def promote(
 ) -> Decision:
     """Decide whether ``version`` beats the champion; if so make it champion (one conditional write).
 
-    The decision is stored with the version (unless ``dry_run``) whatever the outcome. Raises
+    The decision is stored with the version (unless ``dry_run``) whatever the outcome; a gates file
+    that does not fit the evals (a metric they lack) raises before anything is stored. Raises
     :class:`~g2rpo.artifacts.registry.AliasConflict` when another writer moved the aliases after the state
     this decision was computed against was read.
     """

@@ -22,7 +22,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from g2rpo.config import Section
+from g2rpo.config import PROBLEM_SEPARATOR, Section
 from g2rpo.errors import problem
 from g2rpo.rewards.config import RewardsConfig
 
@@ -90,5 +90,5 @@ class EvaluationConfig(Section):
             if value is not None and value % 16:
                 problems.append(problem(name, value, "must be a multiple of 16 (VAE factor 8 × 2×2 packing)"))
         if problems:
-            raise ValueError("\n  - ".join(problems))
+            raise ValueError(PROBLEM_SEPARATOR.join(problems))
         return self
