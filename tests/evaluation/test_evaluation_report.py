@@ -151,7 +151,12 @@ def test_report_renders_in_headless_chromium_with_every_image(challenger, tmp_pa
     page = probe / "report-check.html"
     page.write_text((folder / "report.html").read_text().replace("</body>", _CHECK + "</body>"))
     flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-    flags += ["--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}"]
+    flags += [
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ]
     flags += ["--allow-file-access-from-files", "--virtual-time-budget=10000", "--dump-dom", page.as_uri()]
     done = subprocess.run([chromium, *flags], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -186,9 +191,10 @@ def test_a_killed_evaluation_resumes_without_sampling_an_image_twice(tiny_flux_d
     for line in (out / "scores.jsonl").read_text().splitlines():
         image = json.loads(line)["image"]
         assert (out / image).read_bytes() == (Path(challenger.output_uri) / image).read_bytes()
-    assert json.loads((out / "metrics.json").read_text())["by_steps"] == json.loads(
-        (Path(challenger.output_uri) / "metrics.json").read_text()
-    )["by_steps"]
+    assert (
+        json.loads((out / "metrics.json").read_text())["by_steps"]
+        == json.loads((Path(challenger.output_uri) / "metrics.json").read_text())["by_steps"]
+    )
 
 
 def test_bad_input_is_refused_clearly(tiny_flux_dir, baseline, tmp_path):
