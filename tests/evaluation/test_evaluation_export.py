@@ -158,6 +158,6 @@ def test_an_export_whose_base_model_is_not_here_needs_base_model_uri(trained, ti
         evaluate(str(moved), _eval_config(), str(tmp_path / "eval"))
     message = str(error.value)
     assert "base_model_uri=None" in message and "/nowhere/tiny-flux" in message and "--base-model" in message
-    assert not (tmp_path / "eval").exists()  # nothing published
+    assert not (tmp_path / "eval" / "manifest.json").exists()  # nothing published (only the resumable state)
     # given explicitly, the same export evaluates
     evaluate(str(moved), _eval_config(), str(tmp_path / "eval"), base_model_uri=str(tiny_flux_dir))

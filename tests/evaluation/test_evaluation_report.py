@@ -14,7 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from g2rpo.artifacts.scores import EvalScores, bootstrap_mean_ci
+from g2rpo.artifacts.manifest import publish_dir
+from g2rpo.artifacts.scores import bootstrap_mean_ci
 from g2rpo.artifacts.storage import open_store
 from g2rpo.config import load_config
 from g2rpo.errors import G2RPOError
@@ -96,8 +97,6 @@ def test_every_output_of_a_paired_evaluation_at_two_step_counts(challenger, base
 
 
 def test_the_registry_records_exactly_what_the_report_shows(challenger, other_model, tmp_path):
-    from g2rpo.artifacts.manifest import publish_dir
-
     export = tmp_path / "export"
     publish_dir(other_model, str(export))
     result = register(
