@@ -38,10 +38,10 @@ from g2rpo.artifacts.registry import (
     EvalRecord,
     EvalScores,
     HistoryEvent,
-    MetricSummary,
     Registry,
     RegistryState,
 )
+from g2rpo.artifacts.scores import bootstrap_mean_ci, paired_differences, summarize
 from g2rpo.artifacts.storage import sha256_file
 from g2rpo.config import Section, load_config
 from g2rpo.errors import G2RPOError, problem
@@ -133,78 +133,6 @@ def load_gates(path: str | Path | None = None, overrides=()) -> tuple[Gates, str
         raise G2RPOError(problem("gates", str(path), "no such file; pass a gates YAML (see g2rpo/gates/default.yaml)"))
     gates = load_config(Gates, path, overrides)
     return gates, sha256_file(path)[1]
-
-
-# --------------------------------------------------------------------------- statistics
-
-
-def bootstrap_mean_ci(values: np.ndarray, resamples: int, seed: int, confidence: float) -> tuple[float, float]:
-    """Percentile bootstrap CI of ``mean(values)``.
-
-    ``idx ~ Uniform{0..N-1}^[B, N]`` from ``numpy.random.default_rng(seed)``;
-    ``means_b = mean(values[idx_b])``; CI = percentiles ``100·(1−c)/2`` and ``100·(1+c)/2``.
-    """
-    values = np.asarray(values, dtype=np.float64)  # [N]
-    if values.ndim != 1 or values.size == 0:
-        raise G2RPOError(problem("values", values.shape, "need a non-empty 1-D array of scores"))
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, values.size, size=(resamples, values.size))  # [B, N]
-    means = values[idx].mean(axis=1)  # [B]
-    alpha = (1.0 - confidence) / 2.0
-    low, high = np.percentile(means, [100 * alpha, 100 * (1 - alpha)])
-    return float(low), float(high)
-
-
-def paired_differences(challenger: EvalScores, champion: EvalScores, metric: str) -> np.ndarray:
-    """``challenger − champion`` per ``(prompt_id, seed)`` for one metric, in a fixed order.  # [N]
-
-    Refuses comparisons on different prompt sets or seeds: a paired difference needs the same items.
-    """
-    if challenger.prompt_set != champion.prompt_set or (
-        challenger.prompt_set_sha256
-        and champion.prompt_set_sha256
-        and challenger.prompt_set_sha256 != champion.prompt_set_sha256
-    ):
-        raise G2RPOError(
-            problem(
-                "prompt_set",
-                challenger.prompt_set,
-                f"the champion was evaluated on {champion.prompt_set!r}; evaluate both on the same prompt set",
-            )
-        )
-    if sorted(challenger.seeds) != sorted(champion.seeds):
-        raise G2RPOError(
-            problem("seeds", challenger.seeds, f"the champion used seeds {champion.seeds}; use the same seeds")
-        )
-    a, b = challenger.keyed(metric), champion.keyed(metric)
-    if not b:
-        raise G2RPOError(
-            problem(
-                metric,
-                champion.prompt_set,
-                "the champion's eval has no scores for this metric; re-evaluate the "
-                "champion with it, or remove the metric's gate",
-            )
-        )
-    if set(a) != set(b):
-        only = sorted(set(a) ^ set(b))[:3]
-        raise G2RPOError(
-            problem(metric, only, "challenger and champion scored different (prompt, seed) items; re-evaluate both")
-        )
-    keys = sorted(a)
-    return np.array([a[k] - b[k] for k in keys], dtype=np.float64)  # [N]
-
-
-def summarize(
-    scores: EvalScores, resamples: int = 2000, seed: int = 0, confidence: float = 0.95
-) -> dict[str, MetricSummary]:
-    """Per metric: mean, seeded bootstrap CI of the mean, and n."""
-    out = {}
-    for metric in scores.metric_names():
-        values = np.array(list(scores.keyed(metric).values()), dtype=np.float64)  # [N]
-        low, high = bootstrap_mean_ci(values, resamples, seed, confidence)
-        out[metric] = MetricSummary(mean=float(values.mean()), ci_low=low, ci_high=high, n=int(values.size))
-    return out
 
 
 def eval_record_from_scores(scores: EvalScores, scores_uri: str, scores_sha256: str) -> EvalRecord:
