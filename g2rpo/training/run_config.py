@@ -17,6 +17,7 @@ say so.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated, Any, Literal
@@ -28,6 +29,7 @@ from g2rpo.errors import ConfigError, G2RPOError, problem
 from g2rpo.rewards.config import RewardsConfig
 from g2rpo.strategies.config import AlgorithmConfig
 from g2rpo.training.deepspeed_config import DeepSpeedSection
+from g2rpo.training.memory import available_memory, memory_problem, rollout_memory
 
 __all__ = [
     "ModelSection",
@@ -273,7 +275,12 @@ def run_problems(config: Any, world_size: int = 1) -> list[str]:
     checks run even when another section has errors, and every problem is listed together).
     """
     train, ds, model, data = (getattr(config, n, None) for n in ("train", "deepspeed", "model", "data"))
+    algorithm = getattr(config, "algorithm", None)
     problems: list[str] = []
+    if train is not None and model is not None and algorithm is not None:
+        fits = rollout_memory_problem(algorithm, model, train, world_size)
+        if fits:
+            problems.append(fits)
     if train is not None and train.prompts_per_iteration % world_size:
         problems.append(
             problem(
@@ -329,6 +336,40 @@ def run_problems(config: Any, world_size: int = 1) -> list[str]:
             )
         )
     return problems
+
+
+def rollout_memory_problem(
+    algorithm: AlgorithmConfig, model: ModelSection, train: TrainSection, world_size: int
+) -> str | None:
+    """The rollout of one iteration cannot fit in the memory this machine shows (:mod:`g2rpo.training.memory`)."""
+    tokens = (model.height // 16) * (model.width // 16)  # packed 2×2 patches of the 8× VAE latent
+    channels = 64  # Flux: 16 latent channels × 2×2 patch
+    transformer_config = Path(model.path) / "transformer" / "config.json" if model.path else None
+    if transformer_config is not None and "://" not in model.path and transformer_config.is_file():
+        try:
+            channels = int(json.loads(transformer_config.read_text(encoding="utf-8")).get("in_channels", channels))
+        except (ValueError, OSError):
+            pass  # a damaged model folder is reported by check_model_dir
+    trajectory = algorithm.strategy != "g2rpo"
+    settings = algorithm.g2rpo
+    trained = settings.branch_steps_per_iteration or len(settings.all_branch_steps(algorithm.num_steps))
+    estimate = rollout_memory(
+        trajectory=trajectory,
+        prompts=max(1, train.prompts_per_iteration // world_size),
+        trained_steps=trained,
+        strides=len(settings.granularities),
+        group_size=algorithm.group_size,
+        num_steps=algorithm.num_steps,
+        latent_tokens=tokens,
+        latent_channels=channels,
+        height=model.height,
+        width=model.width,
+    )
+    shown = f"strategy={algorithm.strategy}, G={algorithm.group_size}, T={algorithm.num_steps}"
+    if not trajectory:
+        shown += f", |M|={trained}, Λ={list(settings.granularities)}"
+    shown += f", prompts per rank={max(1, train.prompts_per_iteration // world_size)}, {model.height}×{model.width}"
+    return memory_problem(estimate, available_memory(train.device), shown)
 
 
 def _valid_sections(path: str | Path | None, overrides: Any) -> SimpleNamespace:
