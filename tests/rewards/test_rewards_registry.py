@@ -23,6 +23,10 @@ EXPECTED_NAMES = [
     "image_reward",
     "jpeg_compressibility",
     "pickscore",
+    "shapes_background",
+    "shapes_colour",
+    "shapes_position",
+    "shapes_shape",
     "sharpness",
     "total_variation",
 ]
