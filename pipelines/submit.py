@@ -89,6 +89,8 @@ def parse_arguments(items: list[str] | tuple[str, ...], profile: PlacementProfil
         expected = _TYPES.get(inputs[name], object)
         if inputs[name] == "String" and not isinstance(value, str):
             value = text  # a string parameter takes the text as written (e.g. model_name=2024)
+        elif inputs[name] == "Float" and isinstance(value, str):
+            value = _number(text)  # YAML 1.1 reads 3e-6 (no dot) as a string
         if isinstance(value, bool) and inputs[name] != "Boolean" or not isinstance(value, expected):
             problems.append(problem(name, text, f"must be {inputs[name]}"))
             continue
@@ -96,6 +98,13 @@ def parse_arguments(items: list[str] | tuple[str, ...], profile: PlacementProfil
     if problems:
         raise G2RPOError("bad pipeline arguments:\n  - " + "\n  - ".join(problems))
     return arguments
+
+
+def _number(text: str) -> float | str:
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def check_cron(expression: str) -> str:
