@@ -162,6 +162,7 @@ def _run_local(args: argparse.Namespace) -> int:
     evaluation = run.outputs.get("evaluate/evaluation")
     if evaluation is not None and (evaluation / "record.json").is_file():
         record = json.loads((evaluation / "record.json").read_text())
-        print(f"  challenger images      {record['challenger_eval_uri']}/images (grid.png, metrics.json)")
+        where = record["challenger_eval_uri"]
+        print(f"  challenger images      {where}/images  (grid {where}/grid.png, metrics {where}/metrics.json)")
     print(f"  champion               {'none' if run.champion is None else f'v{run.champion}'}")
     return 0 if run.state == "SUCCEEDED" else 1
