@@ -42,7 +42,7 @@ PARAMETER_KEYS = {
     "strategy": "algorithm.strategy",
     "num_steps": "algorithm.num_steps",  # T
     "group_size": "algorithm.group_size",  # G
-    "granularities": "algorithm.granularities",  # Λ
+    "granularities": "algorithm.g2rpo.granularities",  # Λ (a G²RPO setting)
     "rewards": "rewards.models",  # [{name, weight, ...}, ...]
     "iterations": "train.iterations",
     "learning_rate": "train.learning_rate",
