@@ -150,7 +150,11 @@ def closed(schema: Any) -> Any:
     if isinstance(out.get("pattern"), str) and "(?i)" in out["pattern"]:
         # Go's RE2 takes a flag group anywhere (``^(?i)...``); Python only at the start.
         out["pattern"] = "(?i)" + out["pattern"].replace("(?i)", "")
-    if "properties" in out and "additionalProperties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+    if (
+        "properties" in out
+        and "additionalProperties" not in out
+        and not out.get("x-kubernetes-preserve-unknown-fields")
+    ):
         out["additionalProperties"] = False
     return out
 

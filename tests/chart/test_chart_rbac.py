@@ -110,9 +110,7 @@ def _check_exact(calls, rules):
     for ns, rule in rules:
         for verb in rule["verbs"]:
             for resource in rule["resources"]:
-                used = any(
-                    r.verb == verb and r.resource == resource and allowed_by(r, ns, rule) for r in requests
-                )
+                used = any(r.verb == verb and r.resource == resource and allowed_by(r, ns, rule) for r in requests)
                 assert used, f"granted but never called: {verb} {resource} in {ns or 'the cluster'}"
 
 
@@ -144,7 +142,9 @@ def test_unrelated_calls_are_denied(rules):
         assert not any(allowed_by(request, ns, rule) for ns, rule in rules), request
 
 
-@pytest.mark.skipif(not RECORDED_CALLS.exists(), reason="the TrainJob launcher's recorded calls are not on this branch yet")
+@pytest.mark.skipif(
+    not RECORDED_CALLS.exists(), reason="the TrainJob launcher's recorded calls are not on this branch yet"
+)
 def test_rules_are_exactly_the_launchers_recorded_calls():
     calls = recorded_calls()
     # The chart is installed into the namespace the launcher creates its TrainJobs in.

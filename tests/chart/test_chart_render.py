@@ -174,7 +174,9 @@ def test_pod_templates_meet_the_restricted_standard(values_set, rendered):
             assert ctx.get("capabilities", {}).get("drop") == ["ALL"], where
             added = set(ctx.get("capabilities", {}).get("add", []))
             # Restricted allows adding NET_BIND_SERVICE only; IPC_LOCK is the documented RDMA exception.
-            assert added <= {"NET_BIND_SERVICE"} | (_privileged_exceptions(values_set) if kind == "ClusterTrainingRuntime" else set()), where
+            assert added <= {"NET_BIND_SERVICE"} | (
+                _privileged_exceptions(values_set) if kind == "ClusterTrainingRuntime" else set()
+            ), where
             assert ctx.get("seccompProfile", {}).get("type", "RuntimeDefault") == "RuntimeDefault", where
 
 

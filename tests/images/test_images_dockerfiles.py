@@ -160,7 +160,9 @@ def test_every_installed_version_is_the_locked_one(image):
     assert installs, f"{name}: no pip install found"
     installs_project = False
     for args in installs:
-        assert "-c" in args and args[args.index("-c") + 1] == "constraints.txt", f"pip install {args}: pass -c constraints.txt"
+        assert "-c" in args and args[args.index("-c") + 1] == "constraints.txt", (
+            f"pip install {args}: pass -c constraints.txt"
+        )
         for word in args:
             if word.startswith("-") or word == "constraints.txt":
                 continue
@@ -169,9 +171,13 @@ def test_every_installed_version_is_the_locked_one(image):
                 continue
             package, sep, version = word.partition("==")
             assert sep, f"pip install {word}: name the version (the lock's)"
-            assert pins.get(normalise(package)) == version, f"{package}=={version} but constraints.txt has {pins.get(normalise(package))}"
+            assert pins.get(normalise(package)) == version, (
+                f"{package}=={version} but constraints.txt has {pins.get(normalise(package))}"
+            )
             if normalise(package) in project_pins:
-                assert project_pins[normalise(package)] == version, f"{package}: pyproject.toml pins {project_pins[normalise(package)]}"
+                assert project_pins[normalise(package)] == version, (
+                    f"{package}: pyproject.toml pins {project_pins[normalise(package)]}"
+                )
     assert installs_project, f"{name}: the project is installed from the repository (pip install -c constraints.txt .)"
 
 
@@ -189,11 +195,17 @@ def test_the_trainer_cuda_matches_torch_and_its_ops_are_prebuilt_for_sm90():
     torch_cuda = ".".join(pins["nvidia-cuda-runtime"].split(".")[:2])
     for stage in stages:
         if stage.image.startswith("nvidia/cuda:"):
-            assert stage.image.split(":")[1].startswith(torch_cuda + "."), f"{stage.image}: torch's CUDA is {torch_cuda}"
+            assert stage.image.split(":")[1].startswith(torch_cuda + "."), (
+                f"{stage.image}: torch's CUDA is {torch_cuda}"
+            )
     assert "devel" in stages[-2].image and "devel" not in stages[-1].image, "nvcc in the build stage only"
     env = env_values(stages[-2])
     assert env["TORCH_CUDA_ARCH_LIST"] == "9.0"
-    built = {key.removeprefix("DS_BUILD_").lower() for key, value in env.items() if key.startswith("DS_BUILD_") and value == "1"}
+    built = {
+        key.removeprefix("DS_BUILD_").lower()
+        for key, value in env.items()
+        if key.startswith("DS_BUILD_") and value == "1"
+    }
     assert built, "some DeepSpeed ops are prebuilt"
     runs = " ".join(i.value for i in stages[-2].instructions if i.keyword == "RUN")
     checked = re.search(r"for op in \(([^)]*)\)", runs)
@@ -242,7 +254,13 @@ def test_copy_sources_exist_and_pass_dockerignore(image):
         assert (REPO / source).exists(), source
         assert not dockerignore_excludes(source.rstrip("/"), patterns), f"{source} is excluded by .dockerignore"
     assert not dockerignore_excludes("g2rpo/__init__.py", patterns)
-    for kept_out in (".git/config", ".venv/bin/python", "g2rpo/__pycache__/cli.cpython-311.pyc", "tests/conftest.py", "runs/x"):
+    for kept_out in (
+        ".git/config",
+        ".venv/bin/python",
+        "g2rpo/__pycache__/cli.cpython-311.pyc",
+        "tests/conftest.py",
+        "runs/x",
+    ):
         assert dockerignore_excludes(kept_out, patterns), kept_out
 
 
