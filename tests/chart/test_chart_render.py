@@ -21,7 +21,6 @@ from tests.chart.chart_render import (
     CRD_DIR,
     DASHBOARD_FILE,
     EVERYTHING_OFF,
-    EVERYTHING_ON,
     KUBE_VERSION,
     NAMESPACE,
     RULES_FILE,
