@@ -221,7 +221,7 @@ def test_retraining_cronjob_submits_with_the_release_service_account(rendered):
     assert container["image"] == f"ghcr.io/g2rpo/g2rpo:{g2rpo.__version__}"
     assert container["command"] == ["g2rpo", "pipeline", "submit"]
     args = container["args"]
-    assert args[args.index("--host") + 1] == "http://ml-pipeline-ui.kubeflow.svc:80"
+    assert args[args.index("--host") + 1] == "http://ml-pipeline.kubeflow.svc:8888"
     assert args[args.index("--service-account") + 1] == pod["serviceAccountName"] == "g2rpo"
     assert args[-2:] == ["--experiment", "g2rpo"]
     [token] = pod["volumes"]
