@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES = {"trainer": REPO / "images" / "trainer.Dockerfile", "component": REPO / "images" / "component.Dockerfile"}
@@ -269,3 +270,17 @@ def test_parser_rejects_what_docker_would():
         parse_dockerfile("FROM python:3.11.14-slim\nRUNN echo hi\n")
     with pytest.raises(ValueError, match="continued"):
         parse_dockerfile("FROM python:3.11.14-slim\nRUN echo \\\n")
+
+
+COMPONENT_IMAGES = REPO / "components" / "images.py"
+
+
+@pytest.mark.skipif(
+    not COMPONENT_IMAGES.exists(),
+    reason="components/images.py (the KFP components' image names) is not on this branch yet",
+)
+def test_the_components_name_the_images_the_chart_deploys():
+    values = yaml.safe_load((REPO / "charts" / "g2rpo" / "values.yaml").read_text())["images"]
+    text = COMPONENT_IMAGES.read_text()
+    for image in ("trainer", "component"):
+        assert f'"{values[image]["repository"]}' in text or f"'{values[image]['repository']}" in text, image
