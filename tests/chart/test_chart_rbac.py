@@ -1,8 +1,8 @@
 """The chart's RBAC grants exactly what the pipeline's pods call on the Kubernetes API.
 
 The calls are the Kubeflow SDK's (TrainerClient) as measured against a fake API server
-(``../shared/notes/STACK.md``, "Kubeflow Trainer v2"); once the TrainJob launcher's test records
-its calls in ``tests/fixtures/trainjob_api_calls.json``, those are checked too. Both directions:
+(``../shared/notes/STACK.md``, "Kubeflow Trainer v2"), and the calls the TrainJob launcher's test
+records in ``tests/fixtures/trainjob_api_calls.json`` (tests/launch/test_trainjob.py). Both directions:
 every call is allowed (nothing fails with 403 on a cluster), and every granted verb is used by some
 call (least privilege).
 """
@@ -18,7 +18,7 @@ import pytest
 from tests.chart.chart_render import NAMESPACE, REPO, render
 
 RECORDED_CALLS = REPO / "tests" / "fixtures" / "trainjob_api_calls.json"
-RUNTIME = "g2rpo-h200"
+RUNTIME = "g2rpo-torch-distributed"
 
 # What TrainerClient does for train() / wait_for_job_status() / get_job_logs() (STACK.md).
 SDK_CALLS = [
@@ -64,7 +64,7 @@ def to_request(method: str, url: str) -> Request:
     return Request(verb, group, f"{resource}/{sub}" if sub else resource, namespace, name)
 
 
-def grants(docs: list[dict], service_account: str, namespace: str = NAMESPACE) -> list[tuple[str | None, dict]]:
+def grants(docs: list[dict], service_account: str) -> list[tuple[str | None, dict]]:
     """(namespace or None for cluster-wide, rule) for every rule bound to the service account."""
     roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in docs}
     out = []
@@ -72,7 +72,7 @@ def grants(docs: list[dict], service_account: str, namespace: str = NAMESPACE) -
         subjects = binding["subjects"]
         if not any(s["kind"] == "ServiceAccount" and s["name"] == service_account for s in subjects):
             continue
-        assert all(s["namespace"] == namespace for s in subjects), "bound to this release's service account only"
+        assert all(s["namespace"] == NAMESPACE for s in subjects), "bound to this release's service account only"
         where = binding["metadata"].get("namespace")
         ref = binding["roleRef"]
         role = roles[(ref["kind"], where if ref["kind"] == "Role" else None, ref["name"])]
@@ -87,15 +87,20 @@ def allowed_by(request: Request, namespace: str | None, rule: dict) -> bool:
         request.group in rule["apiGroups"]
         and request.resource in rule["resources"]
         and request.verb in rule["verbs"]
-        and ("resourceNames" not in rule or request.name in rule["resourceNames"])
+        # A recorded call without a name (the launcher's records) is checked on the rest.
+        and ("resourceNames" not in rule or request.name is None or request.name in rule["resourceNames"])
     )
 
 
-def recorded_calls() -> list[tuple[str, str]]:
-    """The launcher test's recorded calls: a list of {"method", "path"} (or [method, path])."""
-    data = json.loads(RECORDED_CALLS.read_text())
-    calls = data["calls"] if isinstance(data, dict) else data
-    return [(c["method"], c["path"]) if isinstance(c, dict) else (c[0], c[1]) for c in calls]
+def recorded_calls() -> list[Request]:
+    """The launcher test's records: apiGroup, resource, subresource, verb and namespace ("<job
+    namespace>" for the TrainJob's, "cluster" for cluster-scoped); names are not recorded."""
+    out = []
+    for call in json.loads(RECORDED_CALLS.read_text()):
+        resource = f"{call['resource']}/{call['subresource']}" if call["subresource"] else call["resource"]
+        namespace = {"<job namespace>": NAMESPACE, "cluster": None}.get(call["namespace"], call["namespace"])
+        out.append(Request(call["verb"], call["apiGroup"], resource, namespace, None))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -103,8 +108,7 @@ def rules():
     return grants(render({}), service_account="g2rpo")
 
 
-def _check_exact(calls, rules):
-    requests = [to_request(method, url) for method, url in calls]
+def _check_exact(requests: list[Request], rules):
     for request in requests:
         assert any(allowed_by(request, ns, rule) for ns, rule in rules), f"not allowed: {request}"
     for ns, rule in rules:
@@ -115,7 +119,7 @@ def _check_exact(calls, rules):
 
 
 def test_rules_are_exactly_the_sdk_calls(rules):
-    _check_exact(SDK_CALLS, rules)
+    _check_exact([to_request(method, url) for method, url in SDK_CALLS], rules)
 
 
 def test_no_wildcards_and_no_secrets(rules):
@@ -142,11 +146,5 @@ def test_unrelated_calls_are_denied(rules):
         assert not any(allowed_by(request, ns, rule) for ns, rule in rules), request
 
 
-@pytest.mark.skipif(
-    not RECORDED_CALLS.exists(), reason="the TrainJob launcher's recorded calls are not on this branch yet"
-)
-def test_rules_are_exactly_the_launchers_recorded_calls():
-    calls = recorded_calls()
-    # The chart is installed into the namespace the launcher creates its TrainJobs in.
-    [namespace] = {to_request(m, url).namespace for m, url in calls if to_request(m, url).resource == "trainjobs"}
-    _check_exact(calls, grants(render({}, namespace=namespace), service_account="g2rpo", namespace=namespace))
+def test_rules_are_exactly_the_launchers_recorded_calls(rules):
+    _check_exact(recorded_calls(), rules)

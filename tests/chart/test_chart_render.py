@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 import g2rpo
+from g2rpo.launch.trainjob import NODE_JOB, TRAINING_RUNTIME, Placement
 from tests.chart.chart_render import (
     CHART,
     CRD_DIR,
@@ -207,10 +208,21 @@ def test_multi_node_values_reach_the_runtime_and_the_placement_profile(rendered)
     [(_, pod)] = list(pod_specs(runtime))
     limits = pod["containers"][0]["resources"]["limits"]
     assert limits["rdma/hca_shared_devices_a"] == 1 and limits["nvidia.com/gpu"] == 8
-    placement = yaml.safe_load(_one(docs, "ConfigMap")["data"]["placement.yaml"])
-    assert placement["numNodes"] == 4 and placement["gpusPerNode"] == 8 and placement["shmSize"] == "512Gi"
-    assert placement["runtime"] == runtime["metadata"]["name"]
-    assert placement["tolerations"] == pod["tolerations"] and placement["nodeSelector"] == pod["nodeSelector"]
+    profile = _one(docs, "ConfigMap")["data"]
+    # The launcher's own type reads the profile: a renamed field fails here, not on a cluster.
+    placement = Placement(**yaml.safe_load(profile["placement.yaml"]))
+    assert placement == Placement(
+        gpus_per_node=8, node_selector=pod["nodeSelector"], tolerations=pod["tolerations"], shm_size="512Gi"
+    )
+    launch = yaml.safe_load(profile["launch.yaml"])
+    assert launch["nodes"] == 4 and launch["runtime"] == runtime["metadata"]["name"]
+    assert launch["image"] == pod["containers"][0]["image"]
+
+
+def test_the_runtime_is_the_one_the_launcher_names():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["trainingRuntime"]["name"] == TRAINING_RUNTIME
+    assert NODE_JOB == "node"  # the runtime's replicated job and container (clustertrainingruntime.yaml)
 
 
 def test_retraining_cronjob_submits_with_the_release_service_account(rendered):
