@@ -163,8 +163,10 @@ def submit(
     run_name: str | None = None,
     profile_path: str | Path | None = None,
     pipeline_root: str | None = None,
+    service_account: str | None = None,
 ) -> Submitted:
-    """Start one run of the pipeline (compiled for the profile) in ``experiment``."""
+    """Start one run of the pipeline (compiled for the profile) in ``experiment``; ``service_account``
+    overrides the profile's (the Helm chart's CronJob passes its own)."""
     profile = load_profile(profile_path)
     host = check_host(host)
     client = _client(host)
@@ -176,7 +178,7 @@ def submit(
             run_name=run_name or PIPELINE_NAME,
             experiment_name=experiment,
             pipeline_root=pipeline_root,
-            service_account=profile.service_account or None,
+            service_account=service_account or profile.service_account or None,
         )
     return Submitted(
         kind="run",
@@ -195,8 +197,10 @@ def schedule(
     name: str | None = None,
     profile_path: str | Path | None = None,
     pipeline_root: str | None = None,
+    service_account: str | None = None,
 ) -> Submitted:
-    """A recurring run of the pipeline on ``cron`` (UTC), one at a time, never back-filling."""
+    """A recurring run of the pipeline on ``cron`` (UTC), one at a time, never back-filling;
+    ``service_account`` overrides the profile's."""
     cron = check_cron(cron)
     profile = load_profile(profile_path)
     host = check_host(host)
@@ -213,7 +217,7 @@ def schedule(
             params=arguments,
             pipeline_package_path=str(package),
             pipeline_root=pipeline_root,
-            service_account=profile.service_account or None,
+            service_account=service_account or profile.service_account or None,
             enabled=True,
         )
     return Submitted(

@@ -90,6 +90,9 @@ def _cluster_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", required=True, help="KFP API URL, e.g. http://localhost:8888 (a port-forward)")
     parser.add_argument("--experiment", default="g2rpo", help="KFP experiment (made when missing)")
     parser.add_argument("--pipeline-root", default=None, help="where KFP stores task outputs (default: the cluster's)")
+    parser.add_argument(
+        "--service-account", default=None, help="Kubernetes service account of the runs (default: the profile's)"
+    )
     _profile_arg(parser)
     parser.add_argument("parameters", nargs="*", metavar="NAME=VALUE", help=_PARAMS_HELP)
 
@@ -113,6 +116,7 @@ def _submit(args: argparse.Namespace) -> int:
         run_name=args.run_name,
         profile_path=args.profile,
         pipeline_root=args.pipeline_root,
+        service_account=args.service_account,
     )
     print(f"submitted {done.kind} {done.id} in experiment {args.experiment!r}: {done.url}")
     return 0
@@ -132,6 +136,7 @@ def _schedule(args: argparse.Namespace) -> int:
         name=args.name,
         profile_path=args.profile,
         pipeline_root=args.pipeline_root,
+        service_account=args.service_account,
     )
     print(f"scheduled {done.kind} {done.id} on '{cron}' (UTC) in experiment {args.experiment!r}: {done.url}")
     return 0

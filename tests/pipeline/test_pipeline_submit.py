@@ -84,6 +84,15 @@ def test_schedule_sends_cron_one_at_a_time_and_no_catchup(capsys):
     assert "(UTC)" in capsys.readouterr().out
 
 
+def test_submit_with_the_charts_service_account_overrides_the_profiles(capsys):
+    # The Helm chart's retraining CronJob passes its own service account (charts/g2rpo/templates).
+    with KfpServer() as server:
+        code = main(["pipeline", "submit", "--host", server.url, "--service-account", "g2rpo-runner", "nodes=1"])
+        assert code == 0
+        (run,) = server.bodies("POST", RUNS)
+    assert run["service_account"] == "g2rpo-runner" != load_profile().service_account
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
