@@ -140,7 +140,12 @@ def trainjob_for(
         service_account=service_account or None,
     )
     launch = TrainJobLaunch(
-        image=image, run_id=run_id, task=task, placement=placement, s3_secret=s3_secret or None, active_deadline_s=deadline_s
+        image=image,
+        run_id=run_id,
+        task=task,
+        placement=placement,
+        s3_secret=s3_secret or None,
+        active_deadline_s=deadline_s,
     )
     return launch if s3_secret_keys is None else replace(launch, s3_secret_keys=dict(s3_secret_keys))
 
@@ -183,7 +188,12 @@ def train_task(
         if trainjob is not None and trainjob.placement.gpus_per_node != gpus_per_node:
             trainjob = replace(trainjob, placement=replace(trainjob.placement, gpus_per_node=gpus_per_node))
         result = train(
-            config, publish_uri=publish_uri, producer=PRODUCER, checkpoint_uri=checkpoint_uri, nodes=nodes, trainjob=trainjob
+            config,
+            publish_uri=publish_uri,
+            producer=PRODUCER,
+            checkpoint_uri=checkpoint_uri,
+            nodes=nodes,
+            trainjob=trainjob,
         )
         export_uri = result.export_uri
         published = result.published.manifest.metadata if result.published is not None else {}
