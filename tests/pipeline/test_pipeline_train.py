@@ -141,7 +141,7 @@ class Cluster:
             )
         codes = []
         try:
-            for proc, log in procs:
+            for proc, _log in procs:
                 codes.append(proc.wait(timeout=300))
         finally:
             for proc, log in procs:
