@@ -23,13 +23,16 @@ from kfp import compiler, dsl, kubernetes
 
 from components.decide import decide
 from components.evaluate import evaluate
+from components.images import TRAINER_IMAGE
 from components.prepare import prepare_data
 from components.promote import promote
 from components.report_status import report_status
 from components.train import train
+from g2rpo.errors import G2RPOError, problem
+from g2rpo.launch.trainjob import DEADLINE_GRACE_S
 from pipelines.placement import PlacementProfile, load_profile
 
-__all__ = ["DEFAULTS", "PIPELINE_NAME", "build_pipeline", "compile_pipeline"]
+__all__ = ["DEFAULTS", "PIPELINE_NAME", "TASK_MARGIN_S", "build_pipeline", "compile_pipeline", "trainjob_deadline"]
 
 PIPELINE_NAME = "g2rpo-alignment"
 # Run-parameter defaults: FLUX.1-dev with the paper's settings (configs/flux-dev-h200.yaml), on S3.
@@ -57,8 +60,29 @@ DEFAULTS = {
     "eval_seeds": [0, 1, 2],
     "gates_uri": "",
     "nodes": 1,
+    "checkpoint_store_uri": "",  # empty: <store_uri>/checkpoints; checkpoints go under <run id>/<task name>
     "pushgateway_url": "",
 }
+
+
+# What the train task's time limit keeps beyond its TrainJob's deadline: the launcher's wait after the
+# deadline, and the task's own start and record. The job ends first, so the task reports why.
+TASK_MARGIN_S = DEADLINE_GRACE_S + 600
+
+
+def trainjob_deadline(profile: PlacementProfile) -> int:
+    """The multi-node TrainJob's activeDeadlineSeconds: the train task's time limit less :data:`TASK_MARGIN_S`."""
+    deadline = profile.timeouts.train - TASK_MARGIN_S
+    if deadline < 3600:
+        raise G2RPOError(
+            problem(
+                "timeouts.train",
+                profile.timeouts.train,
+                f"leave a multi-node TrainJob at least an hour after the task's margin ({TASK_MARGIN_S} s): "
+                f"give at least {3600 + TASK_MARGIN_S}",
+            )
+        )
+    return deadline
 
 
 def _retry(task: dsl.PipelineTask) -> dsl.PipelineTask:
@@ -78,6 +102,7 @@ def build_pipeline(profile: PlacementProfile):
     d = DEFAULTS
     node_selector_default, tolerations_default = dict(profile.node_selector), list(profile.tolerations)
     gpus_default = profile.gpus_per_node
+    deadline = trainjob_deadline(profile)
 
     @dsl.pipeline(
         name=PIPELINE_NAME,
@@ -105,6 +130,7 @@ def build_pipeline(profile: PlacementProfile):
         eval_seeds: list = d["eval_seeds"],
         gates_uri: str = d["gates_uri"],
         nodes: int = d["nodes"],
+        checkpoint_store_uri: str = d["checkpoint_store_uri"],
         gpus_per_node: int = gpus_default,
         node_selector: dict = node_selector_default,
         tolerations: list = tolerations_default,
@@ -133,6 +159,18 @@ def build_pipeline(profile: PlacementProfile):
                 model_name=model_name,
                 nodes=nodes,
                 gpus_per_node=gpus_per_node,
+                checkpoint_store_uri=checkpoint_store_uri,
+                run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                task_name=dsl.PIPELINE_TASK_NAME_PLACEHOLDER,
+                # More than one node: the TrainJob runs the trainer image on this task's placement.
+                trainer_image=TRAINER_IMAGE,
+                node_selector=node_selector,
+                tolerations=tolerations,
+                shm_size=profile.shm_size,
+                s3_secret_name=profile.s3_secret_name,
+                s3_secret_keys=profile.s3_secret_keys,
+                service_account=profile.service_account,
+                trainjob_deadline_s=deadline,
             )
             _retry(_with_s3(trained.set_display_name("train"), profile, timeouts.train))
             trained.set_accelerator_type(profile.accelerator_type).set_accelerator_limit(gpus_per_node)

@@ -7,8 +7,13 @@ one node — in this process for one device, under ``torchrun --nproc_per_node``
 the export under the run's store and writes a :class:`~g2rpo.steps.records.TrainRecord` with the
 resolved config beside it.
 
-More than one node is the Kubeflow Trainer ``TrainJob`` launcher's (:func:`launch_multi_node`, the seam
-where it plugs in).
+With ``checkpoint_uri`` (:func:`checkpoint_uri_for`: the run's store, the KFP run id and the task name)
+every complete checkpoint is mirrored to S3, and a task started again with the same run identity (a
+retry after a lost pod, a re-run of the same run) resumes from the newest complete one there.
+
+With ``nodes > 1`` the task trains nothing itself: :func:`g2rpo.steps.train.train` launches (or, on a
+retry, follows) the run's Kubeflow Trainer ``TrainJob`` (:func:`trainjob_for`: the trainer image, the run
+and task, the placement), which trains, mirrors and publishes; the record is read from what it published.
 """
 
 from __future__ import annotations
@@ -18,12 +23,15 @@ import os
 import subprocess
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import g2rpo
+from g2rpo.artifacts.storage import open_store
 from g2rpo.config import load_config, parse_overrides, to_yaml
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.launch.trainjob import DEFAULT_DEADLINE_S, Placement, TrainJobLaunch
 from g2rpo.steps.records import TrainRecord, write_record
 from g2rpo.steps.train import publish_export, train
 from g2rpo.training.run_config import RunConfig, resume_hash
@@ -31,10 +39,11 @@ from g2rpo.training.run_config import RunConfig, resume_hash
 __all__ = [
     "PARAMETER_KEYS",
     "RUN_CONFIG_FILE",
-    "launch_multi_node",
+    "checkpoint_uri_for",
     "resolve_config_path",
     "run_config_for",
     "train_task",
+    "trainjob_for",
 ]
 
 # The pipeline parameters that set a run-config key: what a retraining run changes.
@@ -86,16 +95,59 @@ def run_config_for(
     return load_config(RunConfig, resolve_config_path(config_uri), parse_overrides(items))
 
 
-def launch_multi_node(config: RunConfig, nodes: int, gpus_per_node: int) -> dict[str, Any]:
-    """Train across ``nodes`` nodes: the Kubeflow Trainer ``TrainJob`` launcher's place (not built yet)."""
-    raise G2RPOError(
-        problem(
-            "nodes",
-            nodes,
-            "multi-node needs the TrainJob launcher (Kubeflow Trainer), which is not part of this build; "
-            f"train on one node: nodes=1 with up to {gpus_per_node} GPUs",
-        )
+def checkpoint_uri_for(store_uri: str, run_id: str, task: str, checkpoint_store_uri: str = "") -> str:
+    """Where one run's train task mirrors its checkpoints: ``<base>/<run id>/<task>``, the base being
+    ``checkpoint_store_uri`` or, when that is empty, ``<store_uri>/checkpoints``. Every retry of the task,
+    and every re-run with the same run id, finds the same checkpoints there."""
+    if not run_id or "/" in run_id:
+        raise G2RPOError(problem("run_id", run_id, "give the KFP run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER)"))
+    if not task or "/" in task:
+        raise G2RPOError(problem("task", task, "give the pipeline task's name (one path segment)"))
+    base = (checkpoint_store_uri or f"{store_uri.rstrip('/')}/checkpoints").rstrip("/")
+    return f"{base}/{run_id}/{task}"
+
+
+def trainjob_for(
+    *,
+    image: str,
+    run_id: str,
+    task: str,
+    gpus_per_node: int,
+    node_selector: dict[str, str] | None = None,
+    tolerations: list[dict[str, Any]] | None = None,
+    shm_size: str | None = None,
+    s3_secret: str | None = None,
+    s3_secret_keys: dict[str, str] | None = None,
+    service_account: str | None = None,
+    deadline_s: int = DEFAULT_DEADLINE_S,
+) -> TrainJobLaunch:
+    """The TrainJob of the pipeline's train task: the trainer image, named after the KFP run and task, on
+    the task's own placement (the Secret by name only). Shapes KFP passes through are checked here."""
+    problems = []
+    if not isinstance(node_selector or {}, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in (node_selector or {}).items()
+    ):
+        problems.append(problem("node_selector", node_selector, "give a mapping of label to value"))
+    if not isinstance(tolerations or [], list) or not all(isinstance(t, dict) for t in tolerations or []):
+        problems.append(problem("tolerations", tolerations, "give a list of Kubernetes tolerations (mappings)"))
+    if problems:
+        raise G2RPOError("cannot build the TrainJob:\n  - " + "\n  - ".join(problems))
+    placement = Placement(
+        gpus_per_node=gpus_per_node,
+        node_selector=dict(node_selector or {}),
+        tolerations=list(tolerations or []),
+        shm_size=shm_size or None,
+        service_account=service_account or None,
     )
+    launch = TrainJobLaunch(
+        image=image,
+        run_id=run_id,
+        task=task,
+        placement=placement,
+        s3_secret=s3_secret or None,
+        active_deadline_s=deadline_s,
+    )
+    return launch if s3_secret_keys is None else replace(launch, s3_secret_keys=dict(s3_secret_keys))
 
 
 def train_task(
@@ -110,10 +162,16 @@ def train_task(
     nodes: int = 1,
     gpus_per_node: int = 1,
     work_dir: str | Path | None = None,
+    checkpoint_uri: str | None = None,
+    trainjob: TrainJobLaunch | None = None,
 ) -> TrainRecord:
     """Train on ``prompts`` from ``base_model_uri``; publish the export under ``publish_uri``; write the
     record (and the resolved run config) into ``record_dir``. ``work_dir`` (default a fresh folder under the temp
-    dir: the pod's scratch disk) holds checkpoints and metrics, too large for the task's output artifact."""
+    dir: the pod's scratch disk) holds checkpoints and metrics, too large for the task's output artifact.
+
+    ``checkpoint_uri``: mirror checkpoints there and resume from it (:func:`checkpoint_uri_for`).
+    ``trainjob``: how to launch when ``nodes > 1`` (:func:`trainjob_for`); it needs ``checkpoint_uri``.
+    """
     work_dir = Path(tempfile.mkdtemp(prefix="g2rpo-train-")) if work_dir is None else Path(work_dir)
     if nodes < 1 or gpus_per_node < 1:
         raise G2RPOError(problem("nodes/gpus_per_node", (nodes, gpus_per_node), "both must be at least 1"))
@@ -127,15 +185,28 @@ def train_task(
     (record_dir / RUN_CONFIG_FILE).write_text(to_yaml(config), encoding="utf-8")
     config_hash = resume_hash(config)
     if nodes > 1:
-        summary = launch_multi_node(config, nodes, gpus_per_node)
-        export_uri = publish_export(summary["export"], publish_uri, config_hash, producer=PRODUCER).uri
-    elif gpus_per_node > 1:
-        summary = _torchrun(record_dir / RUN_CONFIG_FILE, Path(work_dir), gpus_per_node)
-        export_uri = publish_export(summary["export"], publish_uri, config_hash, producer=PRODUCER).uri
+        if trainjob is not None and trainjob.placement.gpus_per_node != gpus_per_node:
+            trainjob = replace(trainjob, placement=replace(trainjob.placement, gpus_per_node=gpus_per_node))
+        result = train(
+            config,
+            publish_uri=publish_uri,
+            producer=PRODUCER,
+            checkpoint_uri=checkpoint_uri,
+            nodes=nodes,
+            trainjob=trainjob,
+        )
+        export_uri = result.export_uri
+        published = result.published.manifest.metadata if result.published is not None else {}
+        summary = {"iterations": published.get("iterations", 0)}
+        base_model = json.loads(open_store(export_uri).get_bytes("base_model.json")[0])
     else:
-        result = train(config, publish_uri=publish_uri, producer=PRODUCER)
-        summary, export_uri = result.summary, result.export_uri
-    base_model = json.loads((Path(summary["export"]) / "base_model.json").read_text(encoding="utf-8"))
+        if gpus_per_node > 1:
+            summary = _torchrun(record_dir / RUN_CONFIG_FILE, Path(work_dir), gpus_per_node, checkpoint_uri)
+            export_uri = publish_export(summary["export"], publish_uri, config_hash, producer=PRODUCER).uri
+        else:
+            result = train(config, publish_uri=publish_uri, producer=PRODUCER, checkpoint_uri=checkpoint_uri)
+            summary, export_uri = result.summary, result.export_uri
+        base_model = json.loads((Path(summary["export"]) / "base_model.json").read_text(encoding="utf-8"))
     record = TrainRecord(
         export_uri=export_uri,
         base_model_uri=base_model_uri,
@@ -151,12 +222,14 @@ def train_task(
     return record
 
 
-def _torchrun(config_file: Path, work_dir: Path, gpus: int) -> dict[str, Any]:
-    """``torchrun --standalone --nproc_per_node gpus -m g2rpo train``; the run's summary."""
+def _torchrun(config_file: Path, work_dir: Path, gpus: int, checkpoint_uri: str | None) -> dict[str, Any]:
+    """``torchrun --standalone --nproc_per_node gpus -m g2rpo train [--checkpoint-uri URI]``; the run's summary."""
     work_dir.mkdir(parents=True, exist_ok=True)
     summary_file = work_dir / "summary.json"
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}"]
     command += ["-m", "g2rpo", "train", "--config", str(config_file), "--summary-json", str(summary_file)]
+    if checkpoint_uri is not None:
+        command += ["--checkpoint-uri", checkpoint_uri]
     done = subprocess.run(command, env=os.environ.copy(), check=False)
     if done.returncode != 0:
         raise G2RPOError(f"torchrun with {gpus} processes exited with status {done.returncode}; see the task log")

@@ -7,8 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from components.images import TRAINER_IMAGE
 from g2rpo.errors import ConfigError
-from pipelines.alignment import DEFAULTS, compile_pipeline
+from pipelines.alignment import DEFAULTS, TASK_MARGIN_S, compile_pipeline
 from pipelines.placement import DEFAULT_PROFILE, load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,3 +115,20 @@ def test_a_bad_profile_names_the_field(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_profile(bad)
     assert "gpus_per_node" in str(err.value) and "node_pool" in str(err.value)
+
+
+def test_the_train_task_carries_its_run_identity_checkpoints_and_trainjob_placement():
+    profile = load_profile()
+    spec, _ = _documents(COMPILED)
+    train = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]["train"]["inputs"]["parameters"]
+    constants = {name: value["runtimeValue"]["constant"] for name, value in train.items() if "runtimeValue" in value}
+    assert constants["run_id"] == "{{$.pipeline_job_uuid}}" and constants["task_name"] == "{{$.pipeline_task_name}}"
+    assert constants["trainer_image"] == TRAINER_IMAGE
+    assert constants["shm_size"] == profile.shm_size and constants["service_account"] == profile.service_account
+    assert (
+        constants["s3_secret_name"] == profile.s3_secret_name and constants["s3_secret_keys"] == profile.s3_secret_keys
+    )
+    assert int(constants["trainjob_deadline_s"]) == profile.timeouts.train - TASK_MARGIN_S
+    for name in ("node_selector", "tolerations", "gpus_per_node", "nodes", "checkpoint_store_uri"):
+        assert train[name] == {"componentInputParameter": f"pipelinechannel--{name}"}
+    assert spec["root"]["inputDefinitions"]["parameters"]["checkpoint_store_uri"]["defaultValue"] == ""

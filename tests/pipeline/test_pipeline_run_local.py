@@ -98,21 +98,6 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     assert registry.version_numbers("g2rpo-tiny") == [1, 2]
 
 
-def test_more_than_one_node_needs_the_trainjob_launcher(tmp_path):
-    with pytest.raises(G2RPOError, match="multi-node needs the TrainJob launcher"):
-        train_task(
-            str(ROOT / "configs" / "tiny-cpu.yaml"),
-            {"iterations": 1},
-            prompts=str(ROOT / "configs" / "tiny-prompts.txt"),
-            base_model_uri=str(tmp_path / "tiny-flux"),
-            publish_uri=(tmp_path / "store").as_uri(),
-            record_dir=tmp_path / "record",
-            work_dir=tmp_path / "work",
-            nodes=2,
-        )
-    assert not (tmp_path / "tiny-flux").exists()  # refused before any training
-
-
 def test_unknown_choices_are_refused(tmp_path):
     with pytest.raises(G2RPOError, match="valid: strategy, num_steps"):
         train_task(
