@@ -29,7 +29,15 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+# Debian's chromium renders report.html in the evaluation tests (headless); installed once, as root or with sudo.
+CHROMIUM_STAMP := $(VENV)/.chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+$(CHROMIUM_STAMP):
+	command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y --no-install-recommends chromium; }
+	mkdir -p $(VENV) && touch $(CHROMIUM_STAMP)
+
+install: $(STAMP) $(CHROMIUM_STAMP)
 
 demo: install
 	$(VENV)/bin/g2rpo demo

@@ -210,7 +210,7 @@ class Trainer:
             path = Path(resume)
             self.checkpoints.read_state(path)  # complete? same config hash? (raises otherwise)
             return path
-        latest = self.checkpoints.latest()
+        latest = self.checkpoints.latest_verified(self._log_event) if resume == "auto" else self.checkpoints.latest()
         if resume == "auto" and latest is not None:
             self.checkpoints.read_state(latest)
             return latest

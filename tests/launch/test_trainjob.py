@@ -26,7 +26,8 @@ from g2rpo.launch.trainjob import (
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-CRD = FIXTURES / "crds" / "trainer.kubeflow.org_trainjobs.yaml"
+# The CRD schemas of ../shared/crds (beside the checkout, here and in CI; not vendored).
+CRD = Path(__file__).resolve().parents[3] / "shared" / "crds" / "trainer.kubeflow.org_trainjobs.yaml"
 API_CALLS = FIXTURES / "trainjob_api_calls.json"
 NAMESPACE = "team-a"
 TRAINJOBS = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs"
