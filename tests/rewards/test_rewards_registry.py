@@ -29,6 +29,7 @@ EXPECTED_NAMES = [
     "shapes_shape",
     "sharpness",
     "total_variation",
+    "unified_reward",
 ]
 
 
