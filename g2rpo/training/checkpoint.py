@@ -366,7 +366,7 @@ class CheckpointManager:
         """Restore weights, optimiser, EMA and this rank's RNG from ``directory``.
 
         A checkpoint saved at another world size loads too: the driver repartitions the optimiser
-        state (``driver.load(directory, saved_world_size=...)``), and the per-rank RNG files are not
+        state (``driver.load(directory, state)``), and the per-rank RNG files are not
         used — each rank seeds its streams from (config hash, iteration, rank) instead. The draws
         that matter (noise, branches, subsets) are keyed by global prompt index, not taken from
         these streams, so sampling does not depend on the world size (:mod:`g2rpo.seeding`).
@@ -381,7 +381,7 @@ class CheckpointManager:
                 file=sys.stderr,
                 flush=True,
             )
-        driver.load(directory, saved_world_size=state.world_size)
+        driver.load(directory, state)
         if ema is not None:
             if not (directory / "ema.pt").is_file():
                 raise G2RPOError(

@@ -7,8 +7,8 @@ A driver owns the optimiser (and, under DeepSpeed, the engine around the policy)
   ZeRO-3's gather hooks run);
 - ``backward(loss, boundary)`` — back-propagate one loss term; ``boundary`` closes the accumulation;
 - ``step() -> grad norm`` — clip and step the optimiser;
-- ``learning_rate``, ``save(dir)`` / ``load(dir, saved_world_size)`` (checkpoints), ``full_state_dict()``
-  (export).
+- ``learning_rate``, ``save(dir)`` / ``load(dir, saved)`` (checkpoints; ``saved`` is the checkpoint's
+  :class:`~g2rpo.training.checkpoint.TrainerState`), ``full_state_dict()`` (export).
 
 :class:`TorchDriver` is plain ``torch.optim.AdamW`` + ``clip_grad_norm_`` on one process, fp32.
 :class:`DeepSpeedDriver` is a DeepSpeed engine (ZeRO 0–3, bf16 with fp32 master weights) whose
@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.training.checkpoint import TrainerState
 from g2rpo.training.deepspeed_config import build_deepspeed_config, validate_deepspeed_config
 from g2rpo.training.distributed import DistContext
 from g2rpo.training.run_config import LoraSection, RunConfig
@@ -86,7 +87,7 @@ class TorchDriver:
         torch.save(self.trainable_state(), directory / "torch" / "model.pt")
         torch.save(self.optimizer.state_dict(), directory / "torch" / "optimizer.pt")
 
-    def load(self, directory: Path, saved_world_size: int = 1) -> None:
+    def load(self, directory: Path, saved: TrainerState) -> None:
         # One process always: a plain checkpoint holds whole tensors, whatever saved it.
         weights = torch.load(directory / "torch" / "model.pt", weights_only=True)
         current = self.trainable_state()
@@ -179,7 +180,7 @@ class DeepSpeedDriver:
     def save(self, directory: Path) -> None:
         self.engine.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)
 
-    def load(self, directory: Path, saved_world_size: int) -> None:
+    def load(self, directory: Path, saved: TrainerState) -> None:
         """Restore weights and optimiser state from the checkpoint ``directory`` (collective).
 
         At the world size it was saved with, DeepSpeed reads its own shards. At another one (a
@@ -191,8 +192,18 @@ class DeepSpeedDriver:
         scratch folder is removed. ZeRO stage 0 does not shard: its one ``mp_rank_00_model_states.pt``
         holds the whole optimiser state, and any world size loads it directly.
         """
+        if saved.zero_stage is not None and saved.zero_stage != self.zero_stage:
+            # Each stage keeps its own file layout; DeepSpeed's loaders read only their own.
+            raise G2RPOError(
+                problem(
+                    "deepspeed.zero_stage",
+                    self.zero_stage,
+                    f"checkpoint {directory} was written under ZeRO stage {saved.zero_stage}: resume with "
+                    f"deepspeed.zero_stage={saved.zero_stage} (the world size may change; the stage may not)",
+                )
+            )
         source = directory / "deepspeed"
-        if saved_world_size == self.ctx.world_size or self.zero_stage == 0:
+        if saved.world_size == self.ctx.world_size or self.zero_stage == 0:
             self._load_from(source)
             return
         scratch = directory.with_name(f"{directory.name}.universal")

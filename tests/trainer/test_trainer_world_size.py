@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_testlib import REPO, subprocess_env
+from trainer_testlib import REPO, run_train, subprocess_env, tiny_overrides
 
 from g2rpo.training.checkpoint import CheckpointManager, TrainerState, verify
 from tests.tiny_flux_fixture import make_tiny_flux
@@ -38,7 +38,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(nproc: int, model: Path, out: Path, iterations: int, dump: Path) -> tuple[dict, str]:
+def _launch(
+    nproc: int, model: Path, out: Path, iterations: int, dump: Path, stage: int, precision: str
+) -> tuple[dict, str]:
     torchrun = Path(sys.executable).parent / "torchrun"
     done = subprocess.run(
         [
@@ -52,9 +54,10 @@ def _launch(nproc: int, model: Path, out: Path, iterations: int, dump: Path) -> 
             str(WORKER),
             str(model),
             str(out),
-            "2",
+            str(stage),
             str(iterations),
             str(dump),
+            precision,
         ],
         env=subprocess_env(),
         cwd=REPO,
@@ -66,14 +69,17 @@ def _launch(nproc: int, model: Path, out: Path, iterations: int, dump: Path) -> 
     return torch.load(dump, weights_only=False), done.stderr
 
 
-def _assert_resumed_with_the_same_optimiser_state(tiny_model: Path, tmp_path: Path, first: int, second: int) -> None:
+def _assert_resumed_with_the_same_optimiser_state(
+    tiny_model: Path, tmp_path: Path, first: int, second: int, stage: int = 2, precision: str = "fp32"
+) -> Path:
+    """Train 2 iterations on ``first`` ranks, resume on ``second`` and train 2 more; returns the run's dir."""
     out = tmp_path / "run"
-    saved, _ = _launch(first, tiny_model, out, 2, tmp_path / "saved.pt")
+    saved, _ = _launch(first, tiny_model, out, 2, tmp_path / "saved.pt", stage, precision)
     assert saved["world_size"] == first and saved["end"]["iteration"] == 2 and saved["adam_steps"] == [2.0]
     checkpoint = out / "checkpoints" / "iter-000002"
     assert json.loads((checkpoint / "trainer_state.json").read_text())["world_size"] == first
 
-    resumed, stderr = _launch(second, tiny_model, out, 4, tmp_path / "resumed.pt")
+    resumed, stderr = _launch(second, tiny_model, out, 4, tmp_path / "resumed.pt", stage, precision)
     assert resumed["world_size"] == second
     assert f"saved by {first} rank(s), on {second}" in stderr
     # Right after setup: the iteration and, per parameter, exactly the state saved at iteration 2.
@@ -103,6 +109,7 @@ def _assert_resumed_with_the_same_optimiser_state(tiny_model: Path, tmp_path: Pa
         (2, second),
         (3, second),
     ]
+    return out
 
 
 @pytest.mark.integration
@@ -114,8 +121,41 @@ def test_zero2_checkpoint_of_two_ranks_resumes_on_one_with_the_same_optimiser_st
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_zero2_checkpoint_of_one_rank_resumes_on_two_with_the_same_optimiser_state(tiny_model, tmp_path):
-    _assert_resumed_with_the_same_optimiser_state(tiny_model, tmp_path, first=1, second=2)
+def test_zero2_checkpoint_of_one_rank_resumes_on_two_and_another_zero_stage_is_refused(tiny_model, tmp_path):
+    out = _assert_resumed_with_the_same_optimiser_state(tiny_model, tmp_path, first=1, second=2)
+    # The world size may change, the ZeRO stage may not (each stage has its own file layout):
+    # refused up front, naming the field and the stage to resume with, and nothing is written.
+    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    config = tiny_overrides(
+        tiny_model,
+        out,
+        **{
+            "deepspeed.enabled": True,
+            "deepspeed.zero_stage": 3,
+            "train.iterations": 6,
+            "train.prompts_per_iteration": 4,
+            "output.export": False,
+        },
+    )
+    refused = run_train(config, timeout=800)
+    assert refused.returncode != 0
+    assert "deepspeed.zero_stage" in refused.stderr and "deepspeed.zero_stage=2" in refused.stderr, refused.stderr[
+        -3000:
+    ]
+    assert "Traceback" not in refused.stderr
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize(("stage", "precision"), [(3, "fp32"), (2, "bf16")])
+def test_other_stages_and_bf16_resume_from_two_ranks_on_one_with_the_same_optimiser_state(
+    tiny_model, tmp_path, stage, precision
+):
+    # ZeRO-3 partitions the optimiser state as ZeRO-2 does (and the weights, which this tiny model
+    # keeps whole); bf16 is the production precision: fp32 master weights beside bf16 module weights.
+    _assert_resumed_with_the_same_optimiser_state(tiny_model, tmp_path, 2, 1, stage=stage, precision=precision)
 
 
 class _OneFileDriver:
@@ -129,8 +169,8 @@ class _OneFileDriver:
         (directory / "torch").mkdir()
         (directory / "torch" / "model.pt").write_bytes(b"weights")
 
-    def load(self, directory: Path, saved_world_size: int) -> None:
-        self.loaded_from.append(saved_world_size)
+    def load(self, directory: Path, saved: TrainerState) -> None:
+        self.loaded_from.append(saved.world_size)
 
 
 def _rng_after_load(root: Path, world_size: int, rank: int, driver: _OneFileDriver) -> tuple[torch.Tensor, float]:

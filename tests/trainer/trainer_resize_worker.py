@@ -2,7 +2,7 @@
 (resuming from its latest checkpoint, whatever world size wrote it), record every trainable
 parameter's fp32 master weights and Adam moments as DeepSpeed holds them right after setup, train
 up to ``iterations``, and record them again at the end (argv: model dir, output dir, zero stage,
-iterations, dump file). Rank 0 writes the dump.
+iterations, dump file, precision). Rank 0 writes the dump.
 
 The states are read with DeepSpeed's ``safe_get_full_*`` (collective: every rank calls them), so
 a dump compares whole tensors whatever the partitioning was.
@@ -36,18 +36,19 @@ def optimiser_state(trainer: Trainer) -> dict[str, dict[str, torch.Tensor]]:
                 "fp32": safe_get_full_fp32_param(param).clone(),
                 "exp_avg": safe_get_full_optimizer_state(param, "exp_avg").clone(),
                 "exp_avg_sq": safe_get_full_optimizer_state(param, "exp_avg_sq").clone(),
-                "module": param.detach().clone(),
+                "module": param.detach().clone(),  # ZeRO-3 leaves this tiny model's tensors whole (< 1e5 elements)
             }
     return out
 
 
 def main() -> None:
-    model, out, stage, iterations, dump = (
+    model, out, stage, iterations, dump, precision = (
         Path(sys.argv[1]),
         Path(sys.argv[2]),
         int(sys.argv[3]),
         int(sys.argv[4]),
         Path(sys.argv[5]),
+        sys.argv[6],
     )
     config = load_config(
         RunConfig,
@@ -59,6 +60,7 @@ def main() -> None:
                 "deepspeed.enabled": True,
                 "deepspeed.zero_stage": stage,
                 "train.iterations": iterations,
+                "train.precision": precision,
                 "train.prompts_per_iteration": 4,
                 "train.checkpoint_every": 2,
                 "output.export": False,
