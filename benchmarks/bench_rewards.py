@@ -9,7 +9,8 @@ input so that preprocessing resizes) are scored two ways with the *same* loaded 
 - ``per_image_pil``: what hpsv2 / image-reward / the PickScore model card / the G²RPO scripts do:
   convert each image to a uint8 PIL image, run the reference package's kind of transform (PIL
   resize for open_clip, ImageReward and PickScore's processor; ToTensor + tensor resize for
-  hpsv2), tokenize the one prompt, forward a batch of 1. Weight-free heads: ``score`` per image.
+  hpsv2; the Qwen2.5-VL processor on the PIL image for UnifiedReward), tokenize the one prompt,
+  forward a batch of 1. Weight-free heads: ``score`` per image.
 
 Timing: ``time.perf_counter``, one warm-up, the best of ``--repeats`` runs, ``torch`` on
 ``--threads`` threads. Writes ``benchmarks/results/bench_rewards.json`` and prints a table.
@@ -161,6 +162,27 @@ def build_cases(folder: Path):
         return out
 
     cases["aesthetic"] = (head, aesthetic_single)
+
+    from g2rpo.rewards.unified_reward import ANSWER_PREFIX, SCORE_VALUES, scoring_messages
+
+    ur = tiny.write_tiny_unified_reward(folder / "unified_reward")
+    head = build_reward(RewardModelConfig(name="unified_reward", weights=str(ur["dir"])))
+    values = torch.tensor(SCORE_VALUES, dtype=torch.float32)
+
+    def unified_reward_single(images, prompts, head=head):
+        """The published inference code's shape: one PIL image and one chat per forward."""
+        out = []
+        with torch.no_grad():
+            for image, prompt in zip(images, prompts):
+                chat = head.processor.apply_chat_template(
+                    scoring_messages(prompt), tokenize=False, add_generation_prompt=True
+                )
+                inputs = head.processor(text=[chat + ANSWER_PREFIX], images=[_pil(image)], return_tensors="pt")
+                logits = head.model(**inputs).logits[0, -1, head.score_token_ids].float()
+                out.append(float(torch.softmax(logits, dim=-1) @ values))
+        return out
+
+    cases["unified_reward"] = (head, unified_reward_single)
 
     for name in ("jpeg_compressibility", "sharpness", "total_variation"):
         head = build_reward(name)

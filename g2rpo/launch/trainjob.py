@@ -75,7 +75,8 @@ TRAINING_RUNTIME = "g2rpo-torch-distributed"
 NODE_JOB = "node"  # the runtime's replicated job and container that train (the Trainer's convention)
 CONFIG_ENV = "G2RPO_RUN_CONFIG"  # the resolved run config (YAML) the job's pods train from
 CONFIG_PATH = "/tmp/g2rpo-run-config.yaml"
-# Keys of the Kubernetes Secret named by TrainJobLaunch.s3_secret, exported under the same names.
+# Keys of the Kubernetes Secret named by TrainJobLaunch.s3_secret, exported under the same names
+# unless TrainJobLaunch.s3_secret_keys maps them (the pipeline passes its profile's mapping).
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 LABEL_RUN = "g2rpo.io/kfp-run"
 ANNOTATION_RUN = "g2rpo.io/kfp-run-id"
@@ -110,6 +111,8 @@ class TrainJobLaunch:
     placement: Placement = field(default_factory=Placement)
     env: dict[str, str] = field(default_factory=dict)
     s3_secret: str | None = None  # a Secret holding S3_SECRET_KEYS; its name only, never its values
+    # The Secret's data keys -> the environment variables the pods read them as (default: S3_SECRET_KEYS as named).
+    s3_secret_keys: dict[str, str] = field(default_factory=lambda: {key: key for key in S3_SECRET_KEYS})
     active_deadline_s: int = DEFAULT_DEADLINE_S
     wait_timeout_s: int | None = None  # None: the deadline plus a grace period
     poll_interval_s: int = 30
@@ -155,8 +158,8 @@ def trainjob_options(launch: TrainJobLaunch, name: str, command: list[str]) -> l
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": placement.shm_size}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
     env = [
-        {"name": key, "valueFrom": {"secretKeyRef": {"name": launch.s3_secret, "key": key}}}
-        for key in (S3_SECRET_KEYS if launch.s3_secret else ())
+        {"name": variable, "valueFrom": {"secretKeyRef": {"name": launch.s3_secret, "key": key}}}
+        for key, variable in (launch.s3_secret_keys.items() if launch.s3_secret else ())
     ]
     container = ContainerPatch(name=NODE_JOB, env=env or None, volume_mounts=mounts or None)
     pod = PodSpecPatch(

@@ -15,7 +15,8 @@ YAML::
 
 Per-model optional keys: ``arch`` (open_clip architecture), ``arch_config`` (open_clip config
 or BLIP ``med_config.json``), ``vision_config``, ``tokenizer`` (a folder), ``backbone`` (the
-aesthetic head's CLIP folder), ``batch_size``, ``dtype``. A key a head does not use is an error
+aesthetic head's CLIP folder), ``mode`` and ``max_new_tokens`` (the UnifiedReward judge),
+``batch_size``, ``dtype``. A key a head does not use is an error
 (nothing is silently ignored); whether the files exist is checked when the head is built
 (:func:`g2rpo.rewards.registry.build_reward`), so a config can be validated on a machine
 without the weights. The default is the paper's setting, HPS-v2.1 + CLIP with equal weights;
@@ -35,7 +36,16 @@ from g2rpo.errors import problem
 __all__ = ["RewardModelConfig", "RewardsConfig", "OPTIONAL_KEYS"]
 
 # Optional per-model keys; the registry says which ones each head uses.
-OPTIONAL_KEYS = ("weights", "arch", "arch_config", "vision_config", "tokenizer", "backbone")
+OPTIONAL_KEYS = (
+    "weights",
+    "arch",
+    "arch_config",
+    "vision_config",
+    "tokenizer",
+    "backbone",
+    "mode",
+    "max_new_tokens",
+)
 
 
 class RewardModelConfig(Section):
@@ -59,9 +69,18 @@ class RewardModelConfig(Section):
         None, description="image_reward only: BLIP ViT config JSON (default ViT-L/16 at 224)"
     )
     tokenizer: str | None = Field(
-        None, description="image_reward: folder with bert-base-uncased vocab.txt; pickscore: CLIP processor folder"
+        None,
+        description="image_reward: folder with bert-base-uncased vocab.txt; pickscore, unified_reward: processor folder",
     )
     backbone: str | None = Field(None, description="aesthetic only: open_clip ViT-L/14 (OpenAI) local-dir folder")
+    mode: Literal["expectation", "generate"] | None = Field(
+        None,
+        description="unified_reward only: expectation (Σ v·p over the score tokens, default) or generate "
+        "(greedy answer, the number after 'Final Score:')",
+    )
+    max_new_tokens: int | None = Field(
+        None, ge=1, description="unified_reward only, mode generate: most tokens the judge may write (default 512)"
+    )
     batch_size: int | None = Field(
         None, ge=1, description="images per call for this model (default: rewards.batch_size)"
     )

@@ -170,6 +170,23 @@ def _build_image_reward(cfg, device, dtype, cache_dir):
     )
 
 
+def _build_unified_reward(cfg, device, dtype, cache_dir):
+    from g2rpo.rewards.unified_reward import UnifiedReward
+
+    loc = resolve_location("unified_reward.weights", cfg.weights, cache_dir)
+    processor = getattr(cfg, "tokenizer", None)
+    if processor is not None:
+        processor = resolve_location("unified_reward.tokenizer", processor, cache_dir)
+    return UnifiedReward.from_pretrained_dir(
+        loc,
+        processor_dir=processor,
+        mode=getattr(cfg, "mode", None) or "expectation",
+        max_new_tokens=getattr(cfg, "max_new_tokens", None) or 512,
+        device=device,
+        dtype=dtype,
+    )
+
+
 def _build_aesthetic(cfg, device, dtype, cache_dir):
     from g2rpo.rewards.aesthetic import Aesthetic
 
@@ -241,6 +258,16 @@ REWARDS: dict[str, RewardSpec] = {
             ("weights",),
             "≈ N(0, 1)",
             _build_image_reward,
+        ),
+        RewardSpec(
+            "unified_reward",
+            "UnifiedReward: a Qwen2.5-VL judge's expected 1-5 score for caption agreement and quality",
+            "weights: Qwen2.5-VL judge folder, e.g. CodeGoat24/UnifiedReward-qwen-7b (model + processor); "
+            "optional tokenizer (processor folder), mode (expectation | generate), max_new_tokens",
+            ("weights", "tokenizer", "mode", "max_new_tokens"),
+            ("weights",),
+            "1–5",
+            _build_unified_reward,
         ),
         RewardSpec(
             "aesthetic",

@@ -11,6 +11,7 @@ save them exactly as the published artifacts are laid out:
 | :func:`write_tiny_pickscore_dir` | transformers ``CLIPModel.save_pretrained`` folder + ``preprocessor_config.json`` + CLIP BPE ``vocab.json``/``merges.txt`` | :meth:`PickScore.from_pretrained_dir` |
 | :func:`write_tiny_image_reward` | ``ImageReward.pt`` flat state dict in the *reference* module's key names (``blip.visual_encoder.blocks.0.attn.qkv.weight``, ...) + ``med_config.json`` + ``vision_config.json`` + ``tokenizer/vocab.txt`` | :meth:`ImageReward.from_checkpoint` |
 | :func:`write_tiny_aesthetic` | LAION improved-aesthetic-predictor MLP state dict (``layers.0.weight`` ...) + an open_clip ``local-dir:`` folder | :meth:`Aesthetic.from_files` |
+| :func:`write_tiny_unified_reward` | transformers ``Qwen2_5_VLForConditionalGeneration.save_pretrained`` folder (published key names) + ``Qwen2Tokenizer`` ``tokenizer.json`` + ``Qwen2VLImageProcessor`` config + a Qwen chat template | :meth:`UnifiedReward.from_pretrained_dir` |
 
 Each writer returns a dict of the paths it wrote. The parity helper may use them in the
 reference environments too: they need only torch, open_clip / transformers and the standard
@@ -39,6 +40,9 @@ __all__ = [
     "write_tiny_pickscore_dir",
     "write_tiny_image_reward",
     "write_tiny_aesthetic",
+    "write_tiny_unified_reward",
+    "tiny_qwen2_tokenizer",
+    "QWEN_CHAT_TEMPLATE",
     "tiny_bert_vocab",
     "to_reference_image_reward_keys",
 ]
@@ -305,3 +309,128 @@ def write_tiny_aesthetic(folder: str | Path, *, seed: int = 0) -> dict[str, Path
     weights = folder / "aesthetic_mlp.pth"
     torch.save(mlp.state_dict(), weights)
     return {"mlp": weights, "clip_dir": clip["dir"]}
+
+
+# --------------------------------------------------------------------------- UnifiedReward (Qwen2.5-VL)
+
+# Qwen2.5-VL's special tokens, in the order the published vocabulary numbers them after the BPE tokens.
+_QWEN_SPECIALS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+
+# The Qwen chat format (ChatML; an image part becomes <|vision_start|><|image_pad|><|vision_end|>),
+# written for the tiny judge; the published checkpoints ship their own template.
+QWEN_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Merges that make "Final" and " Score" single tokens, as in the published vocabulary.
+_QWEN_MERGES = ("F i", "Fi n", "Fin a", "Fina l", "Ġ S", "ĠS c", "ĠSc o", "ĠSco r", "ĠScor e")
+
+
+def tiny_qwen2_tokenizer():
+    """A transformers ``Qwen2Tokenizer`` built offline: byte-level BPE over the 256 byte symbols, a
+    few merges, and Qwen2.5-VL's special tokens (eos ``<|im_end|>``, pad ``<|endoftext|>``).
+
+    Digits are single tokens, as in Qwen's vocabulary; any text encodes (bytes fall back to
+    single symbols).
+    """
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import Qwen2Tokenizer
+
+    symbols = sorted(ByteLevel.alphabet())
+    merged = [a + b for a, b in (m.split(" ") for m in _QWEN_MERGES)]
+    vocab = {tok: i for i, tok in enumerate(symbols + merged)}
+    tokenizer = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=[tuple(m.split(" ")) for m in _QWEN_MERGES],
+        unk_token=None,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": list(_QWEN_SPECIALS[1:])})
+    return tokenizer
+
+
+def write_tiny_unified_reward(folder: str | Path, *, seed: int = 0) -> dict[str, Path]:
+    """A tiny Qwen2.5-VL judge folder in the published layout (``config.json``,
+    ``model.safetensors``, ``tokenizer.json``, ``processor_config.json``, ``chat_template.jinja``).
+
+    Vision: patch 8, merge 2, images resized into 256–4096 pixels (a 32×32 image is 4 image
+    tokens); text: 2 layers, 32 wide. Weights are seeded random with the output layer scaled up so
+    that the score tokens' probabilities differ visibly.
+    """
+    from transformers import (
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+        Qwen2_5_VLProcessor,
+        Qwen2VLImageProcessor,
+        Qwen2VLVideoProcessor,
+    )
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer = tiny_qwen2_tokenizer()
+    image_processor = Qwen2VLImageProcessor(
+        patch_size=8, merge_size=2, temporal_patch_size=2, min_pixels=16 * 16, max_pixels=64 * 64
+    )
+    video_processor = Qwen2VLVideoProcessor(patch_size=8, merge_size=2, temporal_patch_size=2)
+    processor = Qwen2_5_VLProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        video_processor=video_processor,
+        chat_template=QWEN_CHAT_TEMPLATE,
+    )
+    processor.save_pretrained(folder)
+    ids = tokenizer.convert_tokens_to_ids
+    config = Qwen2_5_VLConfig(
+        text_config={
+            "vocab_size": len(tokenizer),
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 2,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "max_position_embeddings": 1024,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [1, 1, 2]},
+            "bos_token_id": ids("<|endoftext|>"),
+            "eos_token_id": ids("<|im_end|>"),
+            "pad_token_id": ids("<|endoftext|>"),
+        },
+        vision_config={
+            "depth": 2,
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_heads": 2,
+            "patch_size": 8,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "window_size": 32,
+            "out_hidden_size": 32,
+            "fullatt_block_indexes": [1],
+        },
+        image_token_id=ids("<|image_pad|>"),
+        video_token_id=ids("<|video_pad|>"),
+        vision_start_token_id=ids("<|vision_start|>"),
+        vision_end_token_id=ids("<|vision_end|>"),
+    )
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(config)
+    _jitter_(model, torch.Generator().manual_seed(seed + 1))
+    with torch.no_grad():
+        model.lm_head.weight.mul_(8.0)
+    model.save_pretrained(folder)
+    return {"dir": folder}

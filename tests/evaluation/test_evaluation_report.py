@@ -229,9 +229,18 @@ def test_hpdv2_prompts_are_read_where_they_lie():
     assert len(prompt_set.prompts) == 400 and all(p == p.strip() for p in prompt_set.prompts)
 
 
-def test_unified_reward_joins_the_evaluation_when_registered(tiny_flux_dir, tmp_path):
-    """Wired for when g2rpo.rewards.unified_reward lands: the evaluation scores with every registered
-    metric, so the tiny UnifiedReward needs no evaluation change."""
-    if "unified_reward" not in reward_names():
-        pytest.skip("unified_reward is not registered yet (branch unifiedreward)")
-    pytest.fail("unified_reward is registered: give this test its tiny checkpoint and evaluate with it")
+def test_unified_reward_joins_the_evaluation(tiny_flux_dir, tmp_path):
+    """The tiny UnifiedReward judge (g2rpo.rewards.tiny) scores every image like any registered
+    metric: expected 1–5 scores in scores.jsonl, summarised in metrics.json."""
+    from g2rpo.rewards.tiny import write_tiny_unified_reward
+
+    judge = write_tiny_unified_reward(tmp_path / "judge")["dir"]
+    models = [{"name": "unified_reward", "weights": str(judge)}, {"name": "sharpness"}]
+    result = evaluate(str(tiny_flux_dir), _config(rewards={"models": models}, extra_steps=[]), str(tmp_path / "eval"))
+    root = Path(result.output_uri)
+    lines = [json.loads(line) for line in (root / "scores.jsonl").read_text().splitlines()]
+    judged = np.array([line["scores"]["unified_reward"] for line in lines])
+    assert len(judged) == 4 and np.isfinite(judged).all() and ((judged >= 1) & (judged <= 5)).all()
+    summary = json.loads((root / "metrics.json").read_text())["by_steps"]["3"]["unified_reward"]
+    assert summary["n"] == 4 and summary["mean"] == pytest.approx(judged.mean(), abs=1e-9)
+    assert "unified_reward" in (root / "report.html").read_text()

@@ -39,3 +39,10 @@ def tiny_aesthetic(tmp_path_factory):
     from g2rpo.rewards.tiny import write_tiny_aesthetic
 
     return write_tiny_aesthetic(tmp_path_factory.mktemp("aesthetic"))
+
+
+@pytest.fixture(scope="session")
+def tiny_unified_reward(tmp_path_factory):
+    from g2rpo.rewards.tiny import write_tiny_unified_reward
+
+    return write_tiny_unified_reward(tmp_path_factory.mktemp("unified_reward"))

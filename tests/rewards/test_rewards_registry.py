@@ -25,6 +25,7 @@ EXPECTED_NAMES = [
     "pickscore",
     "sharpness",
     "total_variation",
+    "unified_reward",
 ]
 
 

@@ -1,0 +1,91 @@
+"""Component **train**: the prepared prompts in, the published export's record out (:func:`g2rpo.steps.train_task.train_task`).
+
+Checkpoints are mirrored under the run's checkpoint store, named by the KFP run id and the task name, so a
+retried task resumes. With ``nodes > 1`` the task launches the run's TrainJob in the trainer image on the
+task's own placement (node selector, tolerations, /dev/shm, the S3 Secret by name, service account).
+"""
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Metrics, Model, Output
+
+from components.images import TRAINER_IMAGE
+
+
+@dsl.component(base_image=TRAINER_IMAGE, install_kfp_package=False)
+def train(
+    data: Input[Dataset],
+    config_uri: str,
+    base_model_uri: str,
+    strategy: str,
+    num_steps: int,
+    group_size: int,
+    granularities: list,
+    rewards: list,
+    iterations: int,
+    learning_rate: float,
+    overrides: list,
+    store_uri: str,
+    model_name: str,
+    nodes: int,
+    gpus_per_node: int,
+    checkpoint_store_uri: str,
+    run_id: str,
+    task_name: str,
+    trainer_image: str,
+    node_selector: dict,
+    tolerations: list,
+    shm_size: str,
+    s3_secret_name: str,
+    s3_secret_keys: dict,
+    service_account: str,
+    trainjob_deadline_s: int,
+    model: Output[Model],
+    metrics: Output[Metrics],
+):
+    """Train on ``data``'s train split; ``model`` receives the record of the export published under ``store_uri``."""
+    # KFP ships this function's source alone, so its imports live inside it.
+    import os
+
+    from g2rpo.steps.train_task import checkpoint_uri_for, train_task, trainjob_for
+
+    choices = {
+        "strategy": strategy,
+        "num_steps": num_steps,
+        "group_size": group_size,
+        "granularities": granularities,
+        "rewards": rewards,
+        "iterations": iterations,
+        "learning_rate": learning_rate,
+    }
+    record = train_task(
+        config_uri,
+        choices,
+        overrides,
+        prompts=os.path.join(data.path, "train.jsonl"),
+        base_model_uri=base_model_uri,
+        publish_uri=f"{store_uri.rstrip('/')}/exports/{model_name}",
+        record_dir=model.path,
+        nodes=nodes,
+        gpus_per_node=gpus_per_node,
+        checkpoint_uri=checkpoint_uri_for(store_uri, run_id, task_name, checkpoint_store_uri),
+        trainjob=trainjob_for(
+            image=trainer_image,
+            run_id=run_id,
+            task=task_name,
+            gpus_per_node=gpus_per_node,
+            node_selector=node_selector,
+            tolerations=tolerations,
+            shm_size=shm_size,
+            s3_secret=s3_secret_name,
+            s3_secret_keys=s3_secret_keys,
+            service_account=service_account,
+            deadline_s=trainjob_deadline_s,
+        )
+        if nodes > 1
+        else None,
+    )
+    model.metadata.update({"export_uri": record.export_uri, "config_hash": record.config_hash})
+    metrics.log_metric("iterations", record.iterations)
+    for name in ("first_reward", "last_reward"):
+        if getattr(record, name) is not None:
+            metrics.log_metric(name, getattr(record, name))

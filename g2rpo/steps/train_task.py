@@ -1,0 +1,236 @@
+"""Step **train**, as the pipeline's train task runs it: pipeline choices in, a published export and its record out.
+
+:func:`run_config_for` turns the pipeline's parameters into a validated :class:`RunConfig`: the base
+config file, then the choices a retraining run changes (:data:`PARAMETER_KEYS`, one table), then any
+further ``key=value`` overrides, then where this task reads and writes. :func:`train_task` trains on
+one node — in this process for one device, under ``torchrun --nproc_per_node`` for several — publishes
+the export under the run's store and writes a :class:`~g2rpo.steps.records.TrainRecord` with the
+resolved config beside it.
+
+With ``checkpoint_uri`` (:func:`checkpoint_uri_for`: the run's store, the KFP run id and the task name)
+every complete checkpoint is mirrored to S3, and a task started again with the same run identity (a
+retry after a lost pod, a re-run of the same run) resumes from the newest complete one there.
+
+With ``nodes > 1`` the task trains nothing itself: :func:`g2rpo.steps.train.train` launches (or, on a
+retry, follows) the run's Kubeflow Trainer ``TrainJob`` (:func:`trainjob_for`: the trainer image, the run
+and task, the placement), which trains, mirrors and publishes; the record is read from what it published.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import g2rpo
+from g2rpo.artifacts.storage import open_store
+from g2rpo.config import load_config, parse_overrides, to_yaml
+from g2rpo.errors import G2RPOError, problem
+from g2rpo.launch.trainjob import DEFAULT_DEADLINE_S, Placement, TrainJobLaunch
+from g2rpo.steps.records import TrainRecord, write_record
+from g2rpo.steps.train import publish_export, train
+from g2rpo.training.run_config import RunConfig, resume_hash
+
+__all__ = [
+    "PARAMETER_KEYS",
+    "RUN_CONFIG_FILE",
+    "checkpoint_uri_for",
+    "resolve_config_path",
+    "run_config_for",
+    "train_task",
+    "trainjob_for",
+]
+
+# The pipeline parameters that set a run-config key: what a retraining run changes.
+PARAMETER_KEYS = {
+    "strategy": "algorithm.strategy",
+    "num_steps": "algorithm.num_steps",  # T
+    "group_size": "algorithm.group_size",  # G
+    "granularities": "algorithm.g2rpo.granularities",  # Λ (a G²RPO setting)
+    "rewards": "rewards.models",  # [{name, weight, ...}, ...]
+    "iterations": "train.iterations",
+    "learning_rate": "train.learning_rate",
+}
+RUN_CONFIG_FILE = "run-config.yaml"
+PRODUCER = f"g2rpo pipeline train {g2rpo.__version__}"
+
+
+def resolve_config_path(config_uri: str) -> Path:
+    """A base config file: a path as given, else relative to the g2rpo checkout (``configs/...`` in the image)."""
+    path = Path(config_uri.removeprefix("file://"))
+    if path.is_file():
+        return path
+    checkout = Path(g2rpo.__file__).resolve().parents[1] / path
+    if not path.is_absolute() and checkout.is_file():
+        return checkout
+    raise G2RPOError(problem("config_uri", config_uri, "no such config file; e.g. configs/flux-dev-h200.yaml"))
+
+
+def run_config_for(
+    config_uri: str,
+    choices: dict[str, Any],
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    base_model_uri: str,
+    prompts: str,
+    output_dir: str | Path,
+) -> RunConfig:
+    """The run config: ``config_uri``, then ``choices`` (keys of :data:`PARAMETER_KEYS`), then ``overrides``,
+    then the model, prompts and output folder of this task. Every problem is reported at once."""
+    unknown = sorted(set(choices) - set(PARAMETER_KEYS))
+    if unknown:
+        raise G2RPOError(problem("choices", unknown, f"unknown; valid: {', '.join(PARAMETER_KEYS)}"))
+    items = [f"{PARAMETER_KEYS[name]}={json.dumps(value)}" for name, value in choices.items()]
+    items += list(overrides)
+    items += [
+        f"model.path={json.dumps(base_model_uri)}",
+        f"data.prompts={json.dumps(str(prompts))}",
+        f"output.dir={json.dumps(str(output_dir))}",
+    ]
+    return load_config(RunConfig, resolve_config_path(config_uri), parse_overrides(items))
+
+
+def checkpoint_uri_for(store_uri: str, run_id: str, task: str, checkpoint_store_uri: str = "") -> str:
+    """Where one run's train task mirrors its checkpoints: ``<base>/<run id>/<task>``, the base being
+    ``checkpoint_store_uri`` or, when that is empty, ``<store_uri>/checkpoints``. Every retry of the task,
+    and every re-run with the same run id, finds the same checkpoints there."""
+    if not run_id or "/" in run_id:
+        raise G2RPOError(problem("run_id", run_id, "give the KFP run id (dsl.PIPELINE_JOB_ID_PLACEHOLDER)"))
+    if not task or "/" in task:
+        raise G2RPOError(problem("task", task, "give the pipeline task's name (one path segment)"))
+    base = (checkpoint_store_uri or f"{store_uri.rstrip('/')}/checkpoints").rstrip("/")
+    return f"{base}/{run_id}/{task}"
+
+
+def trainjob_for(
+    *,
+    image: str,
+    run_id: str,
+    task: str,
+    gpus_per_node: int,
+    node_selector: dict[str, str] | None = None,
+    tolerations: list[dict[str, Any]] | None = None,
+    shm_size: str | None = None,
+    s3_secret: str | None = None,
+    s3_secret_keys: dict[str, str] | None = None,
+    service_account: str | None = None,
+    deadline_s: int = DEFAULT_DEADLINE_S,
+) -> TrainJobLaunch:
+    """The TrainJob of the pipeline's train task: the trainer image, named after the KFP run and task, on
+    the task's own placement (the Secret by name only). Shapes KFP passes through are checked here."""
+    problems = []
+    if not isinstance(node_selector or {}, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in (node_selector or {}).items()
+    ):
+        problems.append(problem("node_selector", node_selector, "give a mapping of label to value"))
+    if not isinstance(tolerations or [], list) or not all(isinstance(t, dict) for t in tolerations or []):
+        problems.append(problem("tolerations", tolerations, "give a list of Kubernetes tolerations (mappings)"))
+    if problems:
+        raise G2RPOError("cannot build the TrainJob:\n  - " + "\n  - ".join(problems))
+    placement = Placement(
+        gpus_per_node=gpus_per_node,
+        node_selector=dict(node_selector or {}),
+        tolerations=list(tolerations or []),
+        shm_size=shm_size or None,
+        service_account=service_account or None,
+    )
+    launch = TrainJobLaunch(
+        image=image,
+        run_id=run_id,
+        task=task,
+        placement=placement,
+        s3_secret=s3_secret or None,
+        active_deadline_s=deadline_s,
+    )
+    return launch if s3_secret_keys is None else replace(launch, s3_secret_keys=dict(s3_secret_keys))
+
+
+def train_task(
+    config_uri: str,
+    choices: dict[str, Any],
+    overrides: list[str] | tuple[str, ...] = (),
+    *,
+    prompts: str,
+    base_model_uri: str,
+    publish_uri: str,
+    record_dir: str | Path,
+    nodes: int = 1,
+    gpus_per_node: int = 1,
+    work_dir: str | Path | None = None,
+    checkpoint_uri: str | None = None,
+    trainjob: TrainJobLaunch | None = None,
+) -> TrainRecord:
+    """Train on ``prompts`` from ``base_model_uri``; publish the export under ``publish_uri``; write the
+    record (and the resolved run config) into ``record_dir``. ``work_dir`` (default a fresh folder under the temp
+    dir: the pod's scratch disk) holds checkpoints and metrics, too large for the task's output artifact.
+
+    ``checkpoint_uri``: mirror checkpoints there and resume from it (:func:`checkpoint_uri_for`).
+    ``trainjob``: how to launch when ``nodes > 1`` (:func:`trainjob_for`); it needs ``checkpoint_uri``.
+    """
+    work_dir = Path(tempfile.mkdtemp(prefix="g2rpo-train-")) if work_dir is None else Path(work_dir)
+    if nodes < 1 or gpus_per_node < 1:
+        raise G2RPOError(problem("nodes/gpus_per_node", (nodes, gpus_per_node), "both must be at least 1"))
+    config = run_config_for(
+        config_uri, choices, overrides, base_model_uri=base_model_uri, prompts=prompts, output_dir=work_dir
+    )
+    if not config.output.export:
+        raise G2RPOError(problem("output.export", False, "the pipeline publishes the export: leave it true"))
+    record_dir = Path(record_dir)
+    record_dir.mkdir(parents=True, exist_ok=True)
+    (record_dir / RUN_CONFIG_FILE).write_text(to_yaml(config), encoding="utf-8")
+    config_hash = resume_hash(config)
+    if nodes > 1:
+        if trainjob is not None and trainjob.placement.gpus_per_node != gpus_per_node:
+            trainjob = replace(trainjob, placement=replace(trainjob.placement, gpus_per_node=gpus_per_node))
+        result = train(
+            config,
+            publish_uri=publish_uri,
+            producer=PRODUCER,
+            checkpoint_uri=checkpoint_uri,
+            nodes=nodes,
+            trainjob=trainjob,
+        )
+        export_uri = result.export_uri
+        published = result.published.manifest.metadata if result.published is not None else {}
+        summary = {"iterations": published.get("iterations", 0)}
+        base_model = json.loads(open_store(export_uri).get_bytes("base_model.json")[0])
+    else:
+        if gpus_per_node > 1:
+            summary = _torchrun(record_dir / RUN_CONFIG_FILE, Path(work_dir), gpus_per_node, checkpoint_uri)
+            export_uri = publish_export(summary["export"], publish_uri, config_hash, producer=PRODUCER).uri
+        else:
+            result = train(config, publish_uri=publish_uri, producer=PRODUCER, checkpoint_uri=checkpoint_uri)
+            summary, export_uri = result.summary, result.export_uri
+        base_model = json.loads((Path(summary["export"]) / "base_model.json").read_text(encoding="utf-8"))
+    record = TrainRecord(
+        export_uri=export_uri,
+        base_model_uri=base_model_uri,
+        base_model_name=config.model.base_model_name,
+        licence=str(base_model["license"]["name"]),
+        config_hash=config_hash,
+        run_config=RUN_CONFIG_FILE,
+        iterations=int(summary["iterations"]),
+        first_reward=summary.get("first_reward"),
+        last_reward=summary.get("last_reward"),
+    )
+    write_record(record, record_dir)
+    return record
+
+
+def _torchrun(config_file: Path, work_dir: Path, gpus: int, checkpoint_uri: str | None) -> dict[str, Any]:
+    """``torchrun --standalone --nproc_per_node gpus -m g2rpo train [--checkpoint-uri URI]``; the run's summary."""
+    work_dir.mkdir(parents=True, exist_ok=True)
+    summary_file = work_dir / "summary.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={gpus}"]
+    command += ["-m", "g2rpo", "train", "--config", str(config_file), "--summary-json", str(summary_file)]
+    if checkpoint_uri is not None:
+        command += ["--checkpoint-uri", checkpoint_uri]
+    done = subprocess.run(command, env=os.environ.copy(), check=False)
+    if done.returncode != 0:
+        raise G2RPOError(f"torchrun with {gpus} processes exited with status {done.returncode}; see the task log")
+    return json.loads(summary_file.read_text(encoding="utf-8"))

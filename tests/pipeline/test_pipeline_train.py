@@ -1,0 +1,160 @@
+"""The pipeline's train task beyond one pod: checkpoints mirrored under the run's identity so a lost pod
+resumes from S3, and more than one node as the run's Kubeflow Trainer TrainJob.
+
+The TrainJob test runs the real launcher (Kubeflow SDK) against the loopback Kubernetes API of tests/launch, which here also plays the Trainer controller: it runs
+the job's container command once per node, with the ``PET_*`` variables the Trainer's torch plugin sets
+and the S3 credentials resolved from the Secret the job names, and reports Complete or Failed by their
+exit status. So the job body the task creates is the one that trains, mirrors and publishes.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import yaml
+
+from g2rpo.artifacts.manifest import verify
+from g2rpo.artifacts.storage import open_store
+from g2rpo.errors import G2RPOError
+from g2rpo.launch.trainjob import CONFIG_ENV, TRAINING_RUNTIME, job_name
+from g2rpo.steps.train_task import checkpoint_uri_for, train_task, trainjob_for
+from g2rpo.training.mirror import CheckpointMirror
+from pipelines.placement import load_profile
+from tests.launch.kubeapi import KubeAPI, condition
+from tests.trainer.trainer_testlib import subprocess_env
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = str(ROOT / "configs" / "tiny-cpu.yaml")
+PROMPTS = str(ROOT / "configs" / "tiny-prompts.txt")
+OVERRIDES = ["train.prompts_per_iteration=2", "train.checkpoint_every=1", "train.progress=false"]
+RUN_ID = "5d0f6b1e-8c2a-4f7e-b0d3-2a9c4e6f8b10"
+NAMESPACE = "team-a"
+
+
+def _task(tiny_flux_dir: Path, work_dir: Path, store: str, iterations: int, overrides=OVERRIDES, **kwargs):
+    return train_task(
+        CONFIG,
+        {"iterations": iterations},
+        overrides,
+        prompts=PROMPTS,
+        base_model_uri=str(tiny_flux_dir),
+        publish_uri=f"{store}/exports/g2rpo-tiny",
+        record_dir=work_dir / "record",
+        work_dir=work_dir / "work",
+        **kwargs,
+    )
+
+
+def test_checkpoint_uri_is_the_runs_store_run_id_and_task():
+    assert checkpoint_uri_for("s3://b/artifacts/", RUN_ID, "train") == f"s3://b/artifacts/checkpoints/{RUN_ID}/train"
+    assert checkpoint_uri_for("s3://b/a", RUN_ID, "train", "s3://ckpt/") == f"s3://ckpt/{RUN_ID}/train"
+    with pytest.raises(G2RPOError, match="run_id='': give the KFP run id"):
+        checkpoint_uri_for("s3://b/a", "", "train")
+
+
+def test_a_retried_train_task_resumes_from_the_runs_s3_checkpoints(tiny_flux_dir, s3_env, tmp_path):
+    store = f"{s3_env.uri}/artifacts"
+    uri = checkpoint_uri_for(store, RUN_ID, "train")
+    # The first attempt's pod is lost in iteration 2 (SIGKILL), after checkpoints 1 and 2 reached S3.
+    attempt = (
+        "import json, sys; from g2rpo.steps.train_task import train_task; "
+        "train_task(*json.loads(sys.argv[1]), **json.loads(sys.argv[2]))"
+    )
+    args = [CONFIG, {"iterations": 3}, OVERRIDES]
+    kwargs = dict(prompts=PROMPTS, base_model_uri=str(tiny_flux_dir), publish_uri=f"{store}/exports/g2rpo-tiny")
+    kwargs.update(record_dir=str(tmp_path / "pod-1" / "record"), work_dir=str(tmp_path / "pod-1" / "work"))
+    env = {**subprocess_env(), "G2RPO_FAULT_KILL_AT": "iteration:2"}
+    first = subprocess.run(
+        [sys.executable, "-c", attempt, json.dumps(args), json.dumps({**kwargs, "checkpoint_uri": uri})],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert first.returncode == -signal.SIGKILL, first.stderr[-3000:]
+    mirror = CheckpointMirror(uri, keep_last=2)
+    assert mirror.newest() == 2 and not (tmp_path / "pod-1" / "record" / "record.json").exists()
+
+    # The retry runs on a fresh pod (nothing of the first one's disk) with the same run identity.
+    record = _task(tiny_flux_dir, tmp_path / "pod-2", store, 3, checkpoint_uri=uri)
+    events = [json.loads(line) for line in (tmp_path / "pod-2" / "work" / "metrics.jsonl").read_text().splitlines()]
+    assert [e["iteration"] for e in events if e.get("event") == "resumed"] == [2]
+    assert [e["iteration"] for e in events if "prompt_indices" in e] == [2]  # only what was left
+    assert record.iterations == 3 and mirror.newest() == 3
+    assert verify(open_store(record.export_uri), deep=True).metadata["iterations"] == 3
+
+
+def test_a_multi_node_train_task_launches_the_runs_trainjob(tiny_flux_dir, s3_env, tmp_path):
+    # The real launcher talks to a loopback Kubernetes API; the "cluster" reports the job Failed at its
+    # first poll (no nodes run here: two DeepSpeed ranks as separate local "nodes" did not rendezvous on
+    # this machine), so the task must fail with the job's message, and the TrainJob it created is checked.
+    profile = load_profile()
+    store = f"{s3_env.uri}/artifacts"
+    uri = checkpoint_uri_for(store, RUN_ID, "train")
+    launch = trainjob_for(
+        image="ghcr.io/g2rpo/g2rpo-trainer:test",
+        run_id=RUN_ID,
+        task="train",
+        gpus_per_node=1,
+        node_selector=profile.node_selector,
+        tolerations=profile.tolerations,
+        shm_size=profile.shm_size,
+        s3_secret=profile.s3_secret_name,
+        s3_secret_keys=profile.s3_secret_keys,
+        service_account=profile.service_account,
+        deadline_s=7200,
+    )
+    failed = {"conditions": [condition("Failed", "node-1 exited with code 137 (OOMKilled)", "TrainingFailed")]}
+    with KubeAPI(TRAINING_RUNTIME, script=lambda job, polls: failed) as api:
+        # In a pod the SDK reads the in-cluster config and namespace; here they point at the loopback API.
+        launch = replace(launch, namespace=NAMESPACE, client_configuration=api.configuration(), poll_interval_s=1)
+        with pytest.raises(G2RPOError, match=r"TrainingFailed: node-1 exited with code 137 \(OOMKilled\)"):
+            _task(
+                tiny_flux_dir,
+                tmp_path / "task",
+                store,
+                2,
+                [*OVERRIDES, "deepspeed.enabled=true"],  # data parallelism across ranks is DeepSpeed's
+                nodes=2,
+                gpus_per_node=1,
+                checkpoint_uri=uri,
+                trainjob=launch,
+            )
+
+    (job,) = [c["body"] for c in api.calls if c["method"] == "POST"]
+    name = job_name(RUN_ID, "train")
+    assert job["metadata"]["name"] == name and api.jobs[name]["metadata"]["namespace"] == NAMESPACE
+    spec = job["spec"]
+    assert spec["activeDeadlineSeconds"] == 7200
+    assert spec["trainer"]["numNodes"] == 2 and spec["trainer"]["image"] == "ghcr.io/g2rpo/g2rpo-trainer:test"
+    assert spec["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 1
+    assert "exec torchrun -m g2rpo train" in spec["trainer"]["command"][2]
+    export_base = f"{store}/exports/g2rpo-tiny/{name}"
+    assert spec["trainer"]["command"][4:] == ["--checkpoint-uri", uri, "--publish", export_base]
+    config = yaml.safe_load({e["name"]: e["value"] for e in spec["trainer"]["env"]}[CONFIG_ENV])
+    assert config["train"]["iterations"] == 2 and config["model"]["path"] == str(tiny_flux_dir)
+    (patch,) = spec["runtimePatches"]
+    pod = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == profile.node_selector and pod["tolerations"] == profile.tolerations
+    assert pod["serviceAccountName"] == profile.service_account
+    assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": profile.shm_size}}]
+    (container,) = pod["containers"]
+    assert {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]} == {
+        env: {"name": profile.s3_secret_name, "key": key} for key, env in profile.s3_secret_keys.items()
+    }
+    assert s3_env.env["AWS_SECRET_ACCESS_KEY"] not in json.dumps(job)  # the Secret's name, never its values
+
+
+def test_more_than_one_node_needs_a_trainjob_and_is_refused_before_training(tmp_path):
+    with pytest.raises(G2RPOError, match="more than one node trains as a Kubeflow TrainJob"):
+        _task(tmp_path / "tiny-flux", tmp_path, (tmp_path / "store").as_uri(), 1, nodes=2, checkpoint_uri="s3://b/c")
+    assert not (tmp_path / "tiny-flux").exists() and not (tmp_path / "store").exists()
