@@ -28,6 +28,7 @@ from g2rpo.evaluation.config import EvaluationConfig
 from g2rpo.evaluation.policy import load_policy, resolve_device, sigma_grid
 from g2rpo.evaluation.sampling import EvalResult, sample_and_score
 from g2rpo.models.flux import FluxConditioning
+from g2rpo.observability.push import PushTarget, push_evaluation
 from g2rpo.rewards.registry import build_reward
 
 __all__ = ["EvaluateResult", "evaluate"]
@@ -56,12 +57,15 @@ def evaluate(
     base_model_uri: str | None = None,
     settings: S3Settings | None = None,
     progress: bool = False,
+    pushgateway: PushTarget | None = None,
+    version_label: str = "",
 ) -> EvaluateResult:
     """Evaluate the model at ``model_uri`` on ``config``'s prompts × seeds; publish at ``output_uri``.
 
     ``base_model_uri`` is the Flux pipeline an export was trained from (its VAE and text encoders);
     it defaults to the local location the export records. ``output_uri`` must not hold a published
-    artifact yet (checked before any sampling).
+    artifact yet (checked before any sampling). With ``pushgateway`` the metric summaries are pushed
+    there, labelled ``version=version_label`` (a gateway that is down is a warning).
     """
     started = time.perf_counter()
 
@@ -123,6 +127,8 @@ def evaluate(
             settings=settings,
         )
     metrics = metric_summaries(result)
+    if pushgateway is not None:
+        push_evaluation(pushgateway, metrics, steps=config.num_steps, version=version_label)
     say("done")
     return EvaluateResult(
         output_uri=output_uri,

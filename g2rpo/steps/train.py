@@ -1,7 +1,8 @@
 """Step **train**: a validated run config in, the trained export (optionally published as an artifact) out.
 
 :func:`train` runs the whole job (:func:`g2rpo.training.trainer.train_from_config`: resume, iterations,
-checkpoints, export) and, with ``publish_uri``, publishes the export folder under a fresh prefix of
+checkpoints, export; rank 0 serves Prometheus ``/metrics`` when ``observability.metrics_port``
+is set, :func:`training_exporter`) and, with ``publish_uri``, publishes the export folder under a fresh prefix of
 that URI (:func:`publish_export`). Under torchrun every rank calls :func:`train`; rank 0 publishes.
 
 :func:`~g2rpo.training.metrics.read_iteration_records` (re-exported here) reads ``metrics.jsonl`` back.
@@ -22,6 +23,7 @@ from g2rpo.artifacts.manifest import Manifest, publish_dir, unique_prefix
 from g2rpo.artifacts.storage import S3Settings
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.config import EvaluationConfig
+from g2rpo.observability import TrainingExporter
 from g2rpo.training.checkpoint import manifest_metadata
 from g2rpo.training.metrics import read_iteration_records
 from g2rpo.training.run_config import RunConfig, resume_hash
@@ -34,6 +36,7 @@ __all__ = [
     "publish_export",
     "read_iteration_records",
     "train",
+    "training_exporter",
 ]
 
 
@@ -73,7 +76,12 @@ def train(
     under a fresh prefix of it and return its URI and manifest."""
     if publish_uri is not None and not config.output.export:
         raise G2RPOError(problem("output.export", False, "publishing needs the export: set output.export=true"))
-    summary = train_from_config(config)
+    exporter = training_exporter(config) if int(os.environ.get("RANK", "0")) == 0 else None
+    try:
+        summary = train_from_config(config, [exporter] if exporter is not None else [])
+    finally:
+        if exporter is not None:
+            exporter.close()
     config_hash = resume_hash(config)
     export_dir = None if summary["export"] is None else Path(summary["export"])
     published = None
@@ -88,6 +96,24 @@ def train(
         export_dir=export_dir,
         config_hash=config_hash,
         published=published,
+    )
+
+
+def training_exporter(config: RunConfig) -> TrainingExporter | None:
+    """The /metrics exporter of ``config.observability`` (None when ``metrics_port`` is null)."""
+    obs = config.observability
+    if obs.metrics_port is None:
+        return None
+    return TrainingExporter(
+        obs.metrics_port,
+        address=obs.metrics_address,
+        run_id=obs.run_id or Path(config.output.dir).name,
+        pipeline=obs.pipeline,
+        strategy=config.algorithm.strategy,
+        model=config.model.base_model_name,
+        target_iterations=config.train.iterations,
+        strides=config.algorithm.strides,  # the reward columns, when there is one per stride
+        linger_seconds=obs.linger_seconds,
     )
 
 
