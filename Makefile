@@ -4,6 +4,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+# Debian packages the tests start as real servers (tests/observability): Prometheus (with promtool)
+# and the Pushgateway. Installed once; skipped when their binaries are already on PATH.
+DEBS := prometheus prometheus-pushgateway
+DEB_STAMP := $(VENV)/.debs-installed
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # torch/torchvision first, pinned (both lie on local disk here; an unpinned torch downloads GBs).
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 PYTEST_ARGS ?=
@@ -29,7 +34,17 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
-install: $(STAMP)
+$(DEB_STAMP):
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v prometheus-pushgateway >/dev/null; then \
+		echo "prometheus, promtool, prometheus-pushgateway: already installed"; \
+	elif command -v apt-get >/dev/null; then \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends $(DEBS); \
+	else \
+		echo "warning: no apt-get: install $(DEBS) yourself, or the observability tests skip" >&2; exit 0; \
+	fi
+	mkdir -p $(VENV) && touch $@
+
+install: $(STAMP) $(DEB_STAMP)
 
 demo: install
 	$(VENV)/bin/g2rpo demo
