@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     from g2rpo.seeding import Draws
     from g2rpo.strategies import build_strategy
     from g2rpo.strategies.config import AlgorithmConfig
-    from g2rpo.strategies.g2rpo import sampling_forwards
+    from g2rpo.strategies.g2rpo import G2RPOSettings, sampling_forwards
 
     pipe = build_tiny_flux_pipeline(seed=0)
     model = FluxVelocity(pipe.transformer, height=args.size, width=args.size)
@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     finals = {}
     for name, micro in (("batched", args.micro_batch), ("batch1", 1)):
-        config = AlgorithmConfig(num_steps=args.steps, group_size=args.group, granularities=strides, micro_batch=micro)
+        config = AlgorithmConfig(
+            num_steps=args.steps, group_size=args.group, micro_batch=micro, g2rpo=G2RPOSettings(granularities=strides)
+        )
         strategy = build_strategy(config)
 
         def run(strategy=strategy):
@@ -98,12 +100,12 @@ def main(argv: list[str] | None = None) -> int:
                 "seconds": best,
             }
         )
-    config = AlgorithmConfig(num_steps=args.steps, group_size=args.group, granularities=strides)
-    ours = sampling_forwards(args.steps, args.group, config.trained_steps, strides)
-    reference = reference_forwards(args.steps, args.group, config.trained_steps, strides)
+    trained_steps = G2RPOSettings(granularities=strides).all_branch_steps(args.steps)  # M
+    ours = sampling_forwards(args.steps, args.group, trained_steps, strides)
+    reference = reference_forwards(args.steps, args.group, trained_steps, strides)
     result = {
         "benchmark": "bench_core_rollout",
-        "settings": {**vars(args), "latent_shape": list(model.latent_shape), "trained_steps": config.trained_steps},
+        "settings": {**vars(args), "latent_shape": list(model.latent_shape), "trained_steps": trained_steps},
         "machine": {"platform": platform.platform(), "torch": torch.__version__},
         "runs": rows,
         "speedup_batched_vs_batch1": rows[1]["seconds"] / rows[0]["seconds"],
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(
         f"G²RPO rollout, tiny Flux {args.size}×{args.size}, T={args.steps} G={args.group} Λ={strides} "
-        f"|M|={len(config.trained_steps)}, {args.prompts} prompts, {args.threads} thread(s)"
+        f"|M|={len(trained_steps)}, {args.prompts} prompts, {args.threads} thread(s)"
     )
     print(f"{'mode':<9} {'micro':>5} {'forwards':>9} {'calls':>6} {'seconds':>8}")
     for row in rows:

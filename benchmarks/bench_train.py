@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 SETTINGS = {
     "tiny-cpu": {},
     "paper-shape": {
-        "algorithm": {"num_steps": 16, "group_size": 12, "granularities": [1, 2, 3], "micro_batch": 128},
+        "algorithm": {"num_steps": 16, "group_size": 12, "micro_batch": 128, "g2rpo": {"granularities": [1, 2, 3]}},
         "train": {"prompts_per_iteration": 1},
     },
 }
@@ -87,8 +87,8 @@ def run_setting(name: str, model_dir: Path, work: Path, iterations: int) -> dict
         "setting": name,
         "num_steps": alg.num_steps,
         "group_size": alg.group_size,
-        "trained_steps": len(alg.trained_steps),
-        "strides": alg.strides,
+        "trained_steps": len(alg.g2rpo.all_branch_steps(alg.num_steps)),
+        "strides": alg.g2rpo.granularities,
         "prompts_per_iteration": config.train.prompts_per_iteration,
         "image_size": config.model.height,
         "seconds_per_iteration": wall,

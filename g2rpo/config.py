@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import types
 import typing
 from pathlib import Path
@@ -38,7 +39,7 @@ __all__ = [
     "ConfigError",
     "load_config",
     "parse_overrides",
-    "apply_overrides",
+    "deep_merge",
     "config_hash",
     "describe",
     "to_yaml",
@@ -51,6 +52,12 @@ class Section(BaseModel):
     """Base of every config section: frozen, unknown keys rejected, defaults validated."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    @classmethod
+    def unknown_key_fix(cls, key: str, path: str) -> str | None:
+        """Where ``key`` belongs when it is not a field of this section (the section sits at the dotted
+        ``path``, "" at the top), for the unknown-key message; None when it belongs nowhere known."""
+        return None
 
 
 # --------------------------------------------------------------------------- overrides
@@ -90,12 +97,13 @@ def parse_overrides(items: typing.Iterable[str]) -> dict[str, Any]:
     return tree
 
 
-def apply_overrides(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge ``overrides`` into a copy of ``base`` (dicts merge, everything else replaces)."""
+def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``overrides`` over a copy of ``base``: nested dicts merge key by key; anything else, lists
+    included, replaces the base's value. Neither argument is modified."""
     out = dict(base)
     for key, value in overrides.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = apply_overrides(out[key], value)
+            out[key] = deep_merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -125,20 +133,31 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def _field_help(cls: type[BaseModel], loc: tuple[Any, ...]) -> tuple[str | None, list[str] | None]:
-    """Help text of the field at ``loc`` and, for an unknown key, the valid keys of its section."""
+def _field_help(cls: type[BaseModel], loc: tuple[Any, ...]) -> tuple[str | None, type[BaseModel] | None]:
+    """Help text of the field at ``loc`` and, for an unknown key, the section class it was found in."""
     model: Any = cls
     for i, part in enumerate(loc):
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return None, None
         fields = model.model_fields
         if part not in fields:
-            return None, sorted(fields) if i == len(loc) - 1 else None
+            return None, model if i == len(loc) - 1 else None
         info = fields[part]
         if i == len(loc) - 1:
             return info.description, None
         model = _unwrap_model(info.annotation)
     return None, None
+
+
+def _field_annotation(cls: type[BaseModel], loc: tuple[Any, ...]) -> Any:
+    """The annotation of the field at ``loc`` (None where ``loc`` leaves the sections)."""
+    annotation: Any = cls
+    for part in loc:
+        model = _unwrap_model(annotation)
+        if not (isinstance(model, type) and issubclass(model, BaseModel)) or part not in model.model_fields:
+            return None
+        annotation = model.model_fields[part].annotation
+    return annotation
 
 
 def _unwrap_model(annotation: Any) -> Any:
@@ -162,17 +181,31 @@ def format_validation_error(cls: type[BaseModel], err: ValidationError) -> list[
         kind = e["type"]
         value = e.get("input")
         if kind == "extra_forbidden":
-            _, valid = _field_help(cls, loc)
+            _, section = _field_help(cls, loc)
             fix = "unknown key; remove it or fix the spelling"
-            if valid:
-                fix += f" (valid keys here: {', '.join(valid)})"
+            if section is not None:
+                fix += f" (valid keys here: {', '.join(sorted(section.model_fields))})"
+                moved = (
+                    section.unknown_key_fix(str(loc[-1]), ".".join(str(p) for p in loc[:-1]))
+                    if issubclass(section, Section)
+                    else None
+                )
+                if moved:
+                    fix += f"; {moved}"
             lines.append(f"{field}: {fix}")
             continue
         if kind == "value_error":
-            # Cross-field checks already phrase field, value and fix themselves.
+            # Cross-field checks already phrase field, value and fix themselves; a problem that names a
+            # field of the failing section gets the section's dotted path in front of it.
             msg = str(e["msg"]).removeprefix("Value error, ")
-            prefix = "" if not loc else f"{field}: "
-            lines.append(prefix + msg)
+            if loc:
+                section = _unwrap_model(_field_annotation(cls, loc))
+                fields = section.model_fields if isinstance(section, type) and issubclass(section, BaseModel) else {}
+                msg = "\n  - ".join(
+                    f"{field}.{part}" if re.split(r"[.=]", part, maxsplit=1)[0] in fields else f"{field}: {part}"
+                    for part in msg.split("\n  - ")
+                )
+            lines.append(msg)
             continue
         help_text, _ = _field_help(cls, loc)
         shown = repr(value)
@@ -198,7 +231,7 @@ def load_config(
     """
     data = _read_yaml(Path(path)) if path is not None else {}
     extra = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
-    data = apply_overrides(data, extra)
+    data = deep_merge(data, extra)
     try:
         return cls.model_validate(data)
     except ValidationError as err:

@@ -8,7 +8,8 @@ skipped). Exact duplicates are dropped (first occurrence kept) and counted. The 
 test is deterministic and independent of the file's order: a prompt goes to test when its key
 ``sha256(f"{seed}\\x00{prompt}")`` is among the ``n_test`` smallest; both splits keep the file's
 order. :func:`prepare_prompts` writes ``train.jsonl`` and ``test.jsonl`` (``{"index", "prompt"}``
-per line) and then ``manifest.json`` (sha256 per file, counts), last.
+per line) and then ``manifest.json``, last (the artifact manifest of :mod:`g2rpo.artifacts.manifest`:
+sha256 and size of both files; the counts in its metadata).
 
 **Text-embedding cache.** Flux's text conditioning is the T5-XXL sequence embedding ``[S, 4096]``
 plus CLIP-L's pooled embedding ``[768]``. Computing them once per prompt set means training holds
@@ -21,9 +22,13 @@ prompt is 512 · 4096 · 2 B = 4 MiB (+1.5 KiB pooled), so the 103.7k HPSv2 trai
 - **memory-mapped and read lazily**: safetensors' ``safe_open`` maps a shard and a row slice reads
   only that row's bytes, so a rank touches just the prompts it is given;
 - **indexed**: ``index.json`` maps each prompt's global index to ``(prompt, shard, row)``;
-- **manifested**: ``manifest.json`` (schema version, shapes, dtype, encoder, sha256 and size of
-  every file) is written last. A directory without it is an unfinished cache and is refused;
-  opening checks every file's size (and, with ``verify=True``, its sha256 — a full read).
+- **manifested**: ``manifest.json`` is the manifest every g2rpo artifact carries
+  (:mod:`g2rpo.artifacts.manifest`: schema version, producer, sha256 and size of every file),
+  written last; the cache's own facts (count, shards, dtype, shapes, encoder source and
+  ``max_sequence_length``) are its ``metadata``. A directory without it is an unfinished cache and
+  is refused; opening checks every file's presence and size and ``index.json``'s sha256 (and, with
+  ``verify=True``, every shard's sha256 — a full read). A cache whose files do not match is refused
+  with the file named and the fix: rebuild it with ``g2rpo data prep --model ... --overwrite``.
 
 The embeddings are stored in the text encoders' dtype and read back bit-exactly.
 """
@@ -33,12 +38,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from g2rpo import __version__
+from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, mismatches, read_manifest, write_dir_manifest
+from g2rpo.artifacts.storage import FileStore, sha256_file
 from g2rpo.errors import G2RPOError, problem
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -47,6 +54,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from g2rpo.models.flux import FluxConditioning, FluxTextEncoder
 
 __all__ = [
+    "CACHE_KIND",
     "CACHE_SCHEMA_VERSION",
     "EmbeddingCache",
     "PrepSummary",
@@ -56,26 +64,21 @@ __all__ = [
     "read_prompt_file",
     "read_prompt_location",
     "read_prompt_split",
-    "sha256_file",
     "split_prompts",
     "write_embedding_cache",
 ]
 
-CACHE_SCHEMA_VERSION = 1
-PROMPTS_SCHEMA_VERSION = 1
-MANIFEST = "manifest.json"
+# The cache's layout (shards + index.json, the metadata keys); 2 since the manifest is the artifacts' one.
+CACHE_SCHEMA_VERSION = 2
+CACHE_KIND = "flux-text-embeddings"
+PROMPTS_KIND = "prompt-split"
+MANIFEST = MANIFEST_NAME
+INDEX = "index.json"
 _MAX_LISTED_PROBLEMS = 20
+_REBUILD = "rebuild it with `g2rpo data prep --model ... --overwrite`"
 
 
 # --------------------------------------------------------------------------- files
-
-
-def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _write_json(path: Path, data: Any) -> None:
@@ -268,16 +271,11 @@ def prepare_prompts(
     _write_jsonl(out / "train.jsonl", train)
     _write_jsonl(out / "test.jsonl", test)
     summary = PrepSummary(str(source), len(prompts), duplicates, len(train), len(test), seed, str(out))
-    _write_json(
-        out / MANIFEST,
-        {
-            "schema_version": PROMPTS_SCHEMA_VERSION,
-            "kind": "prompt-split",
-            "producer": "g2rpo.data.prepare_prompts",
-            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-            "summary": summary.as_dict(),
-            "files": {n: {"bytes": (out / n).stat().st_size, "sha256": sha256_file(out / n)} for n in names[:2]},
-        },
+    write_dir_manifest(
+        out,
+        producer=f"g2rpo.data.prepare_prompts {__version__}",
+        metadata={"kind": PROMPTS_KIND, "summary": summary.as_dict()},
+        names=names[:2],
     )
     return summary
 
@@ -313,10 +311,12 @@ def write_embedding_cache(
     overwrite: bool = False,
     progress: bool = False,
 ) -> dict[str, Any]:
-    """Encode ``prompts`` with ``encoder`` and write the sharded cache to ``output``; return its manifest.
+    """Encode ``prompts`` with ``encoder`` and write the sharded cache to ``output``, manifest last.
 
     Prompt ``i`` (its global index) lands in shard ``i // shard_rows``, row ``i % shard_rows``.
-    ``encoder_source`` (the model location) is recorded in the manifest.
+    ``encoder_source`` (the model location) is recorded in the manifest. Returns the manifest's
+    metadata (``count``, ``shards``, ``shard_rows``, ``shapes``, ``dtype``, ``encoder``) plus
+    ``total_bytes``, the size of every file of the cache.
     """
     from safetensors.torch import save_file
 
@@ -339,7 +339,7 @@ def write_embedding_cache(
             raise G2RPOError(problem("output", str(out), "directory is not empty; choose another or pass --overwrite"))
         # The manifest goes first: from here on the old cache counts as unfinished.
         (out / MANIFEST).unlink(missing_ok=True)
-        for old in list(out.glob("shard-*.safetensors")) + [out / "index.json"]:
+        for old in list(out.glob("shard-*.safetensors")) + [out / INDEX]:
             old.unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -348,7 +348,7 @@ def write_embedding_cache(
         from tqdm import tqdm
 
         bar = tqdm(total=len(prompts), desc="text embeddings", unit="prompt")
-    files: dict[str, dict[str, Any]] = {}
+    shards: list[str] = []
     entries: list[list[Any]] = []
     pending: list[FluxConditioning] = []
     pending_rows = 0
@@ -361,7 +361,7 @@ def write_embedding_cache(
 
         cond = FluxConditioning.cat(pending)
         take, rest = cond[:rows], cond[rows:]
-        number = len(files)
+        number = len(shards)
         name = _shard_name(number)
         first = number * shard_rows
         save_file(
@@ -372,7 +372,7 @@ def write_embedding_cache(
             str(out / name),
             metadata={"first_index": str(first), "rows": str(rows)},
         )
-        files[name] = {"bytes": (out / name).stat().st_size, "sha256": sha256_file(out / name)}
+        shards.append(name)
         pending = [rest] if len(rest) else []
         pending_rows = len(rest)
 
@@ -399,24 +399,22 @@ def write_embedding_cache(
     if bar is not None:
         bar.close()
 
-    _write_json(out / "index.json", {"shard_rows": shard_rows, "entries": entries})
-    files["index.json"] = {"bytes": (out / "index.json").stat().st_size, "sha256": sha256_file(out / "index.json")}
-    manifest = {
-        "schema_version": CACHE_SCHEMA_VERSION,
-        "kind": "flux-text-embeddings",
-        "producer": "g2rpo.data.write_embedding_cache",
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    _write_json(out / INDEX, {"shard_rows": shard_rows, "entries": entries})
+    metadata = {
+        "kind": CACHE_KIND,
+        "cache_version": CACHE_SCHEMA_VERSION,
         "count": len(prompts),
         "shard_rows": shard_rows,
-        "shards": [_shard_name(n) for n in range(len(files) - 1)],
+        "shards": shards,
         "shapes": shapes,
         "dtype": dtype_name,
         "encoder": {"source": encoder_source, "max_sequence_length": encoder.max_sequence_length},
-        "files": files,
-        "total_bytes": sum(f["bytes"] for f in files.values()),
     }
-    _write_json(out / MANIFEST, manifest)  # last: the cache is complete from here on
-    return manifest
+    # last: the cache is complete from here on
+    manifest = write_dir_manifest(
+        out, producer=f"g2rpo.data.write_embedding_cache {__version__}", metadata=metadata, names=[*shards, INDEX]
+    )
+    return {**metadata, "total_bytes": manifest.total_size}
 
 
 class EmbeddingCache:
@@ -429,59 +427,60 @@ class EmbeddingCache:
 
     def __init__(self, path: str | Path, *, verify: bool = False) -> None:
         self.path = Path(path)
-        self.manifest = self._check(verify)
-        index = json.loads((self.path / "index.json").read_text(encoding="utf-8"))
+        self.manifest: Manifest = self._check(verify)
+        self.metadata: dict[str, Any] = dict(self.manifest.metadata)
+        index = json.loads((self.path / INDEX).read_text(encoding="utf-8"))
         entries = index["entries"]
-        if len(entries) != self.manifest["count"]:
+        if len(entries) != self.metadata["count"]:
             raise G2RPOError(
-                f"embedding cache {str(self.path)!r}: index.json lists {len(entries)} prompts, the manifest "
-                f"{self.manifest['count']}; rebuild it with `g2rpo data prep ... --overwrite`"
+                f"embedding cache {str(self.path)!r}: {INDEX} lists {len(entries)} prompts, the manifest "
+                f"{self.metadata['count']}; {_REBUILD}"
             )
         self.prompts: list[str] = [e[0] for e in entries]
         self._where: list[tuple[int, int]] = [(int(e[1]), int(e[2])) for e in entries]
         self._position = {p: i for i, p in enumerate(self.prompts)}
         self._handles: dict[int, Any] = {}
 
-    def _check(self, verify: bool) -> dict[str, Any]:
+    def _check(self, verify: bool) -> Manifest:
+        """The cache's manifest, once its files match it (sizes; every sha256 when ``verify``)."""
         root = self.path
-        fix = "rebuild it with `g2rpo data prep ... --overwrite`"
+        where = f"embedding cache {str(root)!r}"
         if not root.is_dir():
             raise G2RPOError(
                 problem(
                     "embeddings", str(root), "no such directory; build the cache with `g2rpo data prep --model ...`"
                 )
             )
-        manifest_path = root / MANIFEST
-        if not manifest_path.is_file():
+        if not (root / MANIFEST).is_file():
             found = sorted(p.name for p in root.iterdir())
             what = f"it holds {', '.join(found[:5])}{' ...' if len(found) > 5 else ''}" if found else "it is empty"
-            raise G2RPOError(
-                f"embedding cache {str(root)!r} is incomplete: no {MANIFEST} ({what}); the writer did not finish — {fix}"
-            )
+            raise G2RPOError(f"{where} is incomplete: no {MANIFEST} ({what}); the writer did not finish — {_REBUILD}")
+        store = FileStore(root)
         try:
-            manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise G2RPOError(f"{manifest_path}: unreadable ({exc}); {fix}") from None
-        if manifest.get("schema_version") != CACHE_SCHEMA_VERSION or manifest.get("kind") != "flux-text-embeddings":
+            manifest = read_manifest(store)
+        except G2RPOError as exc:  # e.g. the format of g2rpo before the shared manifest
+            raise G2RPOError(f"{where} has no readable manifest ({exc}); {_REBUILD}") from None
+        meta = manifest.metadata
+        if meta.get("kind") != CACHE_KIND or meta.get("cache_version") != CACHE_SCHEMA_VERSION:
             raise G2RPOError(
                 problem(
-                    f"{manifest_path}:schema_version",
-                    manifest.get("schema_version"),
-                    f"this g2rpo reads schema {CACHE_SCHEMA_VERSION} of kind flux-text-embeddings; {fix}",
+                    f"{root / MANIFEST}:metadata",
+                    {"kind": meta.get("kind"), "cache_version": meta.get("cache_version")},
+                    f"this g2rpo reads {CACHE_KIND} caches of version {CACHE_SCHEMA_VERSION}; {_REBUILD}",
                 )
             )
-        problems = []
-        for name, info in manifest["files"].items():
-            file = root / name
-            if not file.is_file():
-                problems.append(f"{file}: missing")
-            elif file.stat().st_size != info["bytes"]:
-                problems.append(f"{file}: {file.stat().st_size} bytes, manifest says {info['bytes']}")
-            elif (verify or name == "index.json") and sha256_file(file) != info["sha256"]:
-                problems.append(f"{file}: sha256 differs from the manifest")
+        listed = {entry.path: entry for entry in manifest.files}
+        unlisted = [name for name in [*meta.get("shards", []), INDEX] if name not in listed]
+        problems = [f"{name}: part of the cache but not in the manifest's files" for name in unlisted]
+        if not problems:
+            problems = mismatches(store, manifest, deep=verify)
+        if not problems and not verify:  # index.json is read in full anyway: its digest is always checked
+            digest, expected = sha256_file(root / INDEX)[1], listed[INDEX].sha256
+            if digest != expected:
+                problems = [f"{INDEX}: sha256 {digest[:12]}…, manifest says {expected[:12]}…"]
         if problems:
             raise G2RPOError(
-                f"embedding cache {str(root)!r} is damaged ({len(problems)} problem(s)); {fix}:\n"
+                f"{where} does not match its manifest ({len(problems)} problem(s)); {_REBUILD}:\n"
                 + "\n".join(f"  - {p}" for p in problems)
             )
         return manifest
@@ -496,7 +495,7 @@ class EmbeddingCache:
 
     @property
     def max_sequence_length(self) -> int:
-        return int(self.manifest["shapes"]["prompt_embeds"][0])
+        return int(self.metadata["shapes"]["prompt_embeds"][0])
 
     def index_of(self, prompt: str) -> int:
         """Global index of ``prompt`` (a KeyError-free lookup: unknown prompts are a G2RPOError)."""

@@ -45,7 +45,7 @@ import torch
 
 from g2rpo import core
 from g2rpo.artifacts.promotion import Decision, format_decision, load_gates
-from g2rpo.config import load_config, parse_overrides
+from g2rpo.config import deep_merge, load_config, parse_overrides
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.sampling import EvalResult, save_before_after_grid, save_reward_curve
 from g2rpo.models.tiny import save_tiny_flux
@@ -87,7 +87,7 @@ trained version is promoted iff training raised the reward on the evaluation set
 PAPER_SETTINGS = {
     "algorithm.num_steps": 16,
     "algorithm.group_size": 12,
-    "algorithm.granularities": [1, 2, 3],
+    "algorithm.g2rpo.granularities": [1, 2, 3],
     "algorithm.ratio_clip": 1e-4,
     "model.height": 720,
     "train.learning_rate": 2e-6,
@@ -146,7 +146,7 @@ def run_demo(
         "train": {"iterations": iterations, "seed": seed, "progress": progress},
         "output": {"dir": str(run_dir / "train")},
     }
-    config = load_config(RunConfig, config_path, _merge(_merge(DEMO_OVERRIDES, base), user))
+    config = load_config(RunConfig, config_path, deep_merge(deep_merge(DEMO_OVERRIDES, base), user))
     algo = config.algorithm
     if not config.output.export:
         raise G2RPOError(problem("output.export", False, "the demo publishes and registers the export: leave it true"))
@@ -224,7 +224,7 @@ def run_demo(
     last = records[-1]
     echo(f"[8/8] summary ({time.perf_counter() - started:.0f} s)")
     echo(
-        f"  ran: {algo.strategy}, T={algo.num_steps}, G={algo.group_size}, M={algo.trained_steps}, Λ={algo.strides}, "
+        f"  ran: {algo.strategy}, T={algo.num_steps}, G={algo.group_size}, {_strategy_settings(algo)}, "
         f"η={algo.eta}, ε={algo.ratio_clip}, lr={config.train.learning_rate}, {trained.summary['iterations']} "
         f"iterations × {config.train.prompts_per_iteration} prompts, {config.model.height}×{config.model.width}, "
         f"reward {name}"
@@ -261,12 +261,12 @@ def run_demo(
     )
 
 
-def _merge(base: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
-    """``extra`` over ``base``, nested sections merged key by key."""
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
+def _strategy_settings(algo: AlgorithmConfig) -> str:
+    """The chosen strategy's own settings for the printout: M and Λ for G²RPO, its section otherwise."""
+    if algo.strategy == "g2rpo":
+        return f"M={algo.g2rpo.all_branch_steps(algo.num_steps)}, Λ={list(algo.g2rpo.granularities)}"
+    section = getattr(algo, algo.strategy)
+    return ", ".join(f"{key}={value}" for key, value in section.model_dump().items())
 
 
 def _departures(config: Any) -> str:
@@ -274,7 +274,7 @@ def _departures(config: Any) -> str:
     current = {
         "algorithm.num_steps": config.algorithm.num_steps,
         "algorithm.group_size": config.algorithm.group_size,
-        "algorithm.granularities": config.algorithm.granularities,
+        "algorithm.g2rpo.granularities": config.algorithm.g2rpo.granularities,
         "algorithm.ratio_clip": config.algorithm.ratio_clip,
         "model.height": config.model.height,
         "train.learning_rate": config.train.learning_rate,
@@ -342,7 +342,7 @@ def run_toy_demo(
 
     echo(
         f"g2rpo demo: strategy={config.strategy} T={config.num_steps} G={config.group_size} "
-        f"M={config.trained_steps} Λ={config.strides} η={config.eta} ε={config.ratio_clip} "
+        f"{_strategy_settings(config)} η={config.eta} ε={config.ratio_clip} "
         f"on a toy velocity model ({sum(p.numel() for p in model.parameters())} parameters, "
         f"{num_prompts} prompts, latents {list(LATENT_SHAPE)}), AdamW lr={lr}"
     )

@@ -25,12 +25,14 @@ Use :func:`unique_prefix` to give each publish its own prefix (``name-20261129T1
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
 import secrets
 import shutil
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -59,9 +61,11 @@ __all__ = [
     "Manifest",
     "scan_dir",
     "write_manifest",
+    "write_dir_manifest",
     "read_manifest",
     "has_manifest",
     "verify",
+    "mismatches",
     "publish_dir",
     "download_dir",
     "fetch_to_cache",
@@ -146,13 +150,24 @@ def unique_uri(uri: str) -> str:
 # --------------------------------------------------------------------------- writing
 
 
-def scan_dir(local_dir: str | Path) -> list[FileEntry]:
-    """A :class:`FileEntry` for every regular file under ``local_dir`` (sorted, digests computed)."""
+def scan_dir(local_dir: str | Path, names: Iterable[str] | None = None) -> list[FileEntry]:
+    """A :class:`FileEntry` for every regular file under ``local_dir`` (sorted, digests computed).
+
+    ``names`` (paths relative to ``local_dir``) limits the list to those files, for a writer that
+    shares its folder with files that are not part of the artifact.
+    """
     root = Path(local_dir)
     if not root.is_dir():
         raise G2RPOError(problem("local_dir", str(local_dir), "not a directory; pass the folder to publish"))
+    if names is None:
+        paths = sorted(p for p in root.rglob("*") if p.is_file())
+    else:
+        paths = sorted(root / name for name in names)
+        missing = [str(p) for p in paths if not p.is_file()]
+        if missing:
+            raise G2RPOError(problem("names", missing[0], f"not a file under {root}; list only files the artifact has"))
     entries = []
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+    for path in paths:
         rel = path.relative_to(root).as_posix()
         if rel == MANIFEST_NAME or rel == MARKER_NAME:
             raise G2RPOError(problem("local_dir", str(path), f"{rel!r} is reserved for g2rpo; rename the file"))
@@ -185,6 +200,26 @@ def write_manifest(
             "publish under a new prefix (see unique_prefix)"
         ) from None
     return manifest
+
+
+def write_dir_manifest(
+    local_dir: str | Path,
+    *,
+    producer: str,
+    config_hash: str | None = None,
+    metadata: dict | None = None,
+    names: Iterable[str] | None = None,
+) -> Manifest:
+    """Seal a local folder as an artifact: its files (all, or ``names``) with size and sha256 in
+    ``manifest.json``, written last and create-only, so the manifest's presence means "complete".
+    """
+    store = FileStore(local_dir)
+    if has_manifest(store):
+        raise G2RPOError(
+            f"{store.uri} is already published (it has a {MANIFEST_NAME}); artifacts are immutable: "
+            "write to a new folder, or remove the old manifest first when replacing the folder's contents"
+        )
+    return write_manifest(store, "", scan_dir(local_dir, names), producer, config_hash=config_hash, metadata=metadata)
 
 
 def _manifest_key(prefix: str) -> str:
@@ -225,12 +260,8 @@ def has_manifest(store: Store, prefix: str = "") -> bool:
     return store.exists(_manifest_key(prefix))
 
 
-def verify(store: Store, prefix: str = "", deep: bool = False) -> Manifest:
-    """Check that every file of the manifest is there with its size (``deep``: and its sha256).
-
-    Raises a G2RPOError listing every mismatch at once.
-    """
-    manifest = read_manifest(store, prefix)
+def mismatches(store: Store, manifest: Manifest, prefix: str = "", deep: bool = False) -> list[str]:
+    """One line per file of ``manifest`` that is missing or has another size (``deep``: or sha256)."""
     problems = []
     for entry in manifest.files:
         key = f"{prefix}/{entry.path}" if prefix else entry.path
@@ -245,6 +276,16 @@ def verify(store: Store, prefix: str = "", deep: bool = False) -> Manifest:
             digest = _digest_of(store, key)
             if digest != entry.sha256:
                 problems.append(f"{entry.path}: sha256 {digest[:12]}…, manifest says {entry.sha256[:12]}…")
+    return problems
+
+
+def verify(store: Store, prefix: str = "", deep: bool = False) -> Manifest:
+    """Check that every file of the manifest is there with its size (``deep``: and its sha256).
+
+    Raises a G2RPOError listing every mismatch at once.
+    """
+    manifest = read_manifest(store, prefix)
+    problems = mismatches(store, manifest, prefix, deep)
     if problems:
         raise G2RPOError(f"{store.uri_for(prefix)} does not match its manifest:\n  - " + "\n  - ".join(problems))
     return manifest
@@ -395,8 +436,6 @@ def fetch_to_cache(uri: str, cache_dir: str | Path | None = None, settings: S3Se
     it into place (so concurrent fetches cannot leave a half-filled entry). Local artifacts
     (``file://`` and plain paths) are returned in place after checking their manifest and sizes.
     """
-    import hashlib
-
     store = open_store(uri, settings)
     if isinstance(store, FileStore):
         verify(store)

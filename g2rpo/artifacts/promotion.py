@@ -26,7 +26,6 @@ decision compared against a champion that is no longer the champion.
 
 from __future__ import annotations
 
-import hashlib
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -43,6 +42,7 @@ from g2rpo.artifacts.registry import (
     Registry,
     RegistryState,
 )
+from g2rpo.artifacts.storage import sha256_file
 from g2rpo.config import Section, load_config
 from g2rpo.errors import G2RPOError, problem
 
@@ -132,7 +132,7 @@ def load_gates(path: str | Path | None = None, overrides=()) -> tuple[Gates, str
     if not path.is_file():
         raise G2RPOError(problem("gates", str(path), "no such file; pass a gates YAML (see g2rpo/gates/default.yaml)"))
     gates = load_config(Gates, path, overrides)
-    return gates, hashlib.sha256(path.read_bytes()).hexdigest()
+    return gates, sha256_file(path)[1]
 
 
 # --------------------------------------------------------------------------- statistics

@@ -30,7 +30,7 @@ def add_commands(subparsers) -> None:
         default=[],
         metavar="KEY=VALUE",
         help="override a run-config setting, e.g. --set algorithm.group_size=6 --set train.learning_rate=3e-3 "
-        "(repeatable; with --toy an algorithm setting, e.g. --set granularities=[1,2])",
+        "(repeatable; with --toy an algorithm setting, e.g. --set g2rpo.granularities=[1,2])",
     )
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     parser.add_argument(

@@ -26,7 +26,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Load reward NAME (weights from --weights and the other keys given as KEY=VALUE, as in the "
             "rewards.models entries of a run config) and print one score per image. Images are read with "
-            "PIL as RGB and scored in one batch when they share a size."
+            "PIL as RGB; consecutive images of one size are scored together, --batch-size at a time."
         ),
     )
     score.add_argument("name", metavar="NAME", help="registered reward name (see `g2rpo rewards list`)")
@@ -42,6 +42,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         help="another config key of the reward entry: arch, arch_config, vision_config, tokenizer, backbone, dtype",
     )
     score.add_argument("--device", default="cpu", help="device (default cpu)")
+    score.add_argument("--batch-size", type=int, default=16, help="images per call of the reward model (default 16)")
     score.add_argument("--json", action="store_true", help="print JSON")
     score.set_defaults(handler=_score)
 
@@ -90,6 +91,7 @@ def _score(args: argparse.Namespace) -> int:
     from PIL import Image, UnidentifiedImageError
 
     from g2rpo.rewards.registry import build_reward
+    from g2rpo.rewards.scoring import score_rewards
 
     tensors = []
     for name in args.images:
@@ -103,11 +105,7 @@ def _score(args: argparse.Namespace) -> int:
             raise G2RPOError(problem("IMAGE", name, f"is not a readable image ({exc})")) from None
         tensors.append(torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 255.0)  # [3, H, W]
     model = build_reward(cfg, device=args.device)
-    scores: list[float] = []
-    if len({t.shape for t in tensors}) == 1:
-        scores = model.score(torch.stack(tensors), [args.prompt] * len(tensors)).tolist()
-    else:
-        scores = [float(model.score(t[None], [args.prompt])[0]) for t in tensors]
+    scores = score_rewards([model], tensors, [args.prompt] * len(tensors), args.batch_size)[0].tolist()
     if args.json:
         print(
             json.dumps({"reward": args.name, "prompt": args.prompt, "scores": dict(zip(args.images, scores))}, indent=2)

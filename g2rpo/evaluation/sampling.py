@@ -28,6 +28,7 @@ import torch
 
 from g2rpo import core
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.rewards.scoring import score_rewards
 
 __all__ = ["EvalResult", "ode_sample", "sample_and_score", "save_before_after_grid", "save_reward_curve"]
 
@@ -144,13 +145,8 @@ def sample_and_score(
     )  # [P·S, L, C]
     images = decode_latents(vae, latents, velocity.height, velocity.width, micro_batch=decode_micro_batch).cpu()
     texts = [prompts[p] for p in range(num_prompts) for _ in range(num_seeds)]
-    scores = {}
-    for name, model in rewards.items():
-        parts = [
-            model.score(images[i : i + reward_batch], texts[i : i + reward_batch])
-            for i in range(0, images.shape[0], reward_batch)
-        ]
-        scores[name] = torch.cat(parts).float().cpu().reshape(num_prompts, num_seeds)  # [P, S]
+    rows = score_rewards(list(rewards.values()), images, texts, reward_batch)  # [R, P·S]
+    scores = dict(zip(rewards, rows.reshape(len(rewards), num_prompts, num_seeds)))  # name -> [P, S]
     return EvalResult(
         prompts=list(prompts),
         seeds=[int(s) for s in seeds],

@@ -23,8 +23,9 @@ Non-finite scores are reported by reward name and count: every :meth:`RewardMode
 that returns a NaN/inf score logs a warning on the ``g2rpo.rewards`` logger
 (:func:`non_finite_report`: ``reward 'hps_v21' returned NaN/inf for 2 of 8 image(s) (indices
 [1, 5])``) and returns the scores unchanged, so that a caller such as the trainer can keep them and
-drop the affected groups; :func:`check_finite` (used by :func:`~g2rpo.rewards.registry.score_batched`)
-raises the same line as an error instead.
+drop the affected groups; :func:`check_finite` (used by
+:func:`~g2rpo.rewards.scoring.score_rewards` with ``require_finite=True``) raises the same line as
+an error instead.
 """
 
 from __future__ import annotations

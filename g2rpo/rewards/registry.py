@@ -13,21 +13,21 @@ case for ``s3://``), the file is looked up in it by its published name (``HPS_v2
 ``ImageReward.pt``, ...), and an ImageReward folder may also carry ``med_config.json`` and
 ``tokenizer/``.
 
-:func:`score_batched` scores with a model's batch size and reports NaN/inf by reward name.
+Scoring many images (batched, several heads at once) is :func:`g2rpo.rewards.scoring.score_rewards`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from g2rpo.errors import G2RPOError, problem
-from g2rpo.rewards.base import RewardModel, check_finite, validate_inputs
+from g2rpo.rewards.base import RewardModel
 
-__all__ = ["RewardSpec", "REWARDS", "reward_names", "get_spec", "build_reward", "resolve_location", "score_batched"]
+__all__ = ["RewardSpec", "REWARDS", "reward_names", "get_spec", "build_reward", "resolve_location"]
 
 
 @dataclass(frozen=True)
@@ -332,20 +332,3 @@ def _device(name: str, device: str | torch.device) -> torch.device:
     if parsed.type == "cuda" and not torch.cuda.is_available():
         raise G2RPOError(problem(f"{name}.device", str(device), "CUDA is not available on this machine: use cpu"))
     return parsed
-
-
-def score_batched(model: RewardModel, images: torch.Tensor, prompts: Sequence[str], batch_size: int) -> torch.Tensor:
-    """``model.score`` over slices of ``batch_size``; ``[N]`` float32 on the CPU.
-
-    Raises :class:`G2RPOError` naming the reward and the count when any score is NaN/inf.
-    """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise G2RPOError(
-            problem(f"{model.name}.batch_size", batch_size, "use a positive whole number of images per call")
-        )
-    images, prompts = validate_inputs(model.name, images, prompts, needs_prompts=model.needs_prompts)
-    parts = [
-        model.score(images[i : i + batch_size], list(prompts[i : i + batch_size])).float().cpu()
-        for i in range(0, images.shape[0], batch_size)
-    ]
-    return check_finite(model.name, torch.cat(parts))

@@ -5,6 +5,7 @@ record and the per-step loss loop."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,7 +21,9 @@ from g2rpo.strategies.base import (
     TrajectoryStates,
     VelocityModel,
 )
-from g2rpo.strategies.config import AlgorithmConfig
+
+if TYPE_CHECKING:  # the config imports the strategy modules, which import this one
+    from g2rpo.strategies.config import AlgorithmConfig
 
 
 def make_grid(config: AlgorithmConfig, image_seq_len: int) -> torch.Tensor:

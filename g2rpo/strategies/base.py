@@ -48,16 +48,21 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
+from g2rpo.config import Section
 from g2rpo.seeding import Draws
+
+if TYPE_CHECKING:  # the config holds every strategy's settings, so it imports the strategy modules
+    from g2rpo.strategies.config import AlgorithmConfig
 
 __all__ = [
     "Conditioning",
     "VelocityModel",
     "Strategy",
+    "StrategySettings",
     "Draws",
     "NFECounters",
     "G2RPOStates",
@@ -250,11 +255,44 @@ class StepStats:
 # --------------------------------------------------------------------------- strategy protocol
 
 
+class StrategySettings(Section):
+    """Base of a strategy's own settings section (``algorithm.<strategy>``), defined next to its class.
+
+    The section checks itself; checks that need the shared settings (e.g. a step index against
+    ``num_steps``) go in :meth:`cross_checks`, which the ``algorithm`` section runs for the chosen
+    strategy.
+    """
+
+    strategy: ClassVar[str]  # the strategy's registry name, which is also the section's key
+
+    def cross_checks(self, config: AlgorithmConfig) -> list[str]:
+        """Problems (``field=value: fix``, fields named from the ``algorithm`` section) with the shared settings."""
+        return []
+
+    @classmethod
+    def unknown_key_fix(cls, key: str, path: str) -> str | None:
+        """A knob of another strategy: name the section it belongs in."""
+        parent = path.rpartition(".")[0]
+        prefix = f"{parent}." if parent else ""
+        for other in StrategySettings.__subclasses__():
+            if other is not cls and key in other.model_fields:
+                return (
+                    f"{key} is a setting of strategy {other.strategy}: "
+                    f"write it as {prefix}{other.strategy}.{key} and choose {prefix}strategy: {other.strategy}"
+                )
+        return None
+
+
 @runtime_checkable
 class Strategy(Protocol):
-    """A credit-assignment strategy (G²RPO, DanceGRPO, MixGRPO). See the module docstring."""
+    """A credit-assignment strategy (G²RPO, DanceGRPO, MixGRPO). See the module docstring.
+
+    Built as ``cls(config)`` from an :class:`~g2rpo.strategies.config.AlgorithmConfig` whose
+    ``strategy`` is ``name``; its own knobs are the ``Settings`` section, ``config.<name>``.
+    """
 
     name: str
+    Settings: type[StrategySettings]
 
     def rollout(
         self,

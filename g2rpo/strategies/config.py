@@ -1,32 +1,68 @@
-"""The ``algorithm`` section of a run's config: which strategy and its hyper-parameters.
+"""The ``algorithm`` section of a run's config: which strategy, the settings every strategy shares,
+and one section per strategy with its own knobs.
+
+::
+
+    algorithm:
+      strategy: g2rpo          # g2rpo | dancegrpo | mixgrpo, or a preset such as g2rpo_no_mgai
+      num_steps: 16            # shared: grid, group, SDE noise, advantages, ratio clip, batching
+      g2rpo:                   # the chosen strategy's own section (G2RPOSettings in strategies/g2rpo.py)
+        granularities: [1, 2, 3]
+
+Each strategy's section is defined next to its class and validated on its own; a knob written in
+the wrong place is refused with the section it belongs in. Sections of strategies that are not
+chosen are validated too but do not affect the run, so one file can carry settings for each
+strategy and a run switches with ``algorithm.strategy=...``: the loaded config keeps their
+defaults and leaves them out of the recorded config (``g2rpo config show``, ``to_yaml``) and of
+the config hash.
+
+A preset (:data:`g2rpo.strategies.PRESETS`) is read as its strategy with some settings fixed:
+``strategy: g2rpo_no_mgai`` loads as ``strategy: g2rpo`` with ``g2rpo.granularities: [1]``. Setting
+one of those knobs to another value is an error.
 
 Defaults are the paper's (spec §6) except where noted: ratio clip ε = 1e-4 comes from the
 reference code (the paper gives none); the grid defaults to Flux's own (diffusers ``FluxPipeline``)
-rather than the reference code's static shift 3. The baselines' knobs carry their own prefix
-(``dancegrpo_*``, ``mixgrpo_*``) and are ignored by the other strategies.
+rather than the reference code's static shift 3.
 """
 
 from __future__ import annotations
 
-import math
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    ModelWrapValidatorHandler,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from g2rpo.config import Section
 from g2rpo.errors import problem
+from g2rpo.strategies import PRESETS, STRATEGIES
+from g2rpo.strategies.base import StrategySettings
+from g2rpo.strategies.dancegrpo import DanceGRPOSettings
+from g2rpo.strategies.g2rpo import G2RPOSettings
+from g2rpo.strategies.mixgrpo import MixGRPOSettings
 
 __all__ = ["AlgorithmConfig"]
 
 PositiveInt = Annotated[int, Field(ge=1)]
 
+_NAMES = " | ".join(STRATEGIES)
+_PRESET_NAMES = ", ".join(
+    f"{p} (= {base} with {', '.join(f'{key} {value}' for key, value in fixed.items())})"
+    for p, (base, fixed) in PRESETS.items()
+)
+
 
 class AlgorithmConfig(Section):
-    """Credit-assignment strategy and its hyper-parameters."""
+    """Credit-assignment strategy, the settings all strategies share, and each strategy's own section."""
 
-    strategy: Literal["g2rpo", "g2rpo_no_mgai", "dancegrpo", "mixgrpo"] = Field(
-        "g2rpo",
-        description="g2rpo | g2rpo_no_mgai (G²RPO with granularities [1]) | dancegrpo | mixgrpo",
+    strategy: str = Field(
+        "g2rpo", description=f"{_NAMES}; or a preset, read as its strategy with settings fixed: {_PRESET_NAMES}"
     )
     num_steps: int = Field(16, ge=2, description="T, denoising steps of the sampler grid (≥ 2; paper 16)")
     group_size: int = Field(12, ge=2, description="G, samples per group (≥ 2; paper 12)")
@@ -45,32 +81,6 @@ class AlgorithmConfig(Section):
             "SDE noise scale for every strategy: flow_grpo s_σ = η·sqrt(σ/(1−σ)) (spec §1, reference code) "
             "or dancegrpo s_σ = η (DanceGRPO's original step)"
         ),
-    )
-    branch_steps: list[int] | None = Field(
-        None,
-        description=(
-            "M, the grid indices k where G²RPO branches (0 = noisiest, each < num_steps); "
-            "null = the noisiest half, k = 0 … ceil(T/2)−1"
-        ),
-    )
-    branch_steps_per_iteration: PositiveInt | None = Field(
-        None,
-        description="draw this many steps of M at random each iteration (per prompt, seeded); null = all of M",
-    )
-    granularities: list[int] = Field(
-        [1, 2, 3],
-        min_length=1,
-        description="Λ, the strides each branch is finished with (integers ≥ 1; paper [1, 2, 3], reference [1, 2])",
-    )
-    stride_schedule: Literal["to_zero", "reference"] = Field(
-        "to_zero",
-        description=(
-            "to_zero: σ[k+1], σ[k+1+λ], …, 0 (spec default); reference: the reference code's "
-            "σ[:k+2] + σ[k+2::λ] (one stride-1 step first), finished with an Euler step to 0"
-        ),
-    )
-    stride_weights: list[float] | None = Field(
-        None, description="α_j ≥ 0, one weight per granularity for the advantage sum (not all 0); null = all 1"
     )
     advantage_clip: float = Field(
         5.0, gt=0.0, allow_inf_nan=False, description="clip the mixed advantage to ±this after the sum (paper 5)"
@@ -101,142 +111,96 @@ class AlgorithmConfig(Section):
         None,
         description="rows per training forward; a trained step with more rows is split into several terms; null = no split",
     )
-    dancegrpo_train_fraction: float = Field(
-        0.6,
-        gt=0.0,
-        le=1.0,
-        allow_inf_nan=False,
-        description="DanceGRPO: fraction of the T steps trained, drawn at random per prompt (0.6)",
+    g2rpo: G2RPOSettings = Field(
+        default_factory=G2RPOSettings, description="G²RPO's own settings (used when strategy is g2rpo)"
     )
-    dancegrpo_shared_noise: bool = Field(
-        True, description="DanceGRPO: one initial noise for the whole group (false = independent, Flow-GRPO style)"
+    dancegrpo: DanceGRPOSettings = Field(
+        default_factory=DanceGRPOSettings, description="DanceGRPO's own settings (used when strategy is dancegrpo)"
     )
-    mixgrpo_window_size: PositiveInt = Field(
-        4, description="MixGRPO: W, SDE steps in the sliding window (MixGRPO code: 4)"
+    mixgrpo: MixGRPOSettings = Field(
+        default_factory=MixGRPOSettings, description="MixGRPO's own settings (used when strategy is mixgrpo)"
     )
-    mixgrpo_window_shift: PositiveInt = Field(1, description="MixGRPO: steps the window advances each time (code: 1)")
-    mixgrpo_iters_per_shift: PositiveInt = Field(25, description="MixGRPO: iterations between advances (code: 25)")
 
-    @field_validator("granularities")
+    @model_validator(mode="before")
     @classmethod
-    def _distinct_strides(cls, value: list[int]) -> list[int]:
-        below = [lam for lam in value if lam < 1]
-        if below:
-            raise ValueError(f"{value!r} has strides {below} below 1: each stride is an integer ≥ 1, e.g. [1, 2, 3]")
-        if len(set(value)) != len(value):
-            raise ValueError(f"{value!r} repeats a stride: list each stride once, e.g. [1, 2, 3]")
-        return value
-
-    @field_validator("stride_weights")
-    @classmethod
-    def _weights_finite_non_negative(cls, value: list[float] | None) -> list[float] | None:
-        bad = [w for w in value or [] if not math.isfinite(w) or w < 0]
-        if bad:
-            raise ValueError(
-                f"{value!r} has weights {bad} that are not finite numbers ≥ 0: give each α_j ≥ 0, e.g. [1, 1, 1]"
+    def _read_preset(cls, data: Any) -> Any:
+        """``strategy: <preset>`` → its strategy, with the preset's settings in that strategy's section."""
+        if not isinstance(data, dict) or not isinstance(data.get("strategy"), str) or data["strategy"] not in PRESETS:
+            return data
+        preset = data["strategy"]
+        name, fixed = PRESETS[preset]
+        section = data.get(name)
+        if isinstance(section, BaseModel):
+            given = {key: getattr(section, key) for key in section.model_fields_set}
+        elif section is None:
+            given = {}
+        elif isinstance(section, dict):
+            given = dict(section)
+        else:  # not a section at all: let the field's own check report it
+            return {**data, "strategy": name}
+        conflicts = [
+            problem(
+                f"{name}.{key}",
+                given[key],
+                f"strategy {preset} sets {name}.{key} to {value!r}: drop {name}.{key}, or use strategy {name}",
             )
-        return value
+            for key, value in fixed.items()
+            if key in given and given[key] != value
+        ]
+        if conflicts:
+            raise ValueError("\n  - ".join(conflicts))
+        return {**data, "strategy": name, name: {**given, **fixed}}
 
-    @field_validator("branch_steps")
+    @field_validator("strategy")
     @classmethod
-    def _steps_on_the_grid(cls, value: list[int] | None) -> list[int] | None:
-        # k ≥ num_steps is checked with num_steps below; a negative k is outside any grid.
-        negative = [k for k in value or [] if k < 0]
-        if negative:
+    def _known_strategy(cls, value: str) -> str:
+        if value not in STRATEGIES:
             raise ValueError(
-                f"{value!r} has steps {negative} outside the grid: each k is a grid index 0..num_steps−1 (0 = noisiest)"
+                f"{value!r} is not a strategy: use one of {', '.join(STRATEGIES)}, or a preset ({', '.join(PRESETS)})"
             )
         return value
 
     @model_validator(mode="after")
     def _cross_checks(self) -> AlgorithmConfig:
-        problems = []
-        t = self.num_steps
-        if self.branch_steps is not None:
-            if not self.branch_steps:
-                problems.append(problem("branch_steps", [], "give at least one step k, or null for the noisiest half"))
-            outside = [k for k in self.branch_steps if k >= t]
-            if outside:
-                problems.append(
-                    problem(
-                        "branch_steps",
-                        self.branch_steps,
-                        f"steps {outside} are outside the grid: each k must be in 0..{t - 1}",
-                    )
-                )
-            if len(set(self.branch_steps)) != len(self.branch_steps):
-                problems.append(problem("branch_steps", self.branch_steps, "list each step once"))
-        m = len(self.branch_steps) if self.branch_steps is not None else math.ceil(t / 2)
-        if self.branch_steps_per_iteration is not None and self.branch_steps_per_iteration > m:
-            problems.append(
-                problem(
-                    "branch_steps_per_iteration",
-                    self.branch_steps_per_iteration,
-                    f"must be ≤ |M| = {m}, or null for all of M",
-                )
-            )
-        if (
-            self.stride_weights is not None
-            and len(self.stride_weights) != len(self.granularities)
-            and self.strategy != "g2rpo_no_mgai"
-        ):
-            problems.append(
-                problem(
-                    "stride_weights",
-                    self.stride_weights,
-                    f"give one weight per granularity ({len(self.granularities)} for {self.granularities}), or null",
-                )
-            )
-        if self.stride_weights is not None and self.stride_weights and not any(self.stride_weights):
-            problems.append(
-                problem(
-                    "stride_weights",
-                    self.stride_weights,
-                    "all weights are 0, so every advantage would be 0: give at least one weight > 0",
-                )
-            )
-        if self.strategy == "g2rpo_no_mgai":
-            # The ablation is defined as Λ = {1}; an explicit other Λ would be silently ignored.
-            if "granularities" in self.model_fields_set and self.granularities != [1]:
-                problems.append(
-                    problem(
-                        "granularities",
-                        self.granularities,
-                        "strategy g2rpo_no_mgai always finishes with stride [1]: drop granularities, or use strategy g2rpo",
-                    )
-                )
-            if self.stride_weights is not None:
-                problems.append(
-                    problem(
-                        "stride_weights",
-                        self.stride_weights,
-                        "strategy g2rpo_no_mgai has one stride and weight 1: drop stride_weights",
-                    )
-                )
-        if self.strategy == "mixgrpo" and t < 3:
-            problems.append(problem("num_steps", t, "MixGRPO keeps its window below step T − 2: use num_steps ≥ 3"))
+        problems = self.settings.cross_checks(self)
         if problems:
             # One ValueError per section: join so every problem is listed (ConfigError prints them).
             raise ValueError("\n  - ".join(problems))
         return self
 
-    # ------------------------------------------------------------------ derived values
+    @model_validator(mode="wrap")
+    @classmethod
+    def _reset_unused_sections(cls, data: Any, handler: ModelWrapValidatorHandler[AlgorithmConfig]) -> AlgorithmConfig:
+        # The other strategies' sections were checked; they do not affect the run, so the config keeps
+        # their defaults: what `config show` prints is what the object holds.
+        config = handler(data)
+        unused = {
+            name: STRATEGIES[name].Settings()
+            for name in STRATEGIES
+            if name != config.strategy and getattr(config, name) != STRATEGIES[name].Settings()
+        }
+        return config.model_copy(update=unused) if unused else config
+
+    @model_serializer(mode="wrap")
+    def _only_the_chosen_section(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # The other strategies' sections do not affect the run: keep them out of the record and the hash.
+        data = handler(self)
+        for name in STRATEGIES:
+            if name != self.strategy:
+                data.pop(name, None)
+        return data
+
+    @classmethod
+    def unknown_key_fix(cls, key: str, path: str) -> str | None:
+        """A strategy's own knob written at the top of the section (or under its old prefixed name)."""
+        prefix = f"{path}." if path else ""
+        for name, strategy in STRATEGIES.items():
+            field = key.removeprefix(f"{name}_")
+            if field in strategy.Settings.model_fields:
+                return f"{key} is a setting of strategy {name}: write it as {prefix}{name}.{field}"
+        return None
 
     @property
-    def trained_steps(self) -> list[int]:
-        """M: the configured branch steps, or the noisiest half ``0 … ceil(T/2) − 1``."""
-        if self.branch_steps is not None:
-            return sorted(self.branch_steps)
-        return list(range(math.ceil(self.num_steps / 2)))
-
-    @property
-    def strides(self) -> list[int]:
-        """Λ actually used (``[1]`` for g2rpo_no_mgai)."""
-        return [1] if self.strategy == "g2rpo_no_mgai" else list(self.granularities)
-
-    @property
-    def stride_weight_values(self) -> list[float]:
-        """α_j for :attr:`strides` (all 1 unless configured; ``[1.0]`` without MGAI)."""
-        if self.strategy == "g2rpo_no_mgai":
-            return [1.0]
-        return list(self.stride_weights) if self.stride_weights is not None else [1.0] * len(self.granularities)
+    def settings(self) -> StrategySettings:
+        """The chosen strategy's own section."""
+        return getattr(self, self.strategy)

@@ -1,7 +1,7 @@
 """DanceGRPO (Flow-GRPO style) baseline: SDE at every step, terminal advantage broadcast (spec §9).
 
 Rollout for P prompts: G trajectories per prompt, from one shared initial noise per prompt
-(DanceGRPO's ``init_same_noise``; ``dancegrpo_shared_noise: false`` draws one per trajectory,
+(DanceGRPO's ``init_same_noise``; ``dancegrpo.shared_noise: false`` draws one per trajectory,
 Flow-GRPO style). Every step is an SDE step (the same step as G²RPO's, spec §1, so a comparison
 isolates credit assignment; ``sde_noise: dancegrpo`` gives DanceGRPO's own noise form, s_σ = η). All P·G trajectories
 advance together, ``micro_batch`` rows per model call. Sampling forwards per prompt: G·T.
@@ -10,7 +10,7 @@ Advantages: rewards ``[R, P, G]`` → per reward model group-normalised over G �
 clip ±``advantage_clip`` → ``[P, G]``, broadcast to every step of the trajectory.
 
 Loss: each trajectory trains a random subset of S = max(1, round(f·T)) of its T steps
-(f = ``dancegrpo_train_fraction`` = 0.6, DanceGRPO's ``timestep_fraction``; drawn per trajectory,
+(f = ``dancegrpo.train_fraction`` = 0.6, DanceGRPO's ``timestep_fraction``; drawn per trajectory,
 seeded). Slot s ∈ 0..S−1 is one loss term with one forward per trajectory at its s-th trained
 step (rows at different σ are batched): training forwards per prompt = G·S (G=12, T=16: 120). Each
 term is scaled by 1/S (and by the share of kept trajectories it covers), so the sum of the
@@ -26,8 +26,10 @@ Rollout ``states`` (:class:`~g2rpo.strategies.base.TrajectoryStates`): ``latents
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
+from pydantic import Field
 
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
@@ -38,23 +40,52 @@ from g2rpo.strategies._shared import (
     trajectory_rollout,
     trajectory_sde_step,
 )
-from g2rpo.strategies.base import Advantages, Conditioning, LossTerm, NFECounters, Rollout, VelocityModel
-from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.strategies.base import (
+    Advantages,
+    Conditioning,
+    LossTerm,
+    NFECounters,
+    Rollout,
+    StrategySettings,
+    VelocityModel,
+)
 
-__all__ = ["DanceGRPO"]
+if TYPE_CHECKING:  # the config imports this module for DanceGRPOSettings
+    from g2rpo.strategies.config import AlgorithmConfig
+
+__all__ = ["DanceGRPO", "DanceGRPOSettings"]
+
+
+class DanceGRPOSettings(StrategySettings):
+    """DanceGRPO's own settings: which steps train and whether the group shares its initial noise."""
+
+    strategy: ClassVar[str] = "dancegrpo"
+
+    train_fraction: float = Field(
+        0.6,
+        gt=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="fraction of the T steps trained, drawn at random per trajectory (DanceGRPO: 0.6)",
+    )
+    shared_noise: bool = Field(
+        True, description="one initial noise for the whole group (false = independent, Flow-GRPO style)"
+    )
 
 
 class DanceGRPO:
     """SDE on every step; the terminal advantage trains a random 60 % of the steps."""
 
     name = "dancegrpo"
+    Settings = DanceGRPOSettings
 
     def __init__(self, config: AlgorithmConfig):
         self.config = config
+        self.settings: DanceGRPOSettings = config.dancegrpo
 
     @property
     def trained_per_trajectory(self) -> int:
-        return max(1, round(self.config.dancegrpo_train_fraction * self.config.num_steps))
+        return max(1, round(self.settings.train_fraction * self.config.num_steps))
 
     @torch.no_grad()
     def rollout(
@@ -73,7 +104,7 @@ class DanceGRPO:
             raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {num_prompts}")
         sigmas = make_grid(cfg, length).to(device)
         nfe = NFECounters()
-        if cfg.dancegrpo_shared_noise:
+        if self.settings.shared_noise:
             x0 = [
                 draws.normal(latent_shape, "initial-noise", p, device=device).expand(group, -1, -1)
                 for p in range(num_prompts)

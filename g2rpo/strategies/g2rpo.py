@@ -27,7 +27,10 @@ Advantages. Rewards ``[R, P, |M|, J, G]`` → per (reward model, stride) group-n
 ``clip(Σ_r w_r Σ_j α_j A, ±clip)`` → ``[P, |M|, G]``. A (prompt, k) group with any NaN/inf reward
 is dropped (advantage 0, no loss term rows) and counted.
 
-"G²RPO without MGAI" is this strategy with Λ = {1} (``strategy: g2rpo_no_mgai``).
+Settings (:class:`G2RPOSettings`, the ``algorithm.g2rpo`` section): M (``branch_steps``,
+``branch_steps_per_iteration``), Λ (``granularities``), the finishing schedule and α
+(``stride_weights``). "G²RPO without MGAI" is this strategy with Λ = {1}: the preset
+``strategy: g2rpo_no_mgai`` (:data:`g2rpo.strategies.PRESETS`) sets ``granularities: [1]``.
 
 Rollout ``states`` (:class:`~g2rpo.strategies.base.G2RPOStates`): ``steps`` ``[P, K]`` long (the k
 of each slot; with ``branch_steps_per_iteration`` each prompt draws its own subset), ``x_k``
@@ -36,11 +39,15 @@ of each slot; with ``branch_steps_per_iteration`` each prompt draws its own subs
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 import torch
+from pydantic import Field, field_validator, model_validator
 
 from g2rpo import core
+from g2rpo.errors import problem
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
     check_rewards,
@@ -50,10 +57,147 @@ from g2rpo.strategies._shared import (
     sample_velocity,
     surrogate_term,
 )
-from g2rpo.strategies.base import Advantages, Conditioning, G2RPOStates, LossTerm, NFECounters, Rollout, VelocityModel
-from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.strategies.base import (
+    Advantages,
+    Conditioning,
+    G2RPOStates,
+    LossTerm,
+    NFECounters,
+    Rollout,
+    StrategySettings,
+    VelocityModel,
+)
 
-__all__ = ["G2RPO", "sampling_forwards"]
+if TYPE_CHECKING:  # the config imports this module for G2RPOSettings
+    from g2rpo.strategies.config import AlgorithmConfig
+
+__all__ = ["G2RPO", "G2RPOSettings", "sampling_forwards"]
+
+
+class G2RPOSettings(StrategySettings):
+    """G²RPO's own settings: where it branches, the strides it finishes with and their weights."""
+
+    strategy: ClassVar[str] = "g2rpo"
+
+    branch_steps: list[int] | None = Field(
+        None,
+        description=(
+            "M, the grid indices k where G²RPO branches (0 = noisiest, each < num_steps); "
+            "null = the noisiest half, k = 0 … ceil(T/2)−1"
+        ),
+    )
+    branch_steps_per_iteration: Annotated[int, Field(ge=1)] | None = Field(
+        None,
+        description="draw this many steps of M at random each iteration (per prompt, seeded); null = all of M",
+    )
+    granularities: list[int] = Field(
+        [1, 2, 3],
+        min_length=1,
+        description="Λ, the strides each branch is finished with (integers ≥ 1; paper [1, 2, 3], reference [1, 2])",
+    )
+    stride_schedule: Literal["to_zero", "reference"] = Field(
+        "to_zero",
+        description=(
+            "to_zero: σ[k+1], σ[k+1+λ], …, 0 (spec default); reference: the reference code's "
+            "σ[:k+2] + σ[k+2::λ] (one stride-1 step first), finished with an Euler step to 0"
+        ),
+    )
+    stride_weights: list[float] | None = Field(
+        None, description="α_j ≥ 0, one weight per granularity for the advantage sum (not all 0); null = all 1"
+    )
+
+    @field_validator("granularities")
+    @classmethod
+    def _distinct_strides(cls, value: list[int]) -> list[int]:
+        below = [lam for lam in value if lam < 1]
+        if below:
+            raise ValueError(f"{value!r} has strides {below} below 1: each stride is an integer ≥ 1, e.g. [1, 2, 3]")
+        if len(set(value)) != len(value):
+            raise ValueError(f"{value!r} repeats a stride: list each stride once, e.g. [1, 2, 3]")
+        return value
+
+    @field_validator("stride_weights")
+    @classmethod
+    def _weights_finite_non_negative(cls, value: list[float] | None) -> list[float] | None:
+        bad = [w for w in value or [] if not math.isfinite(w) or w < 0]
+        if bad:
+            raise ValueError(
+                f"{value!r} has weights {bad} that are not finite numbers ≥ 0: give each α_j ≥ 0, e.g. [1, 1, 1]"
+            )
+        return value
+
+    @field_validator("branch_steps")
+    @classmethod
+    def _steps_on_a_grid(cls, value: list[int] | None) -> list[int] | None:
+        # k ≥ num_steps is checked with num_steps (cross_checks); a negative k is outside any grid.
+        negative = [k for k in value or [] if k < 0]
+        if negative:
+            raise ValueError(
+                f"{value!r} has steps {negative} outside the grid: each k is a grid index 0..num_steps−1 (0 = noisiest)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _checks(self) -> G2RPOSettings:
+        problems = []
+        if self.branch_steps is not None:
+            if not self.branch_steps:
+                problems.append(problem("branch_steps", [], "give at least one step k, or null for the noisiest half"))
+            if len(set(self.branch_steps)) != len(self.branch_steps):
+                problems.append(problem("branch_steps", self.branch_steps, "list each step once"))
+        if self.stride_weights is not None and len(self.stride_weights) != len(self.granularities):
+            problems.append(
+                problem(
+                    "stride_weights",
+                    self.stride_weights,
+                    f"give one weight per granularity ({len(self.granularities)} for {self.granularities}), or null",
+                )
+            )
+        if self.stride_weights and not any(self.stride_weights):
+            problems.append(
+                problem(
+                    "stride_weights",
+                    self.stride_weights,
+                    "all weights are 0, so every advantage would be 0: give at least one weight > 0",
+                )
+            )
+        if problems:
+            raise ValueError("\n  - ".join(problems))
+        return self
+
+    def cross_checks(self, config: AlgorithmConfig) -> list[str]:
+        problems = []
+        t = config.num_steps
+        outside = [k for k in self.branch_steps or [] if k >= t]
+        if outside:
+            problems.append(
+                problem(
+                    "g2rpo.branch_steps",
+                    self.branch_steps,
+                    f"steps {outside} are outside the grid: each k must be in 0..{t - 1} (num_steps is {t})",
+                )
+            )
+        m = len(self.all_branch_steps(t))
+        if self.branch_steps_per_iteration is not None and self.branch_steps_per_iteration > m:
+            problems.append(
+                problem(
+                    "g2rpo.branch_steps_per_iteration",
+                    self.branch_steps_per_iteration,
+                    f"must be ≤ |M| = {m}, or null for all of M",
+                )
+            )
+        return problems
+
+    def all_branch_steps(self, num_steps: int) -> list[int]:
+        """M on a grid of ``num_steps``: the configured branch steps, or the noisiest half ``0 … ceil(T/2) − 1``."""
+        if self.branch_steps is not None:
+            return sorted(self.branch_steps)
+        return list(range(math.ceil(num_steps / 2)))
+
+    @property
+    def weights(self) -> list[float]:
+        """α_j, one per granularity (all 1 unless configured)."""
+        return list(self.stride_weights) if self.stride_weights is not None else [1.0] * len(self.granularities)
 
 
 def sampling_forwards(
@@ -65,18 +209,23 @@ def sampling_forwards(
 
 
 class G2RPO:
-    """Granular-GRPO (and, with ``strategy: g2rpo_no_mgai``, its Λ = {1} ablation)."""
+    """Granular-GRPO (with ``granularities: [1]``, its "without MGAI" ablation)."""
+
+    name = "g2rpo"
+    Settings = G2RPOSettings
 
     def __init__(self, config: AlgorithmConfig):
         self.config = config
-        self.name = config.strategy
+        self.settings: G2RPOSettings = config.g2rpo
+        self.strides = list(self.settings.granularities)  # Λ
+        self.trained_steps = self.settings.all_branch_steps(config.num_steps)  # M
 
     # ------------------------------------------------------------------ rollout
 
     def branch_steps(self, draws: Draws, prompt: int) -> list[int]:
         """M for the prompt at batch position ``prompt`` this iteration (sorted)."""
-        steps = self.config.trained_steps
-        n = self.config.branch_steps_per_iteration
+        steps = self.trained_steps
+        n = self.settings.branch_steps_per_iteration
         if n is None:
             return steps
         order = draws.permutation(len(steps), "branch-steps", prompt)
@@ -94,7 +243,7 @@ class G2RPO:
     ) -> Rollout:
         cfg = self.config
         length, channels = latent_shape
-        num_prompts, group, strides = len(cond), cfg.group_size, cfg.strides
+        num_prompts, group, strides = len(cond), cfg.group_size, self.strides
         if len(draws.prompt_indices) != num_prompts:
             raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {num_prompts}")
         sigmas = make_grid(cfg, length).to(device)  # [T+1]
@@ -170,7 +319,7 @@ class G2RPO:
     ) -> torch.Tensor:
         cfg = self.config
         num_prompts, num_slots, group, length, channels = branches.shape
-        strides, t_steps = cfg.strides, cfg.num_steps
+        strides, t_steps = self.strides, cfg.num_steps
         num_strides = len(strides)
         device = branches.device
         # Row r = ((p·K + s)·J + j)·G + g; per row its grid-index schedule, padded with T.
@@ -178,7 +327,7 @@ class G2RPO:
         for p in range(num_prompts):
             for s in range(num_slots):
                 for lam in strides:
-                    idx = core.stride_indices(t_steps, int(steps[p, s]), lam, cfg.stride_schedule)
+                    idx = core.stride_indices(t_steps, int(steps[p, s]), lam, self.settings.stride_schedule)
                     schedules += [idx] * group
         longest = max(len(idx) for idx in schedules)
         sched = torch.tensor([idx + [t_steps] * (longest - len(idx)) for idx in schedules], device=device)  # [N, S]
@@ -226,7 +375,7 @@ class G2RPO:
         valid = torch.isfinite(rewards).all(dim=-1).all(dim=-1).all(dim=0)  # [P, K]
         safe = torch.where(valid[None, :, :, None, None], rewards, torch.zeros_like(rewards))
         adv = core.group_advantages(safe, cfg.advantage_eps, cfg.unbiased_std)  # [R, P, K, J, G]
-        mixed = core.mix_advantages(adv.movedim(3, 1), cfg.stride_weight_values, w, cfg.advantage_clip)  # [P, K, G]
+        mixed = core.mix_advantages(adv.movedim(3, 1), self.settings.weights, w, cfg.advantage_clip)  # [P, K, G]
         mixed = torch.where(valid[..., None], mixed, torch.zeros_like(mixed))
         return Advantages(mixed, valid, dropped_groups=int((~valid).sum()), total_groups=int(valid.numel()))
 

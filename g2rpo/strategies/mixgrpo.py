@@ -28,10 +28,13 @@ Rollout ``states`` (:class:`~g2rpo.strategies.base.TrajectoryStates`): ``latents
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
+from pydantic import Field
 
 from g2rpo import core
+from g2rpo.errors import problem
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
     make_grid,
@@ -41,10 +44,37 @@ from g2rpo.strategies._shared import (
     trajectory_rollout,
     trajectory_sde_step,
 )
-from g2rpo.strategies.base import Advantages, Conditioning, LossTerm, NFECounters, Rollout, VelocityModel
-from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.strategies.base import (
+    Advantages,
+    Conditioning,
+    LossTerm,
+    NFECounters,
+    Rollout,
+    StrategySettings,
+    VelocityModel,
+)
 
-__all__ = ["MixGRPO", "window_steps"]
+if TYPE_CHECKING:  # the config imports this module for MixGRPOSettings
+    from g2rpo.strategies.config import AlgorithmConfig
+
+__all__ = ["MixGRPO", "MixGRPOSettings", "window_steps"]
+
+
+class MixGRPOSettings(StrategySettings):
+    """MixGRPO's own settings: the sliding SDE window (MixGRPO code's defaults)."""
+
+    strategy: ClassVar[str] = "mixgrpo"
+
+    window_size: int = Field(4, ge=1, description="W, SDE steps in the sliding window (MixGRPO code: 4)")
+    window_shift: int = Field(1, ge=1, description="steps the window advances each time (code: 1)")
+    iters_per_shift: int = Field(25, ge=1, description="iterations between advances (code: 25)")
+
+    def cross_checks(self, config: AlgorithmConfig) -> list[str]:
+        if config.num_steps < 3:
+            return [
+                problem("num_steps", config.num_steps, "MixGRPO keeps its window below step T − 2: use num_steps ≥ 3")
+            ]
+        return []
 
 
 def window_steps(
@@ -63,15 +93,15 @@ class MixGRPO:
     """SDE inside a sliding window (trained), ODE before and after it."""
 
     name = "mixgrpo"
+    Settings = MixGRPOSettings
 
     def __init__(self, config: AlgorithmConfig):
         self.config = config
+        self.settings: MixGRPOSettings = config.mixgrpo
 
     def window(self, iteration: int) -> list[int]:
-        cfg = self.config
-        return window_steps(
-            iteration, cfg.num_steps, cfg.mixgrpo_window_size, cfg.mixgrpo_window_shift, cfg.mixgrpo_iters_per_shift
-        )
+        s = self.settings
+        return window_steps(iteration, self.config.num_steps, s.window_size, s.window_shift, s.iters_per_shift)
 
     @torch.no_grad()
     def rollout(

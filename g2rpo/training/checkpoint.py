@@ -43,6 +43,7 @@ from typing import Any
 import torch
 
 from g2rpo import __version__
+from g2rpo.artifacts.manifest import write_dir_manifest
 from g2rpo.errors import G2RPOError
 
 __all__ = [
@@ -51,7 +52,6 @@ __all__ = [
     "MANIFEST",
     "is_complete",
     "verify",
-    "write_manifest",
     "manifest_metadata",
     "capture_rng",
     "restore_rng",
@@ -113,25 +113,6 @@ def restore_rng(state: dict[str, Any]) -> None:
 # --------------------------------------------------------------------------- manifests
 # The manifest format and its checks are the storage layer's (g2rpo.artifacts.manifest); a local directory
 # is a FileStore.
-
-
-def write_manifest(directory: Path, *, producer: str, config_hash: str, metadata: dict[str, Any] | None = None) -> Path:
-    """List every file under ``directory`` (size + sha256) in its manifest, written last and
-    create-only, so its presence means the directory is complete."""
-    from g2rpo.artifacts.manifest import scan_dir
-    from g2rpo.artifacts.manifest import write_manifest as _write
-    from g2rpo.artifacts.storage import FileStore
-
-    files = scan_dir(directory)
-    _write(
-        FileStore(directory),
-        "",
-        files,
-        producer=f"{producer} {__version__}",
-        config_hash=config_hash,
-        metadata=metadata,
-    )
-    return Path(directory) / MANIFEST
 
 
 def manifest_metadata(directory: str | Path) -> dict[str, Any] | None:
@@ -238,9 +219,9 @@ class CheckpointManager:
             (target / "trainer_state.json").write_text(json.dumps(asdict(state), indent=1, sort_keys=True))
         self._barrier()  # every rank's files are on disk before the manifest says so
         if self.rank == 0:
-            write_manifest(
+            write_dir_manifest(
                 target,
-                producer="g2rpo.training.trainer",
+                producer=f"g2rpo.training.trainer {__version__}",
                 config_hash=self.config_hash,
                 metadata={"kind": "resumable-checkpoint", "iteration": state.iteration, "world_size": self.world_size},
             )
@@ -348,7 +329,9 @@ def export_model(
     }
     (directory / "base_model.json").write_text(json.dumps(info, indent=1, sort_keys=True))
     metadata = {"kind": f"export-{kind}", **{k: v for k, v in (extra or {}).items() if k in ("iterations", "ema")}}
-    write_manifest(directory, producer="g2rpo.training.trainer.export", config_hash=config_hash, metadata=metadata)
+    write_dir_manifest(
+        directory, producer=f"g2rpo.training.trainer.export {__version__}", config_hash=config_hash, metadata=metadata
+    )
     return directory
 
 

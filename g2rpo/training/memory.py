@@ -100,7 +100,7 @@ def memory_problem(estimate: RolloutMemory, available: tuple[int, str] | None, s
         f"one iteration's rollout needs at least {_gib(estimate.total)} ({estimate.rows:,} images per rank: "
         f"{_gib(estimate.final_latents)} final latents, {_gib(estimate.states)} saved states, "
         f"{_gib(estimate.images)} decoded images) but the {where} is {_gib(free)}; lower algorithm.group_size, "
-        "algorithm.granularities, algorithm.branch_steps_per_iteration or train.prompts_per_iteration "
+        "algorithm.g2rpo.granularities, algorithm.g2rpo.branch_steps_per_iteration or train.prompts_per_iteration "
         "(or run on more ranks)",
     )
 

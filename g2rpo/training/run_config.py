@@ -341,11 +341,11 @@ def _valid_sections(path: str | Path | None, overrides: Any) -> Any:
 
     from pydantic import BaseModel, ValidationError
 
-    from g2rpo.config import _read_yaml, apply_overrides, parse_overrides
+    from g2rpo.config import _read_yaml, deep_merge, parse_overrides
 
     try:
         raw = _read_yaml(Path(path)) if path is not None else {}
-        raw = apply_overrides(raw, overrides if isinstance(overrides, dict) else parse_overrides(overrides))
+        raw = deep_merge(raw, overrides if isinstance(overrides, dict) else parse_overrides(overrides))
     except Exception:  # reported by load_run_config already
         return SimpleNamespace()
     out = {}

@@ -55,6 +55,7 @@ from g2rpo.models.flux import FluxConditioning, FluxVelocity, decode_latents, va
 from g2rpo.models.loading import base_model_record, load_text_encoder, load_transformer, load_vae
 from g2rpo.models.tiny import save_tiny_flux
 from g2rpo.rewards.registry import build_reward
+from g2rpo.rewards.scoring import score_rewards
 from g2rpo.seeding import Draws, derive_seed
 from g2rpo.strategies import build_strategy
 from g2rpo.strategies.base import StepStats, summarize_step
@@ -437,11 +438,7 @@ class Trainer:
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """Rewards ``[R, N]``. A NaN/inf score is kept: the strategy drops its group and counts it."""
-        rows = []
-        for model, size in zip(self.reward_models, self.reward_batch):
-            parts = [model.score(images[i : i + size], prompts[i : i + size]) for i in range(0, images.shape[0], size)]
-            rows.append(torch.cat(parts).float().cpu())
-        return torch.stack(rows)  # [R, N]
+        return score_rewards(self.reward_models, images, prompts, self.reward_batch)  # [R, N]
 
     def _global_mean(self, value: float) -> float:
         if not self.ctx.distributed:

@@ -44,7 +44,17 @@ def test_untrained_evaluation_is_deterministic():
 
 def test_cli_demo_runs_and_writes_metrics_and_plot(tmp_path, capsys):
     code = main(
-        ["demo", "--toy", "--iterations", "2", "--out", str(tmp_path), "--no-progress", "--set", "granularities=[1,2]"]
+        [
+            "demo",
+            "--toy",
+            "--iterations",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--no-progress",
+            "--set",
+            "g2rpo.granularities=[1,2]",
+        ]
     )
     assert code == 0
     out = capsys.readouterr().out

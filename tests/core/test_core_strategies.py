@@ -7,22 +7,28 @@ import math
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from g2rpo import core
-from g2rpo.config import load_config
+from g2rpo.cli import main as cli_main
+from g2rpo.config import config_hash, load_config, to_yaml
 from g2rpo.errors import ConfigError
 from g2rpo.seeding import Draws, derive_seed
-from g2rpo.strategies import build_strategy
+from g2rpo.strategies import PRESETS, STRATEGIES, build_strategy
 from g2rpo.strategies.base import Conditioning, G2RPOStates, Strategy, TrajectoryStates, VelocityModel, summarize_step
 from g2rpo.strategies.config import AlgorithmConfig
-from g2rpo.strategies.g2rpo import sampling_forwards
-from g2rpo.strategies.mixgrpo import window_steps
+from g2rpo.strategies.dancegrpo import DanceGRPO, DanceGRPOSettings
+from g2rpo.strategies.g2rpo import G2RPO, G2RPOSettings, sampling_forwards
+from g2rpo.strategies.mixgrpo import MixGRPO, MixGRPOSettings, window_steps
 from g2rpo.toy import make_toy_problem
+from g2rpo.training.run_config import RunConfig
 
 LATENT = (4, 4)
+TINY_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
 
 
 class CountingModel(torch.nn.Module):
@@ -76,10 +82,10 @@ def test_g2rpo_forward_counts_follow_the_documented_formula():
     #   k=0: 15,8,5 → 26   k=1: 14,7,5 → 24   k=2: 13,7,5 → 23   k=3: 12,6,4 → 20
     #   k=4: 11,6,4 → 19   k=5: 10,5,4 → 17   k=6:  9,5,3 → 15   k=7:  8,4,3 → 13   Σ = 157
     # Per prompt: 8 + 12·157 = 1892 sampling forwards; training: one forward per k = 8.
-    cfg = config(num_steps=16, group_size=12, granularities=[1, 2, 3], micro_batch=64)
-    assert sampling_forwards(16, 12, cfg.trained_steps, cfg.strides) == 1892
+    cfg = config(num_steps=16, group_size=12, g2rpo={"granularities": [1, 2, 3]}, micro_batch=64)
     model, cond, reward = toy(num_prompts=2)
     strategy = build_strategy(cfg)
+    assert sampling_forwards(16, 12, strategy.trained_steps, strategy.strides) == 1892
     rollout = strategy.rollout(model, cond, Draws(0, 0, (0, 1)), LATENT)
     assert rollout.nfe.sampling_forwards == 2 * 1892 == model.rows
     assert rollout.nfe.model_calls == model.calls
@@ -131,7 +137,7 @@ def _perturb(model, seed=5, scale=0.02):
 
 
 def test_shared_velocity_loss_and_gradients_equal_separate_forwards():
-    cfg = config(num_steps=6, group_size=4, granularities=[1, 2], ratio_clip=2e-3)
+    cfg = config(num_steps=6, group_size=4, g2rpo={"granularities": [1, 2]}, ratio_clip=2e-3)
     model, cond, reward = toy(num_prompts=2)
     strategy = build_strategy(cfg)
     rollout = strategy.rollout(model, cond, Draws(1, 0, (0, 1)), LATENT)
@@ -187,7 +193,12 @@ def test_shared_velocity_loss_and_gradients_equal_separate_forwards():
 )
 def test_first_update_after_sampling_sees_ratio_one(name, noise, reduce):
     cfg = config(
-        strategy=name, num_steps=6, group_size=4, granularities=[1, 3], sde_noise=noise, log_prob_reduce=reduce
+        strategy=name,
+        num_steps=6,
+        group_size=4,
+        g2rpo={"granularities": [1, 3]},
+        sde_noise=noise,
+        log_prob_reduce=reduce,
     )  # ε = 1e-4 (reference)
     model, cond, reward = toy(num_prompts=3)
     strategy = build_strategy(cfg)
@@ -205,7 +216,9 @@ def test_micro_batched_terms_sum_to_the_full_batch_loss_and_gradients():
     results = []
     for micro in (None, 1):
         model, cond, reward = toy(num_prompts=3)
-        strategy = build_strategy(config(num_steps=5, group_size=3, granularities=[1, 2], train_micro_batch=micro))
+        strategy = build_strategy(
+            config(num_steps=5, group_size=3, g2rpo={"granularities": [1, 2]}, train_micro_batch=micro)
+        )
         rollout = strategy.rollout(model, cond, Draws(0, 0, (0, 1, 2)), LATENT)
         advantages = strategy.advantages(rollout, rewards_of(rollout, reward))
         _perturb(model)
@@ -226,7 +239,7 @@ def test_micro_batched_terms_sum_to_the_full_batch_loss_and_gradients():
 @pytest.mark.parametrize(("mode", "expected_steps"), [("per_iteration", 1), ("per_step", 4)])
 def test_optimizer_step_flags(mode, expected_steps):
     model, cond, reward = toy(num_prompts=2)
-    strategy = build_strategy(config(num_steps=8, group_size=3, granularities=[2], optimizer_step=mode))
+    strategy = build_strategy(config(num_steps=8, group_size=3, g2rpo={"granularities": [2]}, optimizer_step=mode))
     rollout = strategy.rollout(model, cond, Draws(0, 0, (0, 1)), LATENT)
     advantages = strategy.advantages(rollout, rewards_of(rollout, reward))
     flags = [t.step_optimizer for t in strategy.loss_terms(model, rollout, advantages)]
@@ -235,7 +248,7 @@ def test_optimizer_step_flags(mode, expected_steps):
 
 def test_nan_and_inf_rewards_drop_their_groups_and_are_counted():
     model, cond, reward = toy(num_prompts=3)
-    strategy = build_strategy(config(num_steps=6, group_size=4, granularities=[1, 2]))
+    strategy = build_strategy(config(num_steps=6, group_size=4, g2rpo={"granularities": [1, 2]}))
     rollout = strategy.rollout(model, cond, Draws(0, 0, (0, 1, 2)), LATENT)
     clean = rewards_of(rollout, reward)
     rewards = torch.cat([clean, clean * 2])  # R = 2 reward models: [2, P=3, K=3, J=2, G=4]
@@ -265,7 +278,7 @@ def test_nan_and_inf_rewards_drop_their_groups_and_are_counted():
 @pytest.mark.parametrize("name", ["dancegrpo", "mixgrpo"])
 def test_baselines_drop_a_prompt_with_a_nan_or_inf_reward(name):
     model, cond, reward = toy(num_prompts=3)
-    strategy = build_strategy(config(strategy=name, num_steps=6, group_size=4, mixgrpo_window_size=2))
+    strategy = build_strategy(config(strategy=name, num_steps=6, group_size=4, mixgrpo={"window_size": 2}))
     rollout = strategy.rollout(model, cond, Draws(0, 0, (0, 1, 2)), LATENT)
     rewards = rewards_of(rollout, reward)  # [1, P=3, G=4]
     rewards[0, 1, 3] = float("inf")
@@ -281,7 +294,7 @@ def test_baselines_drop_a_prompt_with_a_nan_or_inf_reward(name):
 
 def test_every_group_dropped_yields_no_terms():
     model, cond, reward = toy(num_prompts=2)
-    strategy = build_strategy(config(num_steps=4, group_size=3, granularities=[1]))
+    strategy = build_strategy(config(num_steps=4, group_size=3, g2rpo={"granularities": [1]}))
     rollout = strategy.rollout(model, cond, Draws(0, 0, (0, 1)), LATENT)
     rewards = torch.full(rollout.reward_layout(1), float("nan"))
     advantages = strategy.advantages(rollout, rewards)
@@ -307,7 +320,9 @@ class SigmaRecorder(torch.nn.Module):
 
 def test_grid_choice_and_timestep_truncation():
     inner, cond, _ = make_toy_problem(num_prompts=1)
-    static = build_strategy(config(num_steps=4, group_size=2, granularities=[1], grid="static_shift", shift=3.0))
+    static = build_strategy(
+        config(num_steps=4, group_size=2, g2rpo={"granularities": [1]}, grid="static_shift", shift=3.0)
+    )
     model = SigmaRecorder(inner)
     rollout = static.rollout(model, cond, Draws(0, 0, (0,)), LATENT)
     assert rollout.sigmas.tolist() == pytest.approx([1.0, 0.9, 0.75, 0.5, 0.0])  # 3t/(1+2t), t = 1, .75, .5, .25, 0
@@ -315,7 +330,7 @@ def test_grid_choice_and_timestep_truncation():
     assert seen.unique().tolist() == pytest.approx([0.5, 0.75, 0.9, 1.0])
     # flux grid at L = 4 tokens: μ = 0.5 + (4 − 256)·0.65/3840 = 0.45734, e^μ = 1.57986,
     # σ[1] = e^μ/(e^μ + 1/0.75 − 1) = 1.57986/1.91319 = 0.82577; fed to the model as 0.825
-    truncating = build_strategy(config(num_steps=4, group_size=2, granularities=[1], truncate_timestep=True))
+    truncating = build_strategy(config(num_steps=4, group_size=2, g2rpo={"granularities": [1]}, truncate_timestep=True))
     model = SigmaRecorder(inner)
     rollout = truncating.rollout(model, cond, Draws(0, 0, (0,)), LATENT)
     e = math.exp(core.flux_mu(4))
@@ -329,7 +344,9 @@ def test_rollout_is_independent_of_micro_batch():
     finals = []
     for micro in (1, 7, 1000):
         model, cond, _ = toy(num_prompts=2)
-        strategy = build_strategy(config(num_steps=6, group_size=3, granularities=[1, 2, 4], micro_batch=micro))
+        strategy = build_strategy(
+            config(num_steps=6, group_size=3, g2rpo={"granularities": [1, 2, 4]}, micro_batch=micro)
+        )
         finals.append(strategy.rollout(model, cond, Draws(3, 1, (0, 1)), LATENT).final_latents)
     torch.testing.assert_close(finals[0], finals[1], atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(finals[0], finals[2], atol=1e-6, rtol=1e-5)
@@ -340,14 +357,16 @@ def test_finishes_match_a_sequential_ode_per_stride(mode):
     # The batched finish (rows at mixed σ, shared first forward) equals running each stride's
     # schedule with the ODE one branch at a time.
     model, cond, _ = toy(num_prompts=1)
-    cfg = config(num_steps=7, group_size=2, granularities=[1, 3], stride_schedule=mode)
-    rollout = build_strategy(cfg).rollout(model, cond, Draws(0, 0, (0,)), LATENT)
-    assert rollout.nfe.sampling_forwards == sampling_forwards(7, 2, cfg.trained_steps, cfg.strides, mode) == model.rows
+    cfg = config(num_steps=7, group_size=2, g2rpo={"granularities": [1, 3], "stride_schedule": mode})
+    strategy = build_strategy(cfg)
+    rollout = strategy.rollout(model, cond, Draws(0, 0, (0,)), LATENT)
+    assert strategy.trained_steps == [0, 1, 2, 3] and strategy.strides == [1, 3]  # M = noisiest half of T = 7
+    assert rollout.nfe.sampling_forwards == sampling_forwards(7, 2, [0, 1, 2, 3], [1, 3], mode) == model.rows
     finals = rollout.final_latents.reshape(*rollout.reward_shape, *LATENT)  # [P, K, J, G, L, C]
     sig = rollout.sigmas
     with torch.no_grad():
         for s, k in enumerate(rollout.states.steps[0].tolist()):
-            for j, lam in enumerate(cfg.strides):
+            for j, lam in enumerate(strategy.strides):
                 for g in range(cfg.group_size):
                     x = rollout.states.branches[0, s, g][None]
                     idx = core.stride_indices(cfg.num_steps, k, lam, mode)
@@ -358,7 +377,7 @@ def test_finishes_match_a_sequential_ode_per_stride(mode):
 
 def test_branches_share_the_anchor_state_and_differ_only_by_noise():
     model, cond, _ = toy(num_prompts=2)
-    cfg = config(num_steps=8, group_size=5, granularities=[1])
+    cfg = config(num_steps=8, group_size=5, g2rpo={"granularities": [1]})
     rollout = build_strategy(cfg).rollout(model, cond, Draws(0, 0, (0, 1)), LATENT)
     st = rollout.states
     # the typed record: x[k], branches and old log-probs per (prompt, k), final latents per stride
@@ -384,7 +403,9 @@ def test_branches_share_the_anchor_state_and_differ_only_by_noise():
 
 def test_draws_do_not_depend_on_the_batch_layout_or_on_earlier_draws():
     model, cond, _ = toy(num_prompts=4)
-    strategy = build_strategy(config(num_steps=6, group_size=3, granularities=[1, 2], branch_steps_per_iteration=2))
+    strategy = build_strategy(
+        config(num_steps=6, group_size=3, g2rpo={"granularities": [1, 2], "branch_steps_per_iteration": 2})
+    )
     whole = strategy.rollout(model, cond, Draws(7, 3, (10, 11, 12, 13)), LATENT)
     # the same prompts split over two "ranks", in reverse order of execution
     second = strategy.rollout(model, cond[torch.tensor([2, 3])], Draws(7, 3, (12, 13)), LATENT)
@@ -438,7 +459,9 @@ def test_dancegrpo_sde_every_step_shared_noise_and_trained_fraction():
     trained = rollout.states.trained_steps  # [P, G, S], S = round(0.6·10) = 6
     assert trained.shape == (2, 4, 6)
     assert all(len(set(row)) == 6 for row in trained.reshape(-1, 6).tolist())
-    independent = build_strategy(config(strategy="dancegrpo", num_steps=10, group_size=4, dancegrpo_shared_noise=False))
+    independent = build_strategy(
+        config(strategy="dancegrpo", num_steps=10, group_size=4, dancegrpo={"shared_noise": False})
+    )
     states = independent.rollout(model, cond, Draws(0, 0, (0, 1)), LATENT).states.latents
     assert not torch.equal(states[:, 0, 0], states[:, 1, 0])
 
@@ -456,7 +479,7 @@ def test_mixgrpo_window_hand_values():
 
 def test_mixgrpo_ode_outside_the_window():
     model, cond, _ = toy(num_prompts=2)
-    strategy = build_strategy(config(strategy="mixgrpo", num_steps=8, group_size=3, mixgrpo_window_size=2))
+    strategy = build_strategy(config(strategy="mixgrpo", num_steps=8, group_size=3, mixgrpo={"window_size": 2}))
     rollout = strategy.rollout(model, cond, Draws(0, 50, (0, 1)), LATENT)  # iteration 50: window [2, 3]
     assert rollout.states.window == [2, 3]
     states, lp = rollout.states.latents, rollout.states.log_prob_old
@@ -475,7 +498,7 @@ def test_config_reports_every_bad_value_at_once():
             AlgorithmConfig,
             overrides=[
                 "group_size=1",
-                "granularities=[]",
+                "g2rpo.granularities=[]",
                 "eta=-0.5",
                 "num_steps=1",
                 "ratio_clip=0",
@@ -483,23 +506,26 @@ def test_config_reports_every_bad_value_at_once():
             ],
         )
     text = str(err.value)
-    for field in ("group_size=1", "granularities=[]", "eta=-0.5", "num_steps=1", "ratio_clip=0", "learning_rate"):
+    for field in ("group_size=1", "g2rpo.granularities=[]", "eta=-0.5", "num_steps=1", "ratio_clip=0", "learning_rate"):
         assert field in text
     assert len(err.value.problems) == 6
     with pytest.raises(
-        ConfigError, match=r"granularities: \[1, 0, -2\] has strides \[0, -2\] below 1: each stride is an integer ≥ 1"
+        ConfigError,
+        match=r"g2rpo.granularities: \[1, 0, -2\] has strides \[0, -2\] below 1: each stride is an integer ≥ 1",
     ):
-        load_config(AlgorithmConfig, overrides=["granularities=[1, 0, -2]"])
-    with pytest.raises(ConfigError, match=r"branch_steps: \[-1, 3\] has steps \[-1\] outside the grid"):
-        load_config(AlgorithmConfig, overrides=["branch_steps=[-1, 3]"])
-    with pytest.raises(ConfigError, match="repeats a stride"):
-        load_config(AlgorithmConfig, overrides=["granularities=[2, 2]"])
+        load_config(AlgorithmConfig, overrides=["g2rpo.granularities=[1, 0, -2]"])
+    with pytest.raises(ConfigError, match=r"g2rpo.branch_steps: \[-1, 3\] has steps \[-1\] outside the grid"):
+        load_config(AlgorithmConfig, overrides=["g2rpo.branch_steps=[-1, 3]"])
+    with pytest.raises(ConfigError, match="g2rpo.granularities: \\[2, 2\\] repeats a stride"):
+        load_config(AlgorithmConfig, overrides=["g2rpo.granularities=[2, 2]"])
     with pytest.raises(
-        ConfigError, match=r"branch_steps=\[0, 16\]: steps \[16\] are outside the grid: each k must be in 0..15"
+        ConfigError, match=r"g2rpo.branch_steps=\[0, 16\]: steps \[16\] are outside the grid: each k must be in 0..15"
     ):
-        load_config(AlgorithmConfig, overrides=["branch_steps=[0, 16]"])
-    with pytest.raises(ConfigError, match="stride_weights"):
-        load_config(AlgorithmConfig, overrides=["stride_weights=[1, 2]"])
+        load_config(AlgorithmConfig, overrides=["g2rpo.branch_steps=[0, 16]"])
+    with pytest.raises(
+        ConfigError, match=r"g2rpo.stride_weights=\[1.0, 2.0\]: give one weight per granularity \(3 for"
+    ):
+        load_config(AlgorithmConfig, overrides=["g2rpo.stride_weights=[1, 2]"])
 
 
 def test_config_rejects_zero_eta_and_non_finite_numbers():
@@ -516,33 +542,176 @@ def test_config_rejects_zero_eta_and_non_finite_numbers():
         "advantage_eps=.inf",
         "ratio_clip=.inf",
         "advantage_clip=.inf",
-        "stride_weights=[.nan, 1, -1]",
+        "g2rpo.stride_weights=[.nan, 1, -1]",
     ]
     with pytest.raises(ConfigError) as err:
         load_config(AlgorithmConfig, overrides=bad)
     text = str(err.value)
     for field in ("eta=inf", "shift=nan", "advantage_eps=inf", "ratio_clip=inf", "advantage_clip=inf"):
         assert f"{field}: Input should be a finite number" in text
-    assert "stride_weights: [nan, 1.0, -1.0] has weights [nan, -1.0] that are not finite numbers ≥ 0" in text
+    assert "g2rpo.stride_weights: [nan, 1.0, -1.0] has weights [nan, -1.0] that are not finite numbers ≥ 0" in text
     assert len(err.value.problems) == 6  # one per setting
-    with pytest.raises(ConfigError, match=r"stride_weights=\[0\.0, 0\.0, 0\.0\]: all weights are 0"):
-        load_config(AlgorithmConfig, overrides=["stride_weights=[0, 0, 0]"])
-    assert load_config(AlgorithmConfig, overrides=["stride_weights=[0, 1, 2]"]).stride_weight_values == [0.0, 1.0, 2.0]
+    with pytest.raises(ConfigError, match=r"g2rpo.stride_weights=\[0\.0, 0\.0, 0\.0\]: all weights are 0"):
+        load_config(AlgorithmConfig, overrides=["g2rpo.stride_weights=[0, 0, 0]"])
+    assert load_config(AlgorithmConfig, overrides=["g2rpo.stride_weights=[0, 1, 2]"]).g2rpo.weights == [0.0, 1.0, 2.0]
+    with pytest.raises(ConfigError, match=r"dancegrpo.train_fraction=nan: Input should be a finite number"):
+        load_config(AlgorithmConfig, overrides=["strategy=dancegrpo", "dancegrpo.train_fraction=.nan"])
 
 
 def test_config_defaults_and_derived_values():
     cfg = load_config(AlgorithmConfig)
     assert (cfg.num_steps, cfg.group_size, cfg.eta, cfg.ratio_clip, cfg.advantage_clip) == (16, 12, 0.7, 1e-4, 5.0)
-    assert cfg.trained_steps == list(range(8)) and cfg.strides == [1, 2, 3]
-    assert load_config(AlgorithmConfig, overrides=["num_steps=7"]).trained_steps == [0, 1, 2, 3]  # ceil(7/2) = 4
-    no_mgai = load_config(AlgorithmConfig, overrides=["strategy=g2rpo_no_mgai"])
-    assert no_mgai.strides == [1] and no_mgai.stride_weight_values == [1.0]
-    assert load_config(AlgorithmConfig, overrides=["strategy=g2rpo_no_mgai", "granularities=[1]"]).strides == [1]
-    # the ablation is Λ = {1}: another Λ or stride weights would be silently ignored, so they are refused
+    assert cfg.strategy == "g2rpo" and cfg.settings is cfg.g2rpo
+    g2rpo = build_strategy(cfg)
+    assert g2rpo.trained_steps == list(range(8)) and g2rpo.strides == [1, 2, 3] and cfg.g2rpo.weights == [1.0] * 3
+    assert build_strategy(config(num_steps=7)).trained_steps == [0, 1, 2, 3]  # ceil(7/2) = 4
+    assert build_strategy(config(g2rpo={"branch_steps": [5, 2]})).trained_steps == [2, 5]
+    dance, mix = config(strategy="dancegrpo"), config(strategy="mixgrpo")
+    assert (dance.settings.train_fraction, dance.settings.shared_noise) == (0.6, True)
+    assert (mix.settings.window_size, mix.settings.window_shift, mix.settings.iters_per_shift) == (4, 1, 25)
+
+
+def test_the_no_mgai_preset_is_g2rpo_with_one_stride():
+    no_mgai = config(strategy="g2rpo_no_mgai")
+    assert no_mgai == config(g2rpo={"granularities": [1]})  # the preset reads as its strategy, nothing else
+    assert no_mgai.strategy == "g2rpo" and no_mgai.g2rpo.granularities == [1] and no_mgai.g2rpo.weights == [1.0]
+    assert config_hash(no_mgai) == config_hash(load_config(AlgorithmConfig, overrides=["g2rpo.granularities=[1]"]))
+    strategy = build_strategy(no_mgai)
+    assert isinstance(strategy, G2RPO) and strategy.strides == [1]
+    # other settings of the section stay the user's; setting the fixed one to the same value is consistent
+    same = config(strategy="g2rpo_no_mgai", g2rpo={"granularities": [1], "branch_steps": [0, 3]})
+    assert same.g2rpo.granularities == [1] and same.g2rpo.branch_steps == [0, 3]
+    python_built = AlgorithmConfig(strategy="g2rpo_no_mgai", g2rpo=G2RPOSettings(stride_schedule="reference"))
+    assert python_built.g2rpo.granularities == [1] and python_built.g2rpo.stride_schedule == "reference"
+    # another Λ would contradict the preset: refused, naming the field, the value and the fix
     with pytest.raises(ConfigError) as err:
-        load_config(
-            AlgorithmConfig, overrides=["strategy=g2rpo_no_mgai", "granularities=[1, 2]", "stride_weights=[1, 1]"]
+        load_config(AlgorithmConfig, overrides=["strategy=g2rpo_no_mgai", "g2rpo.granularities=[1, 2]"])
+    assert err.value.problems == [
+        "g2rpo.granularities=[1, 2]: strategy g2rpo_no_mgai sets g2rpo.granularities to [1]: "
+        "drop g2rpo.granularities, or use strategy g2rpo"
+    ]
+    with pytest.raises(
+        ValueError, match=r"g2rpo.granularities=\[2\]: strategy g2rpo_no_mgai sets g2rpo.granularities to"
+    ):
+        AlgorithmConfig.model_validate({"strategy": "g2rpo_no_mgai", "g2rpo": G2RPOSettings(granularities=[2])})
+    # stride weights follow the one stride: one weight, or a clear error
+    with pytest.raises(ConfigError) as err:
+        load_config(AlgorithmConfig, overrides=["strategy=g2rpo_no_mgai", "g2rpo.stride_weights=[1, 1]"])
+    assert err.value.problems == [
+        "g2rpo.stride_weights=[1.0, 1.0]: give one weight per granularity (1 for [1]), or null"
+    ]
+    assert config(strategy="g2rpo_no_mgai", g2rpo={"stride_weights": [2]}).g2rpo.weights == [2.0]
+
+
+def test_registry_lists_each_strategy_with_its_section():
+    # adding a strategy: its module, a registry line and its section field; this keeps the three in step
+    sections = {name for name, info in AlgorithmConfig.model_fields.items() if name in STRATEGIES}
+    assert set(STRATEGIES) == sections == {"g2rpo", "dancegrpo", "mixgrpo"}
+    for name, cls in STRATEGIES.items():
+        assert cls.name == name and cls.Settings.strategy == name
+        assert AlgorithmConfig.model_fields[name].annotation is cls.Settings
+    assert set(PRESETS) == {"g2rpo_no_mgai"} and all(base in STRATEGIES for base, _ in PRESETS.values())
+    for name, cls in {"g2rpo": G2RPO, "dancegrpo": DanceGRPO, "mixgrpo": MixGRPO}.items():
+        strategy = build_strategy(config(strategy=name))
+        assert type(strategy) is cls and strategy.name == name and strategy.settings is strategy.config.settings
+    with pytest.raises(ConfigError) as err:
+        load_config(AlgorithmConfig, overrides=["strategy=grpo"])
+    assert err.value.problems == [
+        "strategy: 'grpo' is not a strategy: use one of g2rpo, dancegrpo, mixgrpo, or a preset (g2rpo_no_mgai)"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("settings", "valid", "misplaced", "owner"),
+    [
+        (
+            G2RPOSettings,
+            "branch_steps, branch_steps_per_iteration, granularities, stride_schedule, stride_weights",
+            "window_size",
+            "mixgrpo",
+        ),
+        (DanceGRPOSettings, "shared_noise, train_fraction", "granularities", "g2rpo"),
+        (MixGRPOSettings, "iters_per_shift, window_shift, window_size", "train_fraction", "dancegrpo"),
+    ],
+)
+def test_each_strategy_section_validates_alone(settings, valid, misplaced, owner):
+    assert load_config(settings) == settings()
+    with pytest.raises(ConfigError) as err:
+        load_config(settings, overrides=["strides=[1]"])
+    assert err.value.problems == [f"strides: unknown key; remove it or fix the spelling (valid keys here: {valid})"]
+    with pytest.raises(ConfigError) as err:
+        load_config(settings, overrides=[f"{misplaced}=1"])
+    assert err.value.problems == [
+        f"{misplaced}: unknown key; remove it or fix the spelling (valid keys here: {valid}); "
+        f"{misplaced} is a setting of strategy {owner}: write it as {owner}.{misplaced} and choose strategy: {owner}"
+    ]
+
+
+def test_a_knob_in_the_wrong_place_names_where_it_belongs():
+    # in another strategy's section, inside a run config: the full dotted path of the right place
+    with pytest.raises(ConfigError) as err:
+        load_config(RunConfig, TINY_CONFIG, ["algorithm.strategy=mixgrpo", "algorithm.g2rpo.window_size=2"])
+    (line,) = err.value.problems
+    assert line.startswith("algorithm.g2rpo.window_size: unknown key")
+    assert line.endswith(
+        "window_size is a setting of strategy mixgrpo: write it as algorithm.mixgrpo.window_size "
+        "and choose algorithm.strategy: mixgrpo"
+    )
+    # at the top of the algorithm section, by the former flat or prefixed names
+    for old, new in [
+        ("granularities=[1]", "algorithm.g2rpo.granularities"),
+        ("dancegrpo_train_fraction=0.5", "algorithm.dancegrpo.train_fraction"),
+        ("mixgrpo_iters_per_shift=5", "algorithm.mixgrpo.iters_per_shift"),
+    ]:
+        with pytest.raises(ConfigError) as err:
+            load_config(RunConfig, TINY_CONFIG, [f"algorithm.{old}"])
+        (line,) = err.value.problems
+        key = old.partition("=")[0]
+        assert line.startswith(f"algorithm.{key}: unknown key") and line.endswith(
+            f"{key} is a setting of strategy {new.split('.')[1]}: write it as {new}"
         )
-    text = str(err.value)
-    assert "granularities=[1, 2]: strategy g2rpo_no_mgai always finishes with stride [1]: drop granularities" in text
-    assert "stride_weights=[1.0, 1.0]: strategy g2rpo_no_mgai has one stride and weight 1: drop stride_weights" in text
+    # a cross-check of the chosen strategy is named from the run config's top
+    with pytest.raises(ConfigError) as err:
+        load_config(RunConfig, TINY_CONFIG, ["algorithm.strategy=mixgrpo", "algorithm.num_steps=2"])
+    assert err.value.problems == ["algorithm.num_steps=2: MixGRPO keeps its window below step T − 2: use num_steps ≥ 3"]
+
+
+def test_only_the_chosen_strategy_section_is_recorded_and_hashed():
+    # A file may carry every strategy's section; the ones not chosen are checked but change nothing.
+    chosen = config(strategy="mixgrpo", mixgrpo={"window_size": 2})
+    carrying = config(
+        strategy="mixgrpo",
+        mixgrpo={"window_size": 2},
+        g2rpo={"granularities": [1, 2]},
+        dancegrpo={"train_fraction": 0.3},
+    )
+    assert config_hash(chosen) == config_hash(carrying)
+    assert "g2rpo" not in chosen.model_dump() and "dancegrpo" not in to_yaml(carrying)
+    assert config_hash(chosen) != config_hash(config(strategy="mixgrpo", mixgrpo={"window_size": 3}))
+    with pytest.raises(ConfigError, match=r"dancegrpo.train_fraction=2: Input should be less than or equal to 1"):
+        config(strategy="mixgrpo", dancegrpo={"train_fraction": 2})
+
+
+@pytest.mark.parametrize("strategy", ["g2rpo", "g2rpo_no_mgai", "dancegrpo", "mixgrpo"])
+def test_config_show_round_trips_for_each_strategy(strategy, tmp_path, capsys):
+    knobs = {
+        "g2rpo": ["algorithm.g2rpo.granularities=[1, 3]", "algorithm.g2rpo.stride_weights=[1, 0.5]"],
+        "g2rpo_no_mgai": ["algorithm.g2rpo.granularities=[1]", "algorithm.g2rpo.branch_steps=[0, 2]"],
+        "dancegrpo": ["algorithm.dancegrpo.train_fraction=0.25", "algorithm.dancegrpo.shared_noise=false"],
+        "mixgrpo": ["algorithm.mixgrpo.window_size=2", "algorithm.mixgrpo.iters_per_shift=3"],
+    }[strategy]
+    overrides = [f"algorithm.strategy={strategy}", *knobs]
+    loaded = load_config(RunConfig, TINY_CONFIG, overrides)
+    assert cli_main(["config", "show", "--config", str(TINY_CONFIG), *overrides]) == 0
+    shown = capsys.readouterr().out
+    assert shown == to_yaml(loaded)
+    written = tmp_path / "shown.yaml"
+    written.write_text(shown)
+    again = load_config(RunConfig, written)
+    assert again.algorithm == loaded.algorithm and config_hash(again) == config_hash(loaded)
+    assert to_yaml(again) == shown
+    name = loaded.algorithm.strategy
+    recorded = yaml.safe_load(shown)["algorithm"]
+    assert recorded["strategy"] == name == ("g2rpo" if strategy == "g2rpo_no_mgai" else strategy)
+    assert set(recorded) & set(STRATEGIES) == {name}  # only the chosen strategy's section is written
+    assert type(build_strategy(again.algorithm)) is STRATEGIES[name]

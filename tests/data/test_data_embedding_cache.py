@@ -8,6 +8,8 @@ import pickle
 import pytest
 import torch
 
+from g2rpo.artifacts.manifest import SCHEMA_VERSION, read_manifest
+from g2rpo.artifacts.storage import FileStore, sha256_file
 from g2rpo.cli import main
 from g2rpo.data import EmbeddingCache, PromptEmbeddingDataset, write_embedding_cache
 from g2rpo.errors import G2RPOError
@@ -41,11 +43,18 @@ def cache_dir(tmp_path, encoder):
 
 
 def test_data_cache_round_trip_equals_the_encoders(cache_dir, encoder):
-    manifest = json.loads((cache_dir / "manifest.json").read_text())
-    assert manifest["count"] == 7 and manifest["shards"] == [f"shard-0000{i}.safetensors" for i in range(3)]
-    assert manifest["shapes"] == {"prompt_embeds": [32, 32], "pooled_prompt_embeds": [32]}
-    assert manifest["dtype"] == "float32"
+    # the manifest every artifact carries: files with size + sha256, the cache's facts in metadata
+    manifest = read_manifest(FileStore(cache_dir))
+    shards = [f"shard-0000{i}.safetensors" for i in range(3)]
+    assert manifest.schema_version == SCHEMA_VERSION and manifest.producer.startswith("g2rpo.data.")
+    assert sorted(f.path for f in manifest.files) == ["index.json", *shards]
+    assert all(f.sha256 == sha256_file(cache_dir / f.path)[1] for f in manifest.files)
+    meta = manifest.metadata
+    assert meta["count"] == 7 and meta["shards"] == shards and meta["kind"] == "flux-text-embeddings"
+    assert meta["shapes"] == {"prompt_embeds": [32, 32], "pooled_prompt_embeds": [32]}
+    assert meta["dtype"] == "float32" and meta["encoder"] == {"source": "tiny", "max_sequence_length": 32}
     cache = EmbeddingCache(cache_dir, verify=True)
+    assert cache.manifest == manifest
     assert len(cache) == 7 and cache.prompts == PROMPTS and cache.max_sequence_length == 32
     direct = encoder.encode(PROMPTS)
     everything = cache.get(range(7))
@@ -80,18 +89,34 @@ def test_data_cache_without_manifest_is_incomplete(cache_dir):
 
 
 def test_data_cache_damaged_files_are_refused(cache_dir):
+    fix = r"rebuild it with `g2rpo data prep --model \.\.\. --overwrite`"
     shard = cache_dir / "shard-00001.safetensors"
     data = bytearray(shard.read_bytes())
-    shard.write_bytes(bytes(data[:-10]))  # truncated
-    with pytest.raises(G2RPOError, match="shard-00001.safetensors: .* bytes, manifest says"):
+    shard.write_bytes(bytes(data[:-10]))  # truncated: the default open sees it
+    with pytest.raises(G2RPOError, match=rf"does not match its manifest.*{fix}.*\n  - shard-00001.safetensors: size"):
         EmbeddingCache(cache_dir)
     data[-1] ^= 0xFF  # same size, one flipped byte: only the sha256 check sees it
     shard.write_bytes(bytes(data))
     EmbeddingCache(cache_dir)  # the cheap open checks sizes only
-    with pytest.raises(G2RPOError, match="sha256 differs"):
+    with pytest.raises(G2RPOError, match=rf"{fix}.*\n  - shard-00001.safetensors: sha256 .*, manifest says"):
         EmbeddingCache(cache_dir, verify=True)
     (cache_dir / "shard-00000.safetensors").unlink()
     with pytest.raises(G2RPOError, match="shard-00000.safetensors: missing"):
+        EmbeddingCache(cache_dir)
+
+
+def test_data_cache_index_digest_is_checked_on_every_open(cache_dir):
+    index = cache_dir / "index.json"
+    text = index.read_text()
+    index.write_text(text.replace("a photo of a cat", "a photo of a cow"))  # same size, other prompt
+    with pytest.raises(G2RPOError, match="index.json: sha256 .*, manifest says"):
+        EmbeddingCache(cache_dir)
+
+
+def test_data_cache_in_another_format_is_refused_with_the_fix(cache_dir):
+    # a manifest in the format before the shared one (or anything else): refused, not guessed at
+    (cache_dir / "manifest.json").write_text(json.dumps({"schema_version": 1, "kind": "flux-text-embeddings"}))
+    with pytest.raises(G2RPOError, match=r"no readable manifest.*--overwrite"):
         EmbeddingCache(cache_dir)
 
 
@@ -150,9 +175,8 @@ def test_data_prep_cli_with_model_builds_both_caches(tiny_flux_dir, tmp_path, ca
     train = EmbeddingCache(out / "embeddings" / "train", verify=True)
     test = EmbeddingCache(out / "embeddings" / "test")
     assert sorted(train.prompts + test.prompts) == sorted(PROMPTS)
-    assert json.loads((out / "embeddings" / "train" / "manifest.json").read_text())["encoder"]["source"] == str(
-        tiny_flux_dir
-    )
+    assert train.metadata["encoder"]["source"] == str(tiny_flux_dir)
+    assert read_manifest(FileStore(out)).metadata["summary"]["train"] == 5  # the prompt split's own manifest
 
 
 def test_data_prep_cli_with_a_partial_model_writes_nothing(tiny_flux_dir, tmp_path, capsys):

@@ -7,8 +7,10 @@ import json
 
 import pytest
 
+from g2rpo.artifacts.manifest import read_manifest
+from g2rpo.artifacts.storage import FileStore, sha256_file
 from g2rpo.cli import main
-from g2rpo.data import dedupe_prompts, prepare_prompts, read_prompt_file, read_prompt_split, sha256_file, split_prompts
+from g2rpo.data import dedupe_prompts, prepare_prompts, read_prompt_file, read_prompt_split, split_prompts
 from g2rpo.errors import G2RPOError
 
 
@@ -109,9 +111,11 @@ def test_data_prepare_writes_splits_and_manifest_last(tmp_path):
     train = [json.loads(line) for line in (out / "train.jsonl").read_text().splitlines()]
     assert [r["index"] for r in train] == list(range(10))
     assert read_prompt_split(out / "train.jsonl") == [r["prompt"] for r in train]
-    manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["files"]["test.jsonl"]["sha256"] == sha256_file(out / "test.jsonl")
-    assert manifest["summary"]["duplicates"] == 3
+    manifest = read_manifest(FileStore(out))  # the manifest every artifact carries
+    assert {f.path: (f.size, f.sha256) for f in manifest.files} == {
+        name: sha256_file(out / name) for name in ("train.jsonl", "test.jsonl")
+    }
+    assert manifest.metadata["kind"] == "prompt-split" and manifest.metadata["summary"]["duplicates"] == 3
     # existing outputs are not replaced without --overwrite, and stay as they were
     before = (out / "train.jsonl").read_bytes()
     with pytest.raises(G2RPOError, match="--overwrite"):

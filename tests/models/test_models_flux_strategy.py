@@ -16,6 +16,7 @@ from g2rpo.seeding import Draws
 from g2rpo.strategies import build_strategy
 from g2rpo.strategies.base import VelocityModel
 from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.strategies.g2rpo import G2RPOSettings
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +29,10 @@ def test_models_g2rpo_iteration_on_tiny_flux(tiny_flux_dir, truncate):
     prompts = ["a photo of a cat", "snow on the mountain"]
     cond = FluxTextEncoder.from_pipeline(pipe).encode(prompts)
     config = AlgorithmConfig(
-        num_steps=4, group_size=2, branch_steps=[0, 1], granularities=[1, 2], truncate_timestep=truncate
+        num_steps=4,
+        group_size=2,
+        truncate_timestep=truncate,
+        g2rpo=G2RPOSettings(branch_steps=[0, 1], granularities=[1, 2]),
     )
     model = FluxVelocity(pipe.transformer, height=64, width=64, timestep_mode=timestep_mode_for(truncate))
     assert isinstance(model, VelocityModel)

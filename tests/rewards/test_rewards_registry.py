@@ -13,7 +13,8 @@ import yaml
 from g2rpo.config import load_config
 from g2rpo.errors import ConfigError, G2RPOError
 from g2rpo.rewards.config import RewardModelConfig, RewardsConfig
-from g2rpo.rewards.registry import REWARDS, build_reward, reward_names, score_batched
+from g2rpo.rewards.registry import REWARDS, build_reward, reward_names
+from g2rpo.rewards.scoring import score_rewards
 
 EXPECTED_NAMES = [
     "aesthetic",
@@ -171,20 +172,22 @@ def test_bad_device_is_a_clear_error():
     assert build_reward("sharpness", device=torch.device("cpu")).score(torch.rand(1, 3, 8, 8), [""]).shape == (1,)
 
 
-def test_score_batched_checks_its_inputs_like_score():
+def test_score_rewards_checks_its_inputs_like_score():
     head = build_reward("total_variation")
     images = torch.rand(3, 3, 8, 8, generator=torch.Generator().manual_seed(7))
-    for batch_size in (0, -1, 1.5, True):
-        with pytest.raises(G2RPOError, match=r"total_variation.batch_size=.*positive whole number"):
-            score_batched(head, images, ["", "", ""], batch_size)
-    with pytest.raises(G2RPOError, match=r"total_variation.images=.*torch.Tensor"):
-        score_batched(head, images.numpy(), ["", "", ""], 2)
+    for batch_size in (0, -1, 1.5, True, [2, 2]):
+        with pytest.raises(G2RPOError, match=r"batch_size=.*(positive whole number|one batch size per reward)"):
+            score_rewards([head], images, ["", "", ""], batch_size)
+    with pytest.raises(G2RPOError, match=r"total_variation.images=.*pass a tensor \[N, 3, H, W\]"):
+        score_rewards([head], images.numpy(), ["", "", ""], 2)
     with pytest.raises(G2RPOError, match="2 prompts for 3 images"):
-        score_batched(head, images, ["", ""], 2)
+        score_rewards([head], images, ["", ""], 2)
     with pytest.raises(G2RPOError, match="range"):
-        score_batched(head, images * 255, ["", "", ""], 2)
+        score_rewards([head], images * 255, ["", "", ""], 2)
+    with pytest.raises(G2RPOError, match="at least one reward model"):
+        score_rewards([], images, ["", "", ""], 2)
     torch.testing.assert_close(
-        score_batched(head, images, ["", "", ""], 2), head.score(images, ["", "", ""]), rtol=0, atol=0
+        score_rewards([head], images, ["", "", ""], 2), head.score(images, ["", "", ""])[None], rtol=0, atol=0
     )
 
 
@@ -194,13 +197,29 @@ def test_image_reward_without_its_config_files_is_an_error(tiny_image_reward, tm
         build_reward(RewardModelConfig(name="image_reward", weights=str(tmp_path / "ImageReward.pt")))
 
 
-def test_score_batched_equals_one_call_and_reports_nan(tiny_hps, tmp_path, caplog):
+def test_score_rewards_equals_one_call_per_head_and_reports_nan(tiny_hps, tmp_path, caplog):
     head = build_reward(RewardModelConfig(name="hps_v21", weights=str(tiny_hps["checkpoint"].parent)))
+    jpeg = build_reward("jpeg_compressibility")
     images = torch.rand(5, 3, 32, 32, generator=torch.Generator().manual_seed(1))
     prompts = ["a cat", "a dog", "a car", "a tree", "the sea"]
-    torch.testing.assert_close(
-        score_batched(head, images, prompts, batch_size=2), head.score(images, prompts), rtol=0, atol=1e-6
-    )
+    # [R, N]: row r is models[r] scored over every image, each head in slices of its own size
+    scores = score_rewards([head, jpeg], images, prompts, batch_size=[2, 3])
+    assert scores.shape == (2, 5) and scores.dtype == torch.float32 and scores.device.type == "cpu"
+    torch.testing.assert_close(scores[0], head.score(images, prompts), rtol=0, atol=1e-6)
+    torch.testing.assert_close(scores[1], jpeg.score(images, prompts), rtol=0, atol=0)
+    torch.testing.assert_close(score_rewards([jpeg, head], images, prompts, 1), scores.flip(0), rtol=0, atol=1e-6)
+    # a list of [3, H, W] images of mixed sizes (image files): consecutive images of one size share a call
+    mixed = [images[0], images[1], images[2, :, :16, :24], images[3], images[4]]
+    calls = []
+    original = jpeg._score
+    jpeg._score = lambda batch, texts: calls.append(tuple(batch.shape)) or original(batch, texts)
+    got = score_rewards([jpeg], mixed, prompts, 2)[0]
+    assert calls == [(2, 3, 32, 32), (1, 3, 16, 24), (2, 3, 32, 32)]
+    assert got.tolist() == [float(jpeg.score(image[None], [""])[0]) for image in mixed]
+    with pytest.raises(G2RPOError, match=r"jpeg_compressibility.images\[1\]=.*\[3, H, W\]"):
+        score_rewards([jpeg], [images[0], images], prompts[:2], 2)
+    with pytest.raises(G2RPOError, match="4 prompts for 5 images"):
+        score_rewards([jpeg], mixed, prompts[:4], 2)
     # a checkpoint whose image projection holds a NaN makes every score NaN: reported by name and count
     state = torch.load(tiny_hps["checkpoint"], weights_only=True)
     state["state_dict"]["visual.proj"][0, 0] = float("nan")
@@ -208,7 +227,8 @@ def test_score_batched_equals_one_call_and_reports_nan(tiny_hps, tmp_path, caplo
     shutil.copy(tiny_hps["open_clip_config"], tmp_path / "open_clip_config.json")
     broken = build_reward(RewardModelConfig(name="hps_v21", weights=str(tmp_path)))
     with pytest.raises(G2RPOError, match="reward 'hps_v21' returned NaN/inf for 5 of 5 image"):
-        score_batched(broken, images, prompts, batch_size=2)
+        score_rewards([broken], images, prompts, batch_size=2, require_finite=True)
+    assert bool(torch.isnan(score_rewards([broken], images, prompts, batch_size=2)).all())  # kept by default
     # score() itself keeps the NaN scores (the trainer drops their groups) and logs them by name
     caplog.clear()
     with caplog.at_level("WARNING", logger="g2rpo.rewards"):

@@ -8,7 +8,7 @@ import pydantic
 import pytest
 from pydantic import Field, model_validator
 
-from g2rpo.config import Section, config_hash, describe, load_config, parse_overrides
+from g2rpo.config import Section, config_hash, deep_merge, describe, load_config, parse_overrides
 from g2rpo.errors import ConfigError, G2RPOError, problem
 
 
@@ -84,6 +84,44 @@ def test_config_hash_covers_only_chosen_sections():
     assert config_hash(a) != config_hash(b)
 
 
+class Moved(Section):
+    """A section that knows where a former key went, and checks its own fields together."""
+
+    low: int = Field(1, description="lower bound")
+    high: int = Field(2, description="upper bound")
+
+    @classmethod
+    def unknown_key_fix(cls, key: str, path: str) -> str | None:
+        return f"{key} moved: write it as {path}.high" if key == "top" else None
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.low > self.high:
+            raise ValueError(problem("low", self.low, f"must be ≤ high ({self.high})"))
+        return self
+
+
+class Holder(Section):
+    moved: Moved = Field(default_factory=Moved, description="a section with a moved key")
+
+
+def test_unknown_key_gets_the_sections_own_fix_and_problems_get_its_path():
+    with pytest.raises(ConfigError) as info:
+        load_config(Holder, None, ["moved.top=3", "moved.hgih=3"])
+    assert info.value.problems == [
+        "moved.top: unknown key; remove it or fix the spelling (valid keys here: high, low); top moved: "
+        "write it as moved.high",
+        "moved.hgih: unknown key; remove it or fix the spelling (valid keys here: high, low)",
+    ]
+    # A section's own check names its field; the loader puts the section's path in front of it.
+    with pytest.raises(ConfigError) as info:
+        load_config(Holder, None, ["moved.low=5"])
+    assert info.value.problems == ["moved.low=5: must be ≤ high (2)"]
+    with pytest.raises(ConfigError) as info:
+        load_config(Moved, None, ["low=5"])
+    assert info.value.problems == ["low=5: must be ≤ high (2)"]
+
+
 def test_describe_lists_nested_fields_with_help():
     lines = describe(Outer)
     assert any(line.startswith("inner.group_size (int, default 12): branches per group") for line in lines)
@@ -117,3 +155,19 @@ def test_cli_closed_pipe_is_not_a_traceback():
     _, err = proc.communicate(timeout=120)
     assert "Traceback" not in err.decode(), err.decode()
     assert proc.returncode == 141
+
+
+def test_deep_merge_merges_sections_and_replaces_everything_else():
+    base = {"model": {"path": "m", "lora": {"rank": 8, "alpha": 16}}, "strides": [1, 2, 3], "name": "run"}
+    over = {"model": {"lora": {"rank": 4}}, "strides": [5], "name": {"new": 1}, "extra": None}
+    merged = deep_merge(base, over)
+    assert merged == {
+        "model": {"path": "m", "lora": {"rank": 4, "alpha": 16}},  # nested dicts merge key by key
+        "strides": [5],  # a list replaces, it is not concatenated or merged by position
+        "name": {"new": 1},  # a section over a value replaces it
+        "extra": None,
+    }
+    assert deep_merge(over, {"model": "flat"})["model"] == "flat"  # a value over a section replaces it too
+    # neither input changes
+    assert base["model"]["lora"] == {"rank": 8, "alpha": 16} and base["strides"] == [1, 2, 3]
+    assert over["model"] == {"lora": {"rank": 4}}

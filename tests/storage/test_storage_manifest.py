@@ -17,13 +17,15 @@ from g2rpo.artifacts.manifest import (
     fetch_to_cache,
     gc,
     has_manifest,
+    mismatches,
     publish_dir,
     read_manifest,
     unique_prefix,
     verify,
+    write_dir_manifest,
     write_manifest,
 )
-from g2rpo.artifacts.storage import open_store
+from g2rpo.artifacts.storage import FileStore, open_store, sha256_file
 from g2rpo.errors import G2RPOError
 
 pytestmark = pytest.mark.integration
@@ -256,3 +258,41 @@ def test_storage_failed_publish_releases_its_claim_for_a_retry(root_uri, tmp_pat
     assert not open_store(uri).exists(MARKER_NAME)
     publish_dir(src, uri)
     verify(open_store(uri), deep=True)
+
+
+def test_storage_sha256_file_reads_in_chunks(tmp_path):
+    data = os.urandom(10_000)
+    (tmp_path / "blob").write_bytes(data)
+    # a chunk that does not divide the size: the digest is the whole file's, the size every byte
+    assert sha256_file(tmp_path / "blob", chunk=4096) == (10_000, hashlib.sha256(data).hexdigest())
+    (tmp_path / "empty").write_bytes(b"")
+    assert sha256_file(tmp_path / "empty") == (0, hashlib.sha256(b"").hexdigest())
+
+
+def test_storage_write_dir_manifest_seals_a_local_folder(tmp_path):
+    src = _artifact(tmp_path)
+    (src / "notes.txt").write_text("not part of the artifact")
+    manifest = write_dir_manifest(
+        src, producer="p 1", metadata={"kind": "k"}, names=["config.json", "transformer/model.safetensors"]
+    )
+    store = FileStore(src)
+    assert read_manifest(store) == manifest and [f.path for f in manifest.files] == [
+        "config.json",
+        "transformer/model.safetensors",
+    ]
+    assert manifest.total_size == 13 + 2048 and mismatches(store, manifest, deep=True) == []
+    with pytest.raises(G2RPOError, match="already published"):  # create-only, like every manifest
+        write_dir_manifest(src, producer="p 1")
+    with pytest.raises(G2RPOError, match="names=.*missing.bin.*not a file"):
+        write_dir_manifest(tmp_path, producer="p", names=["missing.bin"])
+    blob = src / "transformer" / "model.safetensors"
+    flipped = bytearray(blob.read_bytes())
+    flipped[100] ^= 1
+    blob.write_bytes(bytes(flipped))
+    assert mismatches(store, manifest) == []  # sizes only
+    assert mismatches(store, manifest, deep=True) == [
+        f"transformer/model.safetensors: sha256 {sha256_file(blob)[1][:12]}…, manifest says "
+        f"{manifest.files[1].sha256[:12]}…"
+    ]
+    (src / "config.json").unlink()
+    assert mismatches(store, manifest) == ["config.json: missing"]

@@ -19,7 +19,13 @@ PROMPTS = REPO / "configs" / "tiny-prompts.txt"
 # paper's settings move a 135k-parameter model too little to see in a few iterations.
 def tiny_overrides(model_dir: Path, out_dir: Path, **extra: Any) -> dict[str, Any]:
     config: dict[str, Any] = {
-        "algorithm": {"num_steps": 4, "group_size": 4, "granularities": [1, 2], "ratio_clip": 0.2, "micro_batch": 64},
+        "algorithm": {
+            "num_steps": 4,
+            "group_size": 4,
+            "ratio_clip": 0.2,
+            "micro_batch": 64,
+            "g2rpo": {"granularities": [1, 2]},
+        },
         "model": {"path": str(model_dir), "height": 64, "width": 64, "base_model_name": "tiny"},
         "data": {"prompts": str(PROMPTS)},
         "rewards": {"models": [{"name": "jpeg_compressibility"}], "batch_size": 64},
