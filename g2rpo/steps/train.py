@@ -112,7 +112,8 @@ def training_exporter(config: RunConfig) -> TrainingExporter | None:
         strategy=config.algorithm.strategy,
         model=config.model.base_model_name,
         target_iterations=config.train.iterations,
-        strides=config.algorithm.strides,  # the reward columns, when there is one per stride
+        # G²RPO's reward columns are its strides Λ; other strategies have one column (labelled 1)
+        strides=config.algorithm.g2rpo.granularities if config.algorithm.strategy == "g2rpo" else None,
         linger_seconds=obs.linger_seconds,
     )
 

@@ -92,6 +92,11 @@ def test_prometheus_scrapes_the_training_run_and_the_pushes(prom, produced):
     assert up, f"the exporter was never scraped: {prom.logs()}"
     series = prom.wait_for(f'max_over_time(g2rpo_training_iteration{{run_id="{RUN_ID}", pipeline="{PIPELINE}"}}[10m])')
     assert series and int(float(series[0]["values"][-1][1])) == ITERATIONS
+    rewards = prom.wait_for(f'g2rpo_training_reward_mean{{run_id="{RUN_ID}"}}')
+    assert {(s["metric"]["reward"], s["metric"]["stride"]) for s in rewards} == {
+        ("jpeg_compressibility", "1"),
+        ("jpeg_compressibility", "2"),
+    }  # configs/tiny-cpu.yaml: Λ = [1, 2]
     checkpoints = prom.wait_for(f'max_over_time(g2rpo_training_last_checkpoint_iteration{{run_id="{RUN_ID}"}}[10m])')
     assert int(float(checkpoints[0]["values"][-1][1])) == ITERATIONS  # 2, then the final one at 3
     mean = prom.wait_for(f'g2rpo_evaluation_metric_mean{{pipeline="{PIPELINE}", job="g2rpo-evaluate", version="v1"}}')
