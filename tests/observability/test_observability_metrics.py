@@ -150,3 +150,20 @@ def test_the_dashboard_has_the_variables_and_every_query_selects_by_them():
         assert len(set(ref_ids)) == len(ref_ids) and all(ref_ids)
     ids = [p["id"] for p in board["panels"]]
     assert len(set(ids)) == len(ids)
+
+
+@pytest.mark.gpu
+def test_the_exporter_reports_cuda_memory():
+    (port,) = free_ports(1)
+    device = torch.device("cuda", torch.cuda.current_device())
+    held = torch.empty(64 * 2**20, dtype=torch.uint8, device=device)  # 64 MiB allocated
+    exporter = TrainingExporter(port, address="127.0.0.1", run_id="r1", pipeline="p")
+    try:
+        exporter.on_iteration_end(SimpleNamespace(ctx=SimpleNamespace(device=device)), _record(0))
+        family = _scrape(exporter.url)["g2rpo_training_accelerator_memory_bytes"]
+    finally:
+        exporter.close()
+    by_kind = {s.labels["kind"]: s.value for s in family.samples}
+    assert by_kind["allocated"] >= held.numel() and by_kind["reserved"] >= by_kind["allocated"]
+    assert by_kind["peak_allocated"] >= by_kind["allocated"]
+    assert {s.labels["device"] for s in family.samples} == {str(device)}
