@@ -8,7 +8,6 @@ STAMP := $(VENV)/.installed
 # and the Pushgateway. Installed once; skipped when their binaries are already on PATH.
 DEBS := prometheus prometheus-pushgateway
 DEB_STAMP := $(VENV)/.debs-installed
-SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # torch/torchvision first, pinned (both lie on local disk here; an unpinned torch downloads GBs).
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 PYTEST_ARGS ?=
@@ -44,7 +43,15 @@ $(DEB_STAMP):
 	fi
 	mkdir -p $(VENV) && touch $@
 
-install: $(STAMP) $(DEB_STAMP)
+# Debian's chromium renders report.html in the evaluation tests (headless); installed once, as root or with sudo.
+CHROMIUM_STAMP := $(VENV)/.chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+$(CHROMIUM_STAMP):
+	command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y --no-install-recommends chromium; }
+	mkdir -p $(VENV) && touch $(CHROMIUM_STAMP)
+
+install: $(STAMP) $(CHROMIUM_STAMP) $(DEB_STAMP)
 
 demo: install
 	$(VENV)/bin/g2rpo demo

@@ -37,6 +37,9 @@ from g2rpo.errors import ConfigError, G2RPOError
 __all__ = [
     "Section",
     "ConfigError",
+    "PROBLEM_SEPARATOR",
+    "read_config_file",
+    "empty_file_problem",
     "load_config",
     "parse_overrides",
     "deep_merge",
@@ -46,6 +49,10 @@ __all__ = [
 ]
 
 S = TypeVar("S", bound=BaseModel)
+
+# A section's cross-field check raises one ValueError (pydantic keeps one per validator) holding all
+# its problems joined by this; the loader lists them one by one again.
+PROBLEM_SEPARATOR = "\n  - "
 
 
 class Section(BaseModel):
@@ -112,7 +119,38 @@ def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
 # --------------------------------------------------------------------------- loading
 
 
+def read_config_file(path: str | Path | None, overrides: typing.Iterable[str] | dict[str, Any] = ()) -> dict[str, Any]:
+    """The raw mapping a config file and its overrides give, before validation."""
+    data = _read_yaml(Path(path)) if path is not None else {}
+    return deep_merge(data, overrides if isinstance(overrides, dict) else parse_overrides(overrides))
+
+
+def empty_file_problem(path: str | Path | None) -> str | None:
+    """The problem to report when the config file holds no YAML at all (empty, or comments only):
+    more likely a wrong or truncated file than a wish for every default, which ``{}`` states."""
+    if path is None or _yaml_document(Path(path)) is not None:
+        return None
+    return (
+        f"config file {str(path)!r} is empty (no YAML in it, or only comments): write the run's sections in it "
+        "(`g2rpo config describe` lists them; configs/tiny-cpu.yaml is an example), or `{}` to take every "
+        "default and set fields as KEY=VALUE overrides"
+    )
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
+    data = _yaml_document(path)
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise G2RPOError(
+            f"config file {str(path)!r} holds a {type(data).__name__}, not a mapping of sections: "
+            "write it as `section:` blocks of `key: value`"
+        )
+    return data
+
+
+def _yaml_document(path: Path) -> Any:
+    """The parsed YAML of a config file (None when it holds none)."""
     if not path.exists():
         raise G2RPOError(
             f"config file {str(path)!r} does not exist: check the path (a relative path is taken from {str(Path.cwd())!r})"
@@ -123,13 +161,6 @@ def _read_yaml(path: Path) -> dict[str, Any]:
         raise G2RPOError(f"config file {str(path)!r} is not UTF-8 text ({exc.reason}): save it as UTF-8") from None
     except yaml.YAMLError as exc:
         raise G2RPOError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise G2RPOError(
-            f"config file {str(path)!r} holds a {type(data).__name__}, not a mapping of sections: "
-            "write it as `section:` blocks of `key: value`"
-        )
     return data
 
 
@@ -195,17 +226,19 @@ def format_validation_error(cls: type[BaseModel], err: ValidationError) -> list[
             lines.append(f"{field}: {fix}")
             continue
         if kind == "value_error":
-            # Cross-field checks already phrase field, value and fix themselves; a problem that names a
-            # field of the failing section gets the section's dotted path in front of it.
+            # Cross-field checks already phrase field, value and fix themselves, several joined by
+            # PROBLEM_SEPARATOR (each listed and counted on its own); a problem that names a field of the
+            # failing section gets the section's dotted path in front of it.
             msg = str(e["msg"]).removeprefix("Value error, ")
+            parts = msg.split(PROBLEM_SEPARATOR)
             if loc:
                 section = _unwrap_model(_field_annotation(cls, loc))
                 fields = section.model_fields if isinstance(section, type) and issubclass(section, BaseModel) else {}
-                msg = "\n  - ".join(
+                parts = [
                     f"{field}.{part}" if re.split(r"[.=]", part, maxsplit=1)[0] in fields else f"{field}: {part}"
-                    for part in msg.split("\n  - ")
-                )
-            lines.append(msg)
+                    for part in parts
+                ]
+            lines += parts
             continue
         help_text, _ = _field_help(cls, loc)
         shown = repr(value)
@@ -227,15 +260,18 @@ def load_config(
 ) -> S:
     """Load ``cls`` from a YAML file (or its defaults), apply overrides, validate everything.
 
-    Raises :class:`ConfigError` listing every problem at once.
+    Raises :class:`ConfigError` listing every problem at once; an empty config file is one of them.
     """
-    data = _read_yaml(Path(path)) if path is not None else {}
-    extra = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
-    data = deep_merge(data, extra)
+    data = read_config_file(path, overrides)
+    empty = empty_file_problem(path)
+    problems = [empty] if empty else []
     try:
-        return cls.model_validate(data)
+        config = cls.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(format_validation_error(cls, err), source=str(path) if path else None) from None
+        problems += format_validation_error(cls, err)
+    if problems:
+        raise ConfigError(problems, source=str(path) if path else None)
+    return config
 
 
 # --------------------------------------------------------------------------- hashing, help

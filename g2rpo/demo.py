@@ -175,7 +175,13 @@ def run_demo(
     records = read_iteration_records(trained.metrics_path)
 
     echo(f"[6/8] evaluate the published export on the same prompts and seeds: {trained.export_uri}")
-    after = evaluate(trained.export_uri, evaluation, f"{store}/evaluations/export", base_model_uri=config.model.path)
+    after = evaluate(
+        trained.export_uri,
+        evaluation,
+        f"{store}/evaluations/export",
+        base_model_uri=config.model.path,
+        baseline_uri=before.output_uri,
+    )
     name = config.rewards.models[0].name
     reward_before, reward_after = before.evaluation.mean(name), after.evaluation.mean(name)
     outputs = {
@@ -220,6 +226,7 @@ def run_demo(
     echo(format_decision(promoted.decision))
     outputs["registry"] = run_dir / "registry"
     outputs["evaluations"] = run_dir / "store" / "evaluations"
+    outputs["report"] = run_dir / "store" / "evaluations" / "export" / "report.html"  # export vs base, paired
 
     last = records[-1]
     echo(f"[8/8] summary ({time.perf_counter() - started:.0f} s)")

@@ -32,6 +32,7 @@ import re
 import secrets
 import shutil
 import socket
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -432,8 +433,10 @@ def fetch_to_cache(uri: str, cache_dir: str | Path | None = None, settings: S3Se
 
     The cache is keyed by the sha256 of the manifest (which pins every file's digest):
     ``<cache_dir>/artifacts/<manifest sha256>/``. A hit is returned without network traffic beyond
-    reading the manifest; a miss downloads into a temp folder, verifies every sha256 and renames
-    it into place (so concurrent fetches cannot leave a half-filled entry). Local artifacts
+    reading the manifest, after checking every cached file's sha256 (reads every byte once per
+    fetch; a damaged entry is reported on stderr, removed and downloaded again); a miss downloads
+    into a temp folder, verifies every sha256 and renames it into place (so concurrent fetches
+    cannot leave a half-filled entry). Local artifacts
     (``file://`` and plain paths) are returned in place after checking their manifest and sizes.
     """
     store = open_store(uri, settings)
@@ -446,7 +449,17 @@ def fetch_to_cache(uri: str, cache_dir: str | Path | None = None, settings: S3Se
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     entry = root / "artifacts" / digest
     if (entry / MANIFEST_NAME).is_file():
-        return entry
+        try:
+            verify(FileStore(entry), deep=True)
+            return entry
+        except G2RPOError as exc:  # damaged on this disk since it was downloaded: the remote copy is the source
+            print(
+                f"g2rpo: cached copy of {uri} does not match its manifest ({' '.join(str(exc).split())}); "
+                "downloading it again",
+                file=sys.stderr,
+                flush=True,
+            )
+            _discard(entry)
     entry.parent.mkdir(parents=True, exist_ok=True)
     staging = entry.parent / f".g2rpo-dl-{digest[:16]}-{secrets.token_hex(4)}"
     try:
@@ -460,6 +473,16 @@ def fetch_to_cache(uri: str, cache_dir: str | Path | None = None, settings: S3Se
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return entry
+
+
+def _discard(entry: Path) -> None:
+    """Remove a cache entry: renamed first, so no reader meets it half-deleted (another process may race us)."""
+    doomed = entry.parent / f".g2rpo-rm-{entry.name[:16]}-{secrets.token_hex(4)}"
+    try:
+        os.replace(entry, doomed)
+    except FileNotFoundError:  # another process discarded it first
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _get_manifest_bytes(store: Store) -> tuple[bytes, str]:

@@ -38,10 +38,10 @@ from g2rpo.artifacts.registry import (
     EvalRecord,
     EvalScores,
     HistoryEvent,
-    MetricSummary,
     Registry,
     RegistryState,
 )
+from g2rpo.artifacts.scores import bootstrap_mean_ci, paired_differences, summarize
 from g2rpo.artifacts.storage import sha256_file
 from g2rpo.config import Section, load_config
 from g2rpo.errors import G2RPOError, problem
@@ -135,78 +135,6 @@ def load_gates(path: str | Path | None = None, overrides=()) -> tuple[Gates, str
     return gates, sha256_file(path)[1]
 
 
-# --------------------------------------------------------------------------- statistics
-
-
-def bootstrap_mean_ci(values: np.ndarray, resamples: int, seed: int, confidence: float) -> tuple[float, float]:
-    """Percentile bootstrap CI of ``mean(values)``.
-
-    ``idx ~ Uniform{0..N-1}^[B, N]`` from ``numpy.random.default_rng(seed)``;
-    ``means_b = mean(values[idx_b])``; CI = percentiles ``100·(1−c)/2`` and ``100·(1+c)/2``.
-    """
-    values = np.asarray(values, dtype=np.float64)  # [N]
-    if values.ndim != 1 or values.size == 0:
-        raise G2RPOError(problem("values", values.shape, "need a non-empty 1-D array of scores"))
-    rng = np.random.default_rng(seed)
-    idx = rng.integers(0, values.size, size=(resamples, values.size))  # [B, N]
-    means = values[idx].mean(axis=1)  # [B]
-    alpha = (1.0 - confidence) / 2.0
-    low, high = np.percentile(means, [100 * alpha, 100 * (1 - alpha)])
-    return float(low), float(high)
-
-
-def paired_differences(challenger: EvalScores, champion: EvalScores, metric: str) -> np.ndarray:
-    """``challenger − champion`` per ``(prompt_id, seed)`` for one metric, in a fixed order.  # [N]
-
-    Refuses comparisons on different prompt sets or seeds: a paired difference needs the same items.
-    """
-    if challenger.prompt_set != champion.prompt_set or (
-        challenger.prompt_set_sha256
-        and champion.prompt_set_sha256
-        and challenger.prompt_set_sha256 != champion.prompt_set_sha256
-    ):
-        raise G2RPOError(
-            problem(
-                "prompt_set",
-                challenger.prompt_set,
-                f"the champion was evaluated on {champion.prompt_set!r}; evaluate both on the same prompt set",
-            )
-        )
-    if sorted(challenger.seeds) != sorted(champion.seeds):
-        raise G2RPOError(
-            problem("seeds", challenger.seeds, f"the champion used seeds {champion.seeds}; use the same seeds")
-        )
-    a, b = challenger.keyed(metric), champion.keyed(metric)
-    if not b:
-        raise G2RPOError(
-            problem(
-                metric,
-                champion.prompt_set,
-                "the champion's eval has no scores for this metric; re-evaluate the "
-                "champion with it, or remove the metric's gate",
-            )
-        )
-    if set(a) != set(b):
-        only = sorted(set(a) ^ set(b))[:3]
-        raise G2RPOError(
-            problem(metric, only, "challenger and champion scored different (prompt, seed) items; re-evaluate both")
-        )
-    keys = sorted(a)
-    return np.array([a[k] - b[k] for k in keys], dtype=np.float64)  # [N]
-
-
-def summarize(
-    scores: EvalScores, resamples: int = 2000, seed: int = 0, confidence: float = 0.95
-) -> dict[str, MetricSummary]:
-    """Per metric: mean, seeded bootstrap CI of the mean, and n."""
-    out = {}
-    for metric in scores.metric_names():
-        values = np.array(list(scores.keyed(metric).values()), dtype=np.float64)  # [N]
-        low, high = bootstrap_mean_ci(values, resamples, seed, confidence)
-        out[metric] = MetricSummary(mean=float(values.mean()), ci_low=low, ci_high=high, n=int(values.size))
-    return out
-
-
 def eval_record_from_scores(scores: EvalScores, scores_uri: str, scores_sha256: str) -> EvalRecord:
     summary = summarize(scores)
     return EvalRecord(
@@ -259,22 +187,27 @@ def decide(
     champion_version: int | None = None,
     gates_sha256: str = "",
 ) -> Decision:
-    """Apply every gate; pure (no I/O). ``champion=None`` means a first version (floors)."""
+    """Apply every gate; pure (no I/O). ``champion=None`` means a first version (floors).
+
+    A gate on a metric the challenger's eval does not have is a configuration error, raised before
+    any gate is applied (so :func:`promote` stores nothing), not a failed gate.
+    """
+    ungated = [metric for metric in gates.metrics if not challenger.keyed(metric)]
+    if ungated:
+        raise G2RPOError(
+            problem(
+                "gates.metrics",
+                ungated,
+                f"the challenger's eval{f' (v{challenger_version})' if challenger_version else ''} has no scores "
+                f"for {'this metric' if len(ungated) == 1 else 'these metrics'}; it has "
+                f"{', '.join(challenger.metric_names()) or 'none'}: gate only metrics the eval has, or evaluate "
+                "the version with the missing ones (nothing was decided or recorded)",
+            )
+        )
     results = []
     for metric, gate in gates.metrics.items():
         sign = 1.0 if gate.direction == "higher" else -1.0
         chal_values = challenger.keyed(metric)
-        if not chal_values:
-            results.append(
-                GateResult(
-                    metric=metric,
-                    kind="floor" if champion is None else ("improvement" if gate.domain == "in" else "regression"),
-                    passed=False,
-                    challenger_mean=None,
-                    reason=f"the challenger's eval has no {metric!r} scores",
-                )
-            )
-            continue
         chal_mean = float(np.mean(list(chal_values.values())))
         if champion is None:
             if gate.floor is None:
@@ -400,7 +333,8 @@ def promote(
 ) -> Decision:
     """Decide whether ``version`` beats the champion; if so make it champion (one conditional write).
 
-    The decision is stored with the version (unless ``dry_run``) whatever the outcome. Raises
+    The decision is stored with the version (unless ``dry_run``) whatever the outcome; a gates file
+    that does not fit the evals (a metric they lack) raises before anything is stored. Raises
     :class:`~g2rpo.artifacts.registry.AliasConflict` when another writer moved the aliases after the state
     this decision was computed against was read.
     """

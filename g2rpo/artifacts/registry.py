@@ -26,6 +26,7 @@ The registry does not decide promotions; :mod:`g2rpo.artifacts.promotion` does, 
 
 from __future__ import annotations
 
+import difflib
 import getpass
 import json
 import re
@@ -40,7 +41,7 @@ from pydantic import Field, ValidationError
 from g2rpo import __version__
 from g2rpo.artifacts.manifest import FileEntry, publish_dir, read_manifest, unique_prefix
 from g2rpo.artifacts.scores import SCHEMA_VERSION, EvalScores, MetricSummary, Record, ScoreItem
-from g2rpo.artifacts.storage import ObjectNotFound, S3Settings, Store, WriteConflict, open_store
+from g2rpo.artifacts.storage import FileStore, ObjectNotFound, S3Settings, Store, WriteConflict, open_store
 from g2rpo.errors import G2RPOError, problem
 
 __all__ = [
@@ -153,6 +154,11 @@ def validate_alias(alias: str) -> str:
     return alias
 
 
+def _closest(name: str, candidates: list[str]) -> list[str]:
+    """``candidates``, the most similar to ``name`` first (difflib's ratio; ties alphabetical)."""
+    return sorted(candidates, key=lambda c: (-difflib.SequenceMatcher(None, name, c).ratio(), c))
+
+
 def _now_iso() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
@@ -200,6 +206,40 @@ class Registry:
             if len(parts) >= 4 and parts[2] == "versions":
                 names.add(parts[1])
         return sorted(names)
+
+    def require_models(self) -> list[str]:
+        """The registry's models; raises when it holds none (a wrong ``--registry`` looks just like that)."""
+        models = self.models()
+        if models:
+            return models
+        fix = "check --registry / $G2RPO_REGISTRY_URI (a registry appears with its first `g2rpo registry register`)"
+        nearby = self._registries_beside()
+        if nearby:
+            fix += f"; registries next to it, closest first: {', '.join(nearby)}"
+        raise G2RPOError(problem("registry", self.uri, f"no registry here (it holds no model versions): {fix}"))
+
+    def require_model(self, model: str) -> str:
+        """``model`` when the registry has versions of it; otherwise an error listing the models it
+        has, the closest name first (a typo must not read as a model without versions)."""
+        if self.version_numbers(model):
+            return model
+        models = self.require_models()
+        raise G2RPOError(
+            problem(
+                "model",
+                model,
+                f"no such model in registry {self.uri}; models here, closest first: {', '.join(_closest(model, models))}",
+            )
+        )
+
+    def _registries_beside(self) -> list[str]:
+        """Local registries in the same parent folder, closest name first (S3 is not searched: a
+        bucket-wide listing could be huge)."""
+        if not isinstance(self.store, FileStore) or not self.store.root.parent.is_dir():
+            return []
+        root = self.store.root
+        found = [str(d) for d in root.parent.iterdir() if d != root and d.is_dir() and (d / "models").is_dir()]
+        return _closest(str(root), found)
 
     def version_numbers(self, model: str) -> list[int]:
         validate_model_name(model)

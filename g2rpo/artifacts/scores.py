@@ -10,11 +10,21 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from g2rpo.errors import problem
+from g2rpo.errors import G2RPOError, problem
 
-__all__ = ["SCHEMA_VERSION", "Record", "MetricSummary", "ScoreItem", "EvalScores"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "Record",
+    "MetricSummary",
+    "ScoreItem",
+    "EvalScores",
+    "bootstrap_mean_ci",
+    "paired_differences",
+    "summarize",
+]
 
 SCHEMA_VERSION = 1
 
@@ -76,6 +86,87 @@ class EvalScores(Record):
             names.update(item.scores)
         return sorted(names)
 
+    def keyed_item(self, prompt_id: str, seed: int) -> dict[str, float]:
+        """``metric -> score`` of one (prompt_id, seed) item."""
+        for item in self.items:
+            if item.prompt_id == prompt_id and item.seed == seed:
+                return dict(item.scores)
+        raise G2RPOError(problem("prompt_id, seed", (prompt_id, seed), "is not an item of this evaluation"))
+
     def keyed(self, metric: str) -> dict[tuple[str, int], float]:
         """``(prompt_id, seed) -> score`` for one metric (items lacking it are left out)."""
         return {(i.prompt_id, i.seed): i.scores[metric] for i in self.items if metric in i.scores}
+
+
+# --------------------------------------------------------------------------- statistics
+# Here, below both the evaluation and the registry, so that an evaluation report and the promotion
+# gates compute the same numbers with the same code.
+
+
+def bootstrap_mean_ci(values: np.ndarray, resamples: int, seed: int, confidence: float) -> tuple[float, float]:
+    """Percentile bootstrap CI of ``mean(values)``.
+
+    ``idx ~ Uniform{0..N-1}^[B, N]`` from ``numpy.random.default_rng(seed)``;
+    ``means_b = mean(values[idx_b])``; CI = percentiles ``100·(1−c)/2`` and ``100·(1+c)/2``.
+    """
+    values = np.asarray(values, dtype=np.float64)  # [N]
+    if values.ndim != 1 or values.size == 0:
+        raise G2RPOError(problem("values", values.shape, "need a non-empty 1-D array of scores"))
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, values.size, size=(resamples, values.size))  # [B, N]
+    means = values[idx].mean(axis=1)  # [B]
+    alpha = (1.0 - confidence) / 2.0
+    low, high = np.percentile(means, [100 * alpha, 100 * (1 - alpha)])
+    return float(low), float(high)
+
+
+def paired_differences(challenger: EvalScores, champion: EvalScores, metric: str) -> np.ndarray:
+    """``challenger − champion`` per ``(prompt_id, seed)`` for one metric, in a fixed order.  # [N]
+
+    Refuses comparisons on different prompt sets or seeds: a paired difference needs the same items.
+    """
+    if challenger.prompt_set != champion.prompt_set or (
+        challenger.prompt_set_sha256
+        and champion.prompt_set_sha256
+        and challenger.prompt_set_sha256 != champion.prompt_set_sha256
+    ):
+        raise G2RPOError(
+            problem(
+                "prompt_set",
+                challenger.prompt_set,
+                f"the champion was evaluated on {champion.prompt_set!r}; evaluate both on the same prompt set",
+            )
+        )
+    if sorted(challenger.seeds) != sorted(champion.seeds):
+        raise G2RPOError(
+            problem("seeds", challenger.seeds, f"the champion used seeds {champion.seeds}; use the same seeds")
+        )
+    a, b = challenger.keyed(metric), champion.keyed(metric)
+    if not b:
+        raise G2RPOError(
+            problem(
+                metric,
+                champion.prompt_set,
+                "the champion's eval has no scores for this metric; re-evaluate the "
+                "champion with it, or remove the metric's gate",
+            )
+        )
+    if set(a) != set(b):
+        only = sorted(set(a) ^ set(b))[:3]
+        raise G2RPOError(
+            problem(metric, only, "challenger and champion scored different (prompt, seed) items; re-evaluate both")
+        )
+    keys = sorted(a)
+    return np.array([a[k] - b[k] for k in keys], dtype=np.float64)  # [N]
+
+
+def summarize(
+    scores: EvalScores, resamples: int = 2000, seed: int = 0, confidence: float = 0.95
+) -> dict[str, MetricSummary]:
+    """Per metric: mean, seeded bootstrap CI of the mean, and n."""
+    out = {}
+    for metric in scores.metric_names():
+        values = np.array(list(scores.keyed(metric).values()), dtype=np.float64)  # [N]
+        low, high = bootstrap_mean_ci(values, resamples, seed, confidence)
+        out[metric] = MetricSummary(mean=float(values.mean()), ci_low=low, ci_high=high, n=int(values.size))
+    return out

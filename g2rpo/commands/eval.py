@@ -16,8 +16,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         description=textwrap.fill(
             "ODE-sample every (prompt, seed) of a prompt set with the model at --model (a FluxPipeline folder "
             "or a training run's export, local or s3://), decode, score with the reward models, and publish "
-            "one artifact at --output: scores.json (per prompt and seed), metrics.json (mean, std, n), "
-            "prompts.json, images/, grid.png and manifest.json (last). The same (prompt, seed) gives the same "
+            "one artifact at --output: report.html, scores.json (per prompt and seed), scores.jsonl, metrics.json "
+            "(mean, std, n, 95% CI per step count), prompts.json, images/, plots/, grid.png and manifest.json (last). "
+            "An interrupted evaluation continues when run again with the same arguments. The same (prompt, seed) gives the same "
             "image for the same weights, so two evaluations compare paired. Config: --config FILE, then "
             "key=value overrides, then the flags below. `g2rpo eval --describe` lists every key. "
             "See docs/evaluation.md.",
@@ -41,7 +42,18 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     ev.add_argument("--config", metavar="FILE", help="evaluation config (YAML); see --describe")
     ev.add_argument("--seeds", metavar="S,S,...", help="sampling seeds, comma-separated (sets `seeds`; default 0,1,2)")
-    ev.add_argument("--steps", type=int, metavar="T", help="ODE sampler steps (sets `num_steps`; default 16)")
+    ev.add_argument(
+        "--steps",
+        metavar="T,T,...",
+        help="ODE sampler steps, comma-separated: the first sets `num_steps` (scores.json, what the registry and "
+        "the promotion gates read), the rest `extra_steps` (reported beside it), e.g. 16,10,20; default 16",
+    )
+    ev.add_argument(
+        "--baseline",
+        metavar="URI",
+        help="a published evaluation of another model on the same prompts and seeds (e.g. the champion's): the "
+        "report pairs the two (side by side, differences with CIs)",
+    )
     ev.add_argument(
         "--metrics",
         metavar="NAME,...",
@@ -76,7 +88,10 @@ def _eval(args: argparse.Namespace) -> int:
     if args.seeds is not None:
         overrides["seeds"] = [part.strip() for part in args.seeds.split(",") if part.strip()]
     if args.steps is not None:
-        overrides["num_steps"] = args.steps
+        steps = [part.strip() for part in args.steps.split(",") if part.strip()]
+        if not steps:
+            raise G2RPOError(f"--steps={args.steps!r}: give one or more step counts, e.g. --steps 16 or 16,10,20")
+        overrides["num_steps"], overrides["extra_steps"] = steps[0], steps[1:]
     if args.metrics:
         rewards = overrides.setdefault("rewards", {})
         rewards["models"] = [{"name": name.strip()} for name in args.metrics.split(",") if name.strip()]
@@ -85,20 +100,31 @@ def _eval(args: argparse.Namespace) -> int:
     from g2rpo.observability.push import PushTarget
     from g2rpo.steps.evaluate import evaluate
 
-    push = PushTarget(args.pushgateway, pipeline=args.pipeline) if args.pushgateway else None
     result = evaluate(
         args.model,
         config,
         args.output,
         base_model_uri=args.base_model,
+        baseline_uri=args.baseline,
         progress=True,
-        pushgateway=push,
+        pushgateway=PushTarget(args.pushgateway, pipeline=args.pipeline) if args.pushgateway else None,
         version_label=args.version_label,
     )
     print(
-        f"evaluated {args.model}: {len(result.evaluation.prompts)} prompts × seeds {config.seeds}, T={config.num_steps}"
+        f"evaluated {args.model}: {len(result.evaluation.prompts)} prompts × seeds {config.seeds}, "
+        f"T={config.step_counts} (gated: T={config.num_steps}); {result.generated} image(s) sampled by this run"
     )
-    for name, summary in result.metrics.items():
-        print(f"  {name:<24} mean {summary['mean']:.4f}  std {summary['std']:.4f}  n {summary['n']}")
-    print(f"published {result.output_uri} (scores.json, metrics.json, grid.png, images/)")
+    for steps, table in result.by_steps.items():
+        for name, s in table.items():
+            print(
+                f"  T={steps:<3} {name:<24} mean {s['mean']:.4f}  std {s['std']:.4f}  n {s['n']}  "
+                f"95% CI [{s['ci_low']:.4f}, {s['ci_high']:.4f}]"
+            )
+    for steps, table in result.paired.items():
+        for name, s in table.items():
+            print(
+                f"  vs baseline T={steps:<3} {name:<24} Δ {s['delta']:+.4f}  95% CI [{s['ci_low']:+.4f}, {s['ci_high']:+.4f}]"
+            )
+    print(f"published {result.output_uri} (report.html, metrics.json, scores.json, scores.jsonl, images/, plots/)")
+    print(f"report: {result.report_uri}")
     return 0

@@ -28,11 +28,12 @@ def _registry(args):
 def _list(args) -> int:
     reg = _registry(args)
     if args.model is None:
-        for model in reg.models():
+        for model in reg.require_models():
             state, _ = reg.read_state(model)
             aliases = ", ".join(f"{a}=v{v}" for a, v in sorted(state.aliases.items())) or "no aliases"
             print(f"{model}  {len(reg.version_numbers(model))} version(s)  {aliases}")
         return 0
+    reg.require_model(args.model)
     state, _ = reg.read_state(args.model)
     by_version: dict[int, list[str]] = {}
     for alias, version in state.aliases.items():
@@ -47,6 +48,7 @@ def _list(args) -> int:
 
 def _show(args) -> int:
     reg = _registry(args)
+    reg.require_model(args.model)
     number = reg.resolve(args.model, args.version)
     record = reg.get_version(args.model, number)
     print(record.model_dump_json(indent=2))
@@ -111,6 +113,7 @@ def _rollback(args) -> int:
     from g2rpo.artifacts.promotion import rollback
 
     reg = _registry(args)
+    reg.require_model(args.model)
     to = reg.resolve(args.model, args.to) if args.to is not None else None
     event = rollback(reg, args.model, to=to, reason=args.reason)
     print(f"champion v{event.previous} → v{event.version} (rollback, revision {event.revision})")
@@ -119,6 +122,7 @@ def _rollback(args) -> int:
 
 def _history(args) -> int:
     reg = _registry(args)
+    reg.require_model(args.model)
     state, _ = reg.read_state(args.model)
     if not state.history:
         print(f"{args.model}: no alias changes yet")

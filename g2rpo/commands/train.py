@@ -30,6 +30,12 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         metavar="URI",
         help="publish the export as an artifact under a fresh prefix of URI (folder, file:// or s3://bucket/prefix)",
     )
+    train.add_argument(
+        "--checkpoint-uri",
+        metavar="URI",
+        help="mirror every complete checkpoint to URI (one per run, e.g. s3://bucket/runs/RUN/checkpoints) and, "
+        "started again in a fresh output.dir, resume from the newest complete one there",
+    )
     _add_s3_options(train)
     train.set_defaults(handler=_train)
 
@@ -68,7 +74,9 @@ def _train(args: argparse.Namespace) -> int:
     from g2rpo.training.run_config import load_run_config
 
     config = load_run_config(args.config, args.overrides)
-    result = train(config, publish_uri=args.publish, settings=settings_from_args(args))
+    result = train(
+        config, publish_uri=args.publish, settings=settings_from_args(args), checkpoint_uri=args.checkpoint_uri
+    )
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(result.summary, indent=1))
         if result.published is not None:

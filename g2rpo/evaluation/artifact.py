@@ -3,12 +3,19 @@
 Layout under the artifact's URI (published with :func:`g2rpo.artifacts.manifest.publish_dir`, the
 manifest last, so a reader sees all of it or nothing)::
 
-    scores.json            g2rpo.artifacts.scores.EvalScores: every (prompt, seed)'s score per metric
-    metrics.json           per metric: mean, std (sample, ddof 1; 0 for one item) and n
+    scores.json            g2rpo.artifacts.scores.EvalScores at num_steps: every (prompt, seed)'s score per
+                           metric (what the registry and the promotion gates read)
+    scores.jsonl           every image of every step count: steps, prompt_id, prompt, seed, image, scores
+    metrics.json           per step count and metric: mean, std (ddof 1), n, 95 % bootstrap CI; with a
+                           baseline, the paired differences and their CIs (g2rpo.evaluation.report)
     prompts.json           the prompt set's URI and sha256, the seeds, and each prompt_id's text
-    images/p{i}_s{seed}.png  the decoded sample of prompt p{i} and seed, 8-bit RGB
-    grid.png               every image (rows: prompts, columns: seeds), titled with its scores
-    manifest.json          every file's size and sha256; metadata: model URIs and the config
+    images/p{i}_s{seed}.png        the decoded sample of prompt p{i} and seed at num_steps, 8-bit RGB
+    images/T{n}/p{i}_s{seed}.png   the same at each extra step count n
+    grid.png               every num_steps image (rows: prompts, columns: seeds), titled with its scores
+    plots/                 score distributions per metric; with a baseline, baseline-vs-this scatters
+    baseline/images/...    with a baseline, its images of the paired step counts (for the report)
+    report.html            the report; it links only files above, so it renders from the folder alone
+    manifest.json          every file's size and sha256; metadata: model URIs, the config, the baseline
 
 :func:`load_evaluation` reads it back as a :class:`g2rpo.evaluation.sampling.EvalResult` (images
 as stored, so 8-bit quantised), e.g. to draw a before | after grid of two evaluations with
@@ -18,10 +25,12 @@ as stored, so 8-bit quantised), e.g. to draw a before | after grid of two evalua
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import tempfile
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -30,9 +39,9 @@ import torch
 from PIL import Image
 from pydantic import ValidationError
 
-from g2rpo.artifacts.manifest import fetch_to_cache
-from g2rpo.artifacts.scores import EvalScores
-from g2rpo.artifacts.storage import S3Settings, locate
+from g2rpo.artifacts.manifest import fetch_to_cache, has_manifest
+from g2rpo.artifacts.scores import EvalScores, ScoreItem
+from g2rpo.artifacts.storage import S3Settings, locate, open_store
 from g2rpo.data import dedupe_prompts, read_prompt_file
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.sampling import EvalResult
@@ -40,9 +49,13 @@ from g2rpo.evaluation.sampling import EvalResult
 __all__ = [
     "PromptSet",
     "read_prompt_set",
-    "metric_summaries",
     "image_name",
-    "write_evaluation_dir",
+    "step_image_name",
+    "Baseline",
+    "load_baseline",
+    "check_baseline",
+    "png_bytes",
+    "load_png",
     "save_score_grid",
     "load_evaluation",
 ]
@@ -57,10 +70,31 @@ class PromptSet:
     prompts: list[str]
 
 
+BUILTIN_PREFIX = "builtin:"
+
+
+def builtin_prompt_sets() -> dict[str, Path]:
+    """The prompt sets packaged with g2rpo (``builtin:NAME``): small sets for the tiny model."""
+    folder = Path(str(resources.files("g2rpo") / "evaluation" / "prompts"))
+    return {path.stem: path for path in sorted(folder.glob("*.txt"))}
+
+
 def read_prompt_set(uri: str, num_prompts: int | None = None, settings: S3Settings | None = None) -> PromptSet:
-    """The first ``num_prompts`` distinct prompts of the file at ``uri`` (path, file:// or s3://)."""
+    """The first ``num_prompts`` distinct prompts of the file at ``uri`` (path, file://, s3:// or
+    ``builtin:NAME``, a packaged set). An empty set is refused."""
     with tempfile.TemporaryDirectory(prefix="g2rpo-eval-prompts-") as tmp:
-        if uri.startswith("s3://"):
+        if uri.startswith(BUILTIN_PREFIX):
+            sets = builtin_prompt_sets()
+            local = sets.get(uri.removeprefix(BUILTIN_PREFIX))
+            if local is None:
+                raise G2RPOError(
+                    problem(
+                        "prompts",
+                        uri,
+                        f"no such packaged set; use one of {', '.join(BUILTIN_PREFIX + n for n in sets)}",
+                    )
+                )
+        elif uri.startswith("s3://"):
             store, key = locate(uri, settings)
             local = Path(tmp) / key
             store.get_file(key, local)
@@ -70,49 +104,119 @@ def read_prompt_set(uri: str, num_prompts: int | None = None, settings: S3Settin
             prompts, _ = dedupe_prompts(read_prompt_file(local))
         except G2RPOError as exc:
             raise G2RPOError(str(exc).replace(str(local), uri)) from None
+        if not prompts:
+            raise G2RPOError(problem("prompts", uri, "the prompt set is empty: give a file with at least one prompt"))
         digest = hashlib.sha256(local.read_bytes()).hexdigest()
     return PromptSet(uri=uri, sha256=digest, prompts=prompts[:num_prompts] if num_prompts else prompts)
-
-
-def metric_summaries(result: EvalResult) -> dict[str, dict[str, float | int]]:
-    """``metric -> {mean, std, n}`` over every (prompt, seed); std is the sample one (ddof 1)."""
-    out: dict[str, dict[str, float | int]] = {}
-    for name, values in result.scores.items():
-        flat = values.double().flatten()
-        n = int(flat.numel())
-        out[name] = {"mean": float(flat.mean()), "std": float(flat.std()) if n > 1 else 0.0, "n": n}
-    return out
 
 
 def image_name(prompt_index: int, seed: int) -> str:
     return f"images/p{prompt_index}_s{seed}.png"
 
 
-def write_evaluation_dir(result: EvalResult, prompt_set: PromptSet, directory: str | Path) -> EvalScores:
-    """Write the artifact's files (all but the manifest) for ``result`` into ``directory``."""
-    root = Path(directory)
-    (root / "images").mkdir(parents=True, exist_ok=True)
-    scores = result.eval_scores(prompt_set=prompt_set.uri, prompt_set_sha256=prompt_set.sha256)
-    (root / "scores.json").write_text(json.dumps(scores.model_dump(mode="json"), indent=1) + "\n")
-    (root / "metrics.json").write_text(json.dumps(metric_summaries(result), indent=1, sort_keys=True) + "\n")
-    prompts = {
-        "prompt_set": prompt_set.uri,
-        "prompt_set_sha256": prompt_set.sha256,
-        "seeds": list(result.seeds),
-        "prompts": [{"prompt_id": f"p{i}", "prompt": text} for i, text in enumerate(result.prompts)],
-    }
-    (root / "prompts.json").write_text(json.dumps(prompts, indent=1, ensure_ascii=False) + "\n")
-    for p in range(len(result.prompts)):
-        for s, seed in enumerate(result.seeds):
-            _save_png(result.images[p, s], root / image_name(p, seed))
-    save_score_grid(result, root / "grid.png")
-    return scores
+def step_image_name(steps: int, num_steps: int, prompt_index: int, seed: int) -> str:
+    """An image's path in the artifact: ``num_steps``'s (the gated count's) under ``images/``, another
+    step count's under ``images/T{steps}/``."""
+    return image_name(prompt_index, seed) if steps == num_steps else f"images/T{steps}/p{prompt_index}_s{seed}.png"
 
 
-def _save_png(image: torch.Tensor, path: Path) -> None:
+@dataclass(frozen=True)
+class Baseline:
+    """A published evaluation to compare with: its scores per step count and where its images are."""
+
+    uri: str
+    root: Path  # the verified local copy
+    prompts: list[str]
+    seeds: list[int]
+    by_steps: dict[int, EvalScores]
+    images: dict[tuple[int, int, int], str]  # (steps, prompt_index, seed) -> path under root
+
+
+def load_baseline(uri: str, settings: S3Settings | None = None, cache_dir: str | None = None) -> Baseline:
+    """The published evaluation at ``uri`` (fetched and checked against its manifest) as a baseline."""
+    store = open_store(uri, settings)
+    if not has_manifest(store):
+        raise G2RPOError(
+            problem("baseline", uri, "holds no published evaluation (no manifest.json); evaluate the baseline first")
+        )
+    root = fetch_to_cache(uri, cache_dir=cache_dir, settings=settings)
+    listed = _read_json(root / "prompts.json", uri)
+    prompts = [entry["prompt"] for entry in listed["prompts"]]
+    scores = _read_scores(root / "scores.json", uri)
+    by_steps: dict[int, list[ScoreItem]] = {}
+    images: dict[tuple[int, int, int], str] = {}
+    for line in (
+        (root / "scores.jsonl").read_text(encoding="utf-8").splitlines() if (root / "scores.jsonl").is_file() else []
+    ):
+        row = json.loads(line)
+        by_steps.setdefault(row["steps"], []).append(
+            ScoreItem(prompt_id=row["prompt_id"], seed=row["seed"], scores=row["scores"])
+        )
+        images[(row["steps"], int(row["prompt_id"][1:]), row["seed"])] = row["image"]
+    if not by_steps:  # an evaluation from before scores.jsonl: scores.json at its num_steps
+        steps = int(json.loads((root / "manifest.json").read_text())["metadata"]["config"]["num_steps"])
+        by_steps[steps] = list(scores.items)
+        images.update(
+            {(steps, int(i.prompt_id[1:]), i.seed): image_name(int(i.prompt_id[1:]), i.seed) for i in scores.items}
+        )
+    return Baseline(
+        uri=uri,
+        root=root,
+        prompts=prompts,
+        seeds=list(scores.seeds),
+        by_steps={
+            steps: EvalScores(
+                prompt_set=scores.prompt_set,
+                prompt_set_sha256=scores.prompt_set_sha256,
+                seeds=scores.seeds,
+                items=items,
+            )
+            for steps, items in by_steps.items()
+        },
+        images=images,
+    )
+
+
+def check_baseline(baseline: Baseline, prompts: list[str], seeds: list[int], step_counts: list[int]) -> list[int]:
+    """The step counts both evaluated; refuses a baseline on other prompts or seeds, or none in common
+    (a paired comparison needs the same inputs)."""
+    if baseline.prompts != prompts:
+        first = next(
+            (i for i, (a, b) in enumerate(zip(baseline.prompts, prompts)) if a != b),
+            min(len(prompts), len(baseline.prompts)),
+        )
+        raise G2RPOError(
+            problem(
+                "baseline",
+                baseline.uri,
+                f"was evaluated on other prompts ({len(baseline.prompts)} prompts, this {len(prompts)}; first "
+                f"difference at p{first}): a paired comparison needs the same prompt set and num_prompts",
+            )
+        )
+    if sorted(baseline.seeds) != sorted(seeds):
+        raise G2RPOError(
+            problem(
+                "baseline", baseline.uri, f"used seeds {baseline.seeds}, this evaluation {seeds}: use the same seeds"
+            )
+        )
+    common = [steps for steps in step_counts if steps in baseline.by_steps]
+    if not common:
+        raise G2RPOError(
+            problem(
+                "baseline",
+                baseline.uri,
+                f"was sampled with T={sorted(baseline.by_steps)}, this with T={step_counts}: evaluate one step count of both",
+            )
+        )
+    return common
+
+
+def png_bytes(image: torch.Tensor) -> bytes:
     """``[3, H, W]`` in [0, 1] → 8-bit RGB PNG (round to nearest)."""
     array = (image.float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
-    Image.fromarray(array).save(path)
+    buffer = io.BytesIO()
+    Image.fromarray(array).save(buffer, format="PNG")
+    return buffer.getvalue()
 
 
 def save_score_grid(result: EvalResult, path: str | Path, title: str = "") -> Path:
@@ -176,7 +280,7 @@ def load_evaluation(output_uri: str, settings: S3Settings | None = None, cache_d
         )
     images = torch.stack(
         [
-            torch.stack([_load_png(root / image_name(p, seed), output_uri) for seed in scores.seeds])
+            torch.stack([load_png(root / image_name(p, seed), output_uri) for seed in scores.seeds])
             for p in range(len(prompts))
         ]
     )  # [P, S, 3, H, W]
@@ -196,7 +300,7 @@ def _read_scores(path: Path, uri: str) -> EvalScores:
         raise G2RPOError(f"{uri}/scores.json is not a valid score record: {exc.errors()[0]['msg']}") from None
 
 
-def _load_png(path: Path, uri: str) -> torch.Tensor:
+def load_png(path: Path, uri: str) -> torch.Tensor:
     if not path.is_file():
         raise G2RPOError(
             problem(

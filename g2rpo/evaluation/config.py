@@ -2,10 +2,11 @@
 
 YAML (every key optional except ``prompts``; ``g2rpo eval --config FILE key=value ...``)::
 
-    prompts: s3://data/eval-prompts.txt   # .txt (one per line) or .jsonl ('prompt' field)
+    prompts: s3://data/eval-prompts.txt   # .txt (one per line) or .jsonl ('prompt' field); builtin:tiny
     num_prompts: 64                        # the first N (after removing duplicates); null = all
     seeds: [0, 1, 2]                       # every prompt is sampled once per seed
-    num_steps: 16                          # T of the ODE sampler
+    num_steps: 16                          # T of the ODE sampler (scores.json, what the gates read)
+    extra_steps: [10, 20]                  # reported beside it (step-count robustness)
     grid: flux                             # or static_shift (+ shift), as algorithm.grid
     rewards:                               # the rewards section of a run config
       models: [{name: hps_v21}, {name: clip}]
@@ -22,7 +23,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from g2rpo.config import Section
+from g2rpo.config import PROBLEM_SEPARATOR, Section
 from g2rpo.errors import problem
 from g2rpo.rewards.config import RewardsConfig
 
@@ -34,7 +35,8 @@ class EvaluationConfig(Section):
 
     prompts: str = Field(
         description="prompt file (local path, file:// or s3:// URI): UTF-8 text, one prompt per line, or .jsonl "
-        "with a 'prompt' field (g2rpo data prep's test.jsonl); duplicates are dropped, first occurrence kept",
+        "with a 'prompt' field (g2rpo data prep's test.jsonl); duplicates are dropped, first occurrence kept; "
+        "builtin:tiny is the packaged set for the tiny model",
     )
     num_prompts: int | None = Field(
         None, ge=1, description="evaluate the first N prompts of the file (null = every prompt)"
@@ -44,7 +46,17 @@ class EvaluationConfig(Section):
         min_length=1,
         description="sampling seeds; each prompt's initial noise is FluxPipeline's for manual_seed(seed)",
     )
-    num_steps: int = Field(16, ge=1, description="T, steps of the ODE sampler's σ grid (paper 16)")
+    num_steps: int = Field(
+        16,
+        ge=1,
+        description="T, steps of the ODE sampler's σ grid (paper 16); scores.json, what the registry and the "
+        "promotion gates read, holds this step count",
+    )
+    extra_steps: list[int] = Field(
+        default_factory=list,
+        description="further step counts evaluated on the same prompts and seeds and reported beside num_steps "
+        "(the paper's 10/16/20 table); reported, not gated",
+    )
     grid: Literal["flux", "static_shift"] = Field(
         "flux", description="σ grid: flux (FluxPipeline's resolution-dependent shift) or static_shift (reference code)"
     )
@@ -74,6 +86,12 @@ class EvaluationConfig(Section):
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = CUDA when available")
     micro_batch: int = Field(32, ge=1, description="(prompt, seed) rows per transformer call while sampling")
     decode_micro_batch: int = Field(4, ge=1, description="images per VAE decode call")
+    chunk_size: int = Field(
+        32,
+        ge=1,
+        description="(prompt, seed) images per resumable chunk: each chunk's images and scores are saved under "
+        "the output before the next starts, so an interrupted evaluation redoes at most one chunk per process",
+    )
     cache_dir: str | None = Field(
         None, description="where s3:// models are cached (default $G2RPO_CACHE_DIR or ~/.cache/g2rpo)"
     )
@@ -85,10 +103,23 @@ class EvaluationConfig(Section):
             problems.append(problem("prompts", self.prompts, "name a prompt file (local path or s3:// URI)"))
         if len(set(self.seeds)) != len(self.seeds):
             problems.append(problem("seeds", self.seeds, "list each seed once"))
+        if any(t < 1 for t in self.extra_steps) or len(set(self.step_counts)) != len(self.step_counts):
+            problems.append(
+                problem(
+                    "extra_steps",
+                    self.extra_steps,
+                    f"list each step count (≥ 1) once, num_steps {self.num_steps} not again",
+                )
+            )
         for name in ("height", "width"):
             value = getattr(self, name)
             if value is not None and value % 16:
                 problems.append(problem(name, value, "must be a multiple of 16 (VAE factor 8 × 2×2 packing)"))
         if problems:
-            raise ValueError("\n  - ".join(problems))
+            raise ValueError(PROBLEM_SEPARATOR.join(problems))
         return self
+
+    @property
+    def step_counts(self) -> list[int]:
+        """Every step count evaluated: ``num_steps`` (the gated one) first, then ``extra_steps``."""
+        return [self.num_steps, *self.extra_steps]

@@ -30,7 +30,7 @@ from g2rpo import core
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.rewards.scoring import score_rewards
 
-__all__ = ["EvalResult", "ode_sample", "sample_and_score", "save_before_after_grid", "save_reward_curve"]
+__all__ = ["EvalResult", "ode_sample", "sample_rows", "sample_and_score", "save_before_after_grid", "save_reward_curve"]
 
 
 @dataclass
@@ -111,6 +111,50 @@ def ode_sample(
             xb = core.ode_step(xb, velocity(xb, sigma, cb), sigmas[i], sigmas[i + 1])
         out.append(xb)
     return torch.cat(out)
+
+
+@torch.no_grad()
+def sample_rows(
+    velocity: Any,
+    vae: Any,
+    cond: Any,
+    seeds: Sequence[int],
+    sigmas: torch.Tensor,
+    *,
+    micro_batch: int = 32,
+    decode_micro_batch: int = 4,
+) -> torch.Tensor:
+    """Decoded ODE samples ``[N, 3, H, W]`` (CPU, in [0, 1]) of N arbitrary (conditioning, seed) rows.
+
+    Row ``i`` starts from FluxPipeline's noise for ``manual_seed(seeds[i])`` and is conditioned on
+    ``cond[i]``: the resumable evaluation samples one chunk of its (prompt, seed) items at a time.
+    A row's image depends only on its own inputs and on how the rows are batched, so the same chunk
+    gives the same images on every run.
+    """
+    from g2rpo.models.flux import decode_latents, initial_noise, vae_scale_factor_of
+
+    if len(cond) != len(seeds) or not len(seeds):
+        raise G2RPOError(problem("seeds", list(seeds), f"give one seed per conditioning row ({len(cond)})"))
+    if sigmas.ndim != 1 or float(sigmas[0]) != 1.0 or float(sigmas[-1]) != 0.0:
+        raise G2RPOError(problem("sigmas", sigmas.tolist(), "pass a grid [T+1] from 1 down to 0 (core.flux_sigmas)"))
+    scale = vae_scale_factor_of(vae)
+    noise = initial_noise(
+        [torch.Generator().manual_seed(int(s)) for s in seeds],
+        velocity.height,
+        velocity.width,
+        latent_channels=velocity.latent_shape[1] // 4,
+        vae_scale_factor=scale,
+    )  # [N, L, C]
+    device = next(velocity.parameters()).device
+    out = []
+    for start in range(0, noise.shape[0], micro_batch):
+        xb = noise[start : start + micro_batch].to(device)
+        cb = cond[torch.arange(start, start + xb.shape[0])].to(device)
+        for i in range(sigmas.numel() - 1):
+            sigma = sigmas[i].to(device).expand(xb.shape[0])  # [b]
+            xb = core.ode_step(xb, velocity(xb, sigma, cb), sigmas[i], sigmas[i + 1])
+        out.append(xb)
+    return decode_latents(vae, torch.cat(out), velocity.height, velocity.width, micro_batch=decode_micro_batch).cpu()
 
 
 @torch.no_grad()

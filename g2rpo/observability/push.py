@@ -72,14 +72,14 @@ class PushTarget:
 
 def push_evaluation(
     target: PushTarget,
-    metrics: Mapping[str, Mapping[str, float | int]],
+    by_steps: Mapping[int, Mapping[str, Mapping[str, float | int]]],
     *,
-    steps: int,
     version: str = "",
     now: float | None = None,
 ) -> bool:
-    """Push an evaluation's per-metric summaries (``{metric: {mean, std, n}}``, as in metrics.json) with
-    95 % intervals of the means; ``version`` names what was scored (``v3``, ``base``; empty: unnamed)."""
+    """Push an evaluation's per-metric summaries for each sampler step count (``{steps: {metric: {mean,
+    std, n, ci_low, ci_high}}}``, metrics.json's ``by_steps``; a summary without ``ci_low``/``ci_high``
+    gets the 95 % normal interval of its mean); ``version`` names what was scored (``v3``, ``base``)."""
     registry = CollectorRegistry()
     labels = ("metric", "version", "steps")
     mean = Gauge(
@@ -92,13 +92,16 @@ def push_evaluation(
         "g2rpo_evaluation_metric_ci_upper", "Upper bound of the mean's 95 % interval", labels, registry=registry
     )
     samples = Gauge("g2rpo_evaluation_samples", "Scored (prompt, seed) pairs per metric", labels, registry=registry)
-    for name, summary in metrics.items():
-        key = {"metric": name, "version": version, "steps": str(steps)}
-        low, high = normal_interval(float(summary["mean"]), float(summary["std"]), int(summary["n"]))
-        mean.labels(**key).set(float(summary["mean"]))
-        lower.labels(**key).set(low)
-        upper.labels(**key).set(high)
-        samples.labels(**key).set(int(summary["n"]))
+    for steps, table in by_steps.items():
+        for name, summary in table.items():
+            key = {"metric": name, "version": version, "steps": str(steps)}
+            low, high = summary.get("ci_low"), summary.get("ci_high")
+            if low is None or high is None:
+                low, high = normal_interval(float(summary["mean"]), float(summary["std"]), int(summary["n"]))
+            mean.labels(**key).set(float(summary["mean"]))
+            lower.labels(**key).set(float(low))
+            upper.labels(**key).set(float(high))
+            samples.labels(**key).set(int(summary["n"]))
     _timestamp("g2rpo_evaluation_last_run_timestamp_seconds", "Unix time of the last evaluation", registry, now)
     return _push(target, JOBS["evaluate"], registry)
 

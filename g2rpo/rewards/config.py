@@ -29,7 +29,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from g2rpo.config import Section
+from g2rpo.config import PROBLEM_SEPARATOR, Section
 from g2rpo.errors import problem
 
 __all__ = ["RewardModelConfig", "RewardsConfig", "OPTIONAL_KEYS"]
@@ -85,7 +85,7 @@ class RewardModelConfig(Section):
         if not math.isfinite(self.weight):
             problems.append(problem("weight", self.weight, "must be a finite number"))
         if problems:
-            raise ValueError("\n  - ".join(problems))
+            raise ValueError(PROBLEM_SEPARATOR.join(problems))
         return self
 
 
@@ -114,7 +114,7 @@ class RewardsConfig(Section):
         if all(m.weight == 0 for m in self.models):
             problems.append(problem("models[*].weight", 0, "at least one reward needs a non-zero weight"))
         if problems:
-            raise ValueError("\n  - ".join(problems))
+            raise ValueError(PROBLEM_SEPARATOR.join(problems))
         return self
 
     def batch_size_of(self, model: RewardModelConfig) -> int:

@@ -5,6 +5,14 @@ checkpoints, export; rank 0 serves Prometheus ``/metrics`` when ``observability.
 is set, :func:`training_exporter`) and, with ``publish_uri``, publishes the export folder under a fresh prefix of
 that URI (:func:`publish_export`). Under torchrun every rank calls :func:`train`; rank 0 publishes.
 
+With ``checkpoint_uri`` (one per run identity) every complete checkpoint is mirrored there, and a
+start in a fresh working directory first restores the newest complete mirrored checkpoint, so a
+lost pod costs at most one checkpoint interval (:mod:`g2rpo.training.mirror`).
+
+With ``nodes > 1`` the step trains nothing itself: it launches (or, on a retry, follows) the run's
+Kubeflow Trainer ``TrainJob`` (:mod:`g2rpo.launch.trainjob`), which runs ``g2rpo train`` under
+torchrun on ``nodes`` nodes, waits for it and returns where it published the export.
+
 :func:`~g2rpo.training.metrics.read_iteration_records` (re-exported here) reads ``metrics.jsonl`` back.
 :func:`matching_evaluation` is the evaluation config that samples as a run does (for before/after
 comparisons on the run's own sampler).
@@ -19,15 +27,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from g2rpo.artifacts.manifest import Manifest, publish_dir, unique_prefix
-from g2rpo.artifacts.storage import S3Settings
+from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, publish_dir, read_manifest, unique_prefix
+from g2rpo.artifacts.storage import S3Settings, open_store
+from g2rpo.config import to_yaml
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.config import EvaluationConfig
+from g2rpo.launch.trainjob import TrainJobLaunch, job_name, launch_trainjob
 from g2rpo.observability import TrainingExporter
 from g2rpo.training.checkpoint import manifest_metadata
+from g2rpo.training.distributed import init_distributed
 from g2rpo.training.metrics import read_iteration_records
+from g2rpo.training.mirror import CheckpointMirror
 from g2rpo.training.run_config import RunConfig, resume_hash
-from g2rpo.training.trainer import train_from_config
+from g2rpo.training.trainer import TrainerCallback, train_from_config
 
 __all__ = [
     "PublishedExport",
@@ -59,6 +71,7 @@ class TrainResult:
     export_dir: Path | None  # None when output.export is false
     config_hash: str  # the resume hash (model, algorithm, data sections)
     published: PublishedExport | None  # with publish_uri, on rank 0
+    trainjob: str | None = None  # with nodes > 1: the TrainJob that trained (paths above are in its pods)
 
     @property
     def export_uri(self) -> str | None:
@@ -71,14 +84,48 @@ def train(
     publish_uri: str | None = None,
     settings: S3Settings | None = None,
     producer: str = "g2rpo train",
+    checkpoint_uri: str | None = None,
+    nodes: int = 1,
+    trainjob: TrainJobLaunch | None = None,
 ) -> TrainResult:
     """Train from ``config``; with ``publish_uri`` (a folder, ``file://`` or ``s3://`` base) publish the export
-    under a fresh prefix of it and return its URI and manifest."""
+    under a fresh prefix of it and return its URI and manifest.
+
+    ``checkpoint_uri``: mirror every complete checkpoint there and resume from the newest one there.
+    ``nodes > 1``: run as the TrainJob ``trainjob`` describes (image, KFP run and task, placement).
+    """
     if publish_uri is not None and not config.output.export:
         raise G2RPOError(problem("output.export", False, "publishing needs the export: set output.export=true"))
+    if checkpoint_uri is not None and config.train.resume != "auto":
+        raise G2RPOError(
+            problem(
+                "train.resume",
+                config.train.resume,
+                "a run with a checkpoint URI resumes from what is mirrored there: use auto, or leave the URI out",
+            )
+        )
+    if nodes > 1:
+        return _train_as_trainjob(config, nodes, trainjob, publish_uri, checkpoint_uri, settings)
+    if nodes < 1:
+        raise G2RPOError(problem("nodes", nodes, "give the number of nodes to train on (1: in this process)"))
+    callbacks: list[TrainerCallback] = []
+    if checkpoint_uri is not None:
+        mirror = CheckpointMirror(
+            checkpoint_uri,
+            keep_last=config.train.keep_last,
+            keep_iterations=config.train.keep_iterations,
+            settings=settings,
+        )
+        ctx = init_distributed(config.train.device)  # the trainer joins the same group later
+        if ctx.is_main:  # output.dir is one folder for all ranks (shared when there are several nodes)
+            mirror.restore(Path(config.output.dir) / "checkpoints", resume_hash(config))
+        ctx.barrier()
+        callbacks.append(mirror)
     exporter = training_exporter(config) if int(os.environ.get("RANK", "0")) == 0 else None
+    if exporter is not None:
+        callbacks.append(exporter)
     try:
-        summary = train_from_config(config, [exporter] if exporter is not None else [])
+        summary = train_from_config(config, callbacks)
     finally:
         if exporter is not None:
             exporter.close()
@@ -116,6 +163,68 @@ def training_exporter(config: RunConfig) -> TrainingExporter | None:
         strides=config.algorithm.g2rpo.granularities if config.algorithm.strategy == "g2rpo" else None,
         linger_seconds=obs.linger_seconds,
     )
+
+
+def _train_as_trainjob(
+    config: RunConfig,
+    nodes: int,
+    trainjob: TrainJobLaunch | None,
+    publish_uri: str | None,
+    checkpoint_uri: str | None,
+    settings: S3Settings | None,
+) -> TrainResult:
+    """Launch (or follow) the run's TrainJob; the job publishes the export under ``publish_uri/<job name>``."""
+    if trainjob is None:
+        raise G2RPOError(
+            problem(
+                "nodes",
+                nodes,
+                "more than one node trains as a Kubeflow TrainJob: pass trainjob=TrainJobLaunch(image=..., run_id=..., "
+                "task=...), or train on one node",
+            )
+        )
+    if checkpoint_uri is None:
+        raise G2RPOError(
+            problem(
+                "checkpoint_uri",
+                None,
+                "a multi-node run mirrors its checkpoints to S3 so that a lost pod resumes: give an s3:// URI for this run",
+            )
+        )
+    name = job_name(trainjob.run_id, trainjob.task)
+    args = ["--checkpoint-uri", checkpoint_uri]
+    export_base = None if publish_uri is None else f"{publish_uri.rstrip('/')}/{name}"
+    if export_base is not None:
+        args += ["--publish", export_base]
+    outcome = launch_trainjob(trainjob, args, config_yaml=to_yaml(config), nodes=nodes)
+    out = Path(config.output.dir)
+    return TrainResult(
+        summary={
+            "trainjob": outcome.name,
+            "namespace": outcome.namespace,
+            "nodes": nodes,
+            "followed": outcome.followed,
+        },
+        output_dir=out,
+        metrics_path=out / "metrics.jsonl",
+        checkpoints_dir=out / "checkpoints",
+        export_dir=None,
+        config_hash=resume_hash(config),
+        published=None if export_base is None else _published_under(export_base, settings),
+        trainjob=outcome.name,
+    )
+
+
+def _published_under(base: str, settings: S3Settings | None) -> PublishedExport:
+    """The export a TrainJob published under ``base`` (one ``model-*`` prefix with a manifest)."""
+    store = open_store(base, settings)
+    prefixes = sorted({i.key.split("/")[0] for i in store.list() if i.key.endswith("/" + MANIFEST_NAME)})
+    if not prefixes:
+        raise G2RPOError(
+            f"the TrainJob completed but published no export under {base}: check its node-0 log for the publish step"
+        )
+    uri = f"{base}/{prefixes[-1]}"
+    return PublishedExport(uri=uri, manifest=read_manifest(open_store(uri, settings)))
 
 
 def publish_export(

@@ -39,7 +39,7 @@ from pydantic import (
     model_validator,
 )
 
-from g2rpo.config import Section
+from g2rpo.config import PROBLEM_SEPARATOR, Section
 from g2rpo.errors import problem
 from g2rpo.strategies import PRESETS, STRATEGIES
 from g2rpo.strategies.base import StrategySettings
@@ -148,7 +148,7 @@ class AlgorithmConfig(Section):
             if key in given and given[key] != value
         ]
         if conflicts:
-            raise ValueError("\n  - ".join(conflicts))
+            raise ValueError(PROBLEM_SEPARATOR.join(conflicts))
         return {**data, "strategy": name, name: {**given, **fixed}}
 
     @field_validator("strategy")
@@ -165,7 +165,7 @@ class AlgorithmConfig(Section):
         problems = self.settings.cross_checks(self)
         if problems:
             # One ValueError per section: join so every problem is listed (ConfigError prints them).
-            raise ValueError("\n  - ".join(problems))
+            raise ValueError(PROBLEM_SEPARATOR.join(problems))
         return self
 
     @model_validator(mode="wrap")

@@ -47,6 +47,7 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from g2rpo import core
+from g2rpo.config import PROBLEM_SEPARATOR
 from g2rpo.errors import problem
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
@@ -162,7 +163,7 @@ class G2RPOSettings(StrategySettings):
                 )
             )
         if problems:
-            raise ValueError("\n  - ".join(problems))
+            raise ValueError(PROBLEM_SEPARATOR.join(problems))
         return self
 
     def cross_checks(self, config: AlgorithmConfig) -> list[str]:

@@ -10,10 +10,16 @@ A **resumable checkpoint** ``<output.dir>/checkpoints/iter-000040/`` holds::
     manifest.json         written LAST, by rank 0, after every rank has finished writing
 
 A checkpoint counts as complete only when its manifest exists and every file it lists is there
-with the listed size (digests are recorded too; :func:`verify` checks them on request, which
-reads every byte — minutes at Flux scale). A directory without a manifest — a run killed while
-writing — is never resumed from; the next save of that iteration replaces it (it holds nothing
-that was ever complete), and nothing complete is ever overwritten.
+with the listed size. A directory without a manifest — a run killed while writing — is never
+resumed from; the next save of that iteration replaces it (it holds nothing that was ever
+complete), and nothing complete is ever overwritten.
+
+Resume also checks every file's sha256 against the manifest (reading every byte, on every rank)
+before it trusts a checkpoint: ``train.resume=auto`` takes the newest complete checkpoint that
+matches (:meth:`CheckpointManager.latest_verified`); a newer one that does not is reported and
+moved aside to ``iter-NNNNNN.damaged`` (the only case where a complete checkpoint leaves the
+list), and when none matches resume stops with the list of mismatches. A checkpoint named in
+``train.resume`` that does not match is refused.
 
 Retention: the last ``keep_last`` complete checkpoints, plus every iteration listed in
 ``keep_iterations`` (explicitly named ones), are kept; older ones are removed after a newer one is
@@ -35,7 +41,8 @@ import json
 import random
 import re
 import shutil
-from collections.abc import Iterable
+import sys
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -173,6 +180,7 @@ class CheckpointManager:
         self.rank = rank
         self.world_size = world_size
         self._barrier = barrier or (lambda: None)
+        self._verified: set[Path] = set()  # checkpoints whose digests matched in this process
 
     @staticmethod
     def name(iteration: int) -> str:
@@ -194,6 +202,73 @@ class CheckpointManager:
     def latest(self) -> Path | None:
         done = self.complete()
         return done[-1][1] if done else None
+
+    def latest_verified(self, on_skip: Callable[[dict[str, Any]], None] | None = None) -> Path | None:
+        """The newest complete checkpoint whose every file matches its manifest's sha256, or None
+        when there is no complete checkpoint at all.
+
+        A newer checkpoint that fails the check is skipped: rank 0 says so on stderr, hands
+        ``on_skip`` a ``{"event": "checkpoint_skipped", ...}`` record, and moves it aside to
+        ``iter-NNNNNN.damaged`` (kept for inspection, never listed again) so the resumed run can
+        write that iteration afresh. When no complete checkpoint verifies, nothing is moved and
+        the error lists each one with its mismatch.
+        """
+        done = self.complete()
+        damaged: list[tuple[Path, str]] = []
+        for _, path in reversed(done):
+            problem_text = self._digest_problem(path)
+            if problem_text is None:
+                for bad, reason in damaged:
+                    self._set_aside(bad, reason, path, on_skip)
+                return path
+            damaged.append((path, problem_text))
+        if damaged:
+            listed = "\n".join(f"  {path}: {reason}" for path, reason in damaged)
+            raise G2RPOError(
+                f"no checkpoint in {self.root} matches its manifest's sha256 (the files changed after they were "
+                f"written):\n{listed}\nrestore them from a copy, or start over: move them out of {self.root} "
+                "(train.resume=auto then starts from iteration 0) or choose a new output.dir"
+            )
+        return None
+
+    def _digest_problem(self, directory: Path) -> str | None:
+        """Why ``directory`` fails its digest check, or None when every file matches (cached per run)."""
+        if directory not in self._verified:
+            try:
+                verify(directory)
+            except G2RPOError as exc:
+                return " ".join(str(exc).split())
+            self._verified.add(directory)
+        return None
+
+    def _set_aside(
+        self, directory: Path, reason: str, fallback: Path, on_skip: Callable[[dict[str, Any]], None] | None
+    ) -> None:
+        """Report a damaged checkpoint and move it out of the list (rank 0 only; the others only skip it)."""
+        aside = directory.with_name(f"{directory.name}.damaged")
+        n = 1
+        while aside.exists():
+            n += 1
+            aside = directory.with_name(f"{directory.name}.damaged-{n}")
+        if self.rank == 0:
+            print(
+                f"g2rpo: skipping checkpoint {directory}: {reason}; moved aside to {aside.name}, "
+                f"resuming from {fallback.name}",
+                file=sys.stderr,
+                flush=True,
+            )
+            # Every other rank has already passed over it (it failed their check too) or will no longer list it.
+            directory.rename(aside)
+            if on_skip is not None:
+                on_skip(
+                    {
+                        "event": "checkpoint_skipped",
+                        "path": str(directory),
+                        "moved_to": str(aside),
+                        "reason": reason,
+                        "resuming_from": str(fallback),
+                    }
+                )
 
     # ------------------------------------------------------------------ save
 
@@ -242,7 +317,8 @@ class CheckpointManager:
     # ------------------------------------------------------------------ load
 
     def read_state(self, directory: str | Path) -> TrainerState:
-        """The checkpoint's project state, after checking it is complete and from this config."""
+        """The checkpoint's project state, after checking it is complete, from this config, and that
+        every file matches its manifest's sha256."""
         directory = Path(directory)
         if not is_complete(directory):
             raise G2RPOError(
@@ -261,6 +337,13 @@ class CheckpointManager:
             raise G2RPOError(
                 f"checkpoint {directory} holds ZeRO shards of {state.world_size} ranks, this run has "
                 f"{self.world_size}: relaunch with --nproc_per_node {state.world_size}"
+            )
+        damage = self._digest_problem(directory)
+        if damage is not None:
+            raise G2RPOError(
+                f"checkpoint {directory} does not match its manifest's sha256 (its files changed after they were "
+                f"written): {damage}; resume from another checkpoint (train.resume=auto picks the newest that "
+                "matches) or restore this one from a copy"
             )
         return state
 

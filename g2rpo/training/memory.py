@@ -19,12 +19,20 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from g2rpo.errors import problem
 
-__all__ = ["RolloutMemory", "rollout_memory", "available_memory", "memory_problem"]
+__all__ = [
+    "RolloutMemory",
+    "rollout_memory",
+    "available_memory",
+    "memory_problem",
+    "is_out_of_memory",
+    "out_of_memory_message",
+]
 
 FLOAT_BYTES = 4
 
@@ -107,3 +115,27 @@ def memory_problem(estimate: RolloutMemory, available: tuple[int, str] | None, s
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def out_of_memory_message(config: Any, iteration: int, device: Any, error: BaseException) -> str:
+    """What a run that ran out of memory tells the user: where, and the settings that set the size."""
+    algorithm, train, model = config.algorithm, config.train, config.model
+    return (
+        f"out of memory on {device} in iteration {iteration} ({type(error).__name__}: {str(error)[:200]}). "
+        f"The rollout grows with algorithm.group_size={algorithm.group_size}, "
+        f"algorithm.g2rpo.granularities={list(algorithm.g2rpo.granularities)}, "
+        f"algorithm.g2rpo.branch_steps_per_iteration={algorithm.g2rpo.branch_steps_per_iteration}, "
+        f"train.prompts_per_iteration={train.prompts_per_iteration} and model.height×width="
+        f"{model.height}×{model.width}; activations with algorithm.micro_batch={algorithm.micro_batch} and "
+        f"train.decode_micro_batch={train.decode_micro_batch}. Lower one of them (or turn on "
+        "train.gradient_checkpointing / run on more ranks); the run resumes from its last checkpoint"
+    )
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """True for an allocator that ran out: CUDA's OutOfMemoryError, Python's MemoryError, or the
+    RuntimeError torch's CPU allocator raises."""
+    if isinstance(error, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(error)
+    return isinstance(error, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text)

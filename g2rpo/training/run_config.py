@@ -18,16 +18,19 @@ say so.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from g2rpo.config import Section, config_hash, load_config
-from g2rpo.errors import problem
+from g2rpo.config import PROBLEM_SEPARATOR, Section, config_hash, load_config, read_config_file
+from g2rpo.errors import ConfigError, G2RPOError, problem
 from g2rpo.rewards.config import RewardsConfig
 from g2rpo.strategies.config import AlgorithmConfig
 from g2rpo.training.deepspeed_config import DeepSpeedSection
+from g2rpo.training.memory import available_memory, memory_problem, rollout_memory
 
 __all__ = [
     "ModelSection",
@@ -42,6 +45,7 @@ __all__ = [
     "resume_hash",
     "HASHED_SECTIONS",
     "run_problems",
+    "cross_field_problems",
     "validate_run",
 ]
 
@@ -77,7 +81,7 @@ class ModelSection(Section):
                     problem(f"model.{name}", value, "must be a multiple of 16 (VAE factor 8 × 2×2 packing)")
                 )
         if problems:
-            raise ValueError("\n  - ".join(problems))
+            raise ValueError(PROBLEM_SEPARATOR.join(problems))
         return self
 
 
@@ -221,10 +225,22 @@ class RunConfig(Section):
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:
-        problems = []
-        if not self.model.path:
-            problems.append(problem("model.path", "", "set the directory of a diffusers Flux pipeline"))
-        if self.train.precision == "bf16" and not self.deepspeed.enabled:
+        problems = cross_field_problems(self)
+        if problems:
+            raise ValueError(PROBLEM_SEPARATOR.join(problems))
+        return self
+
+
+def cross_field_problems(config: Any) -> list[str]:
+    """The checks that span sections. ``config`` is a :class:`RunConfig` or any object with the
+    sections as attributes, some None (those that did not validate on their own): a check runs
+    when every section it reads is there, so field problems do not hide these."""
+    model, train, ds, output = (getattr(config, n, None) for n in ("model", "train", "deepspeed", "output"))
+    problems = []
+    if model is not None and not model.path:
+        problems.append(problem("model.path", "", "set the directory of a diffusers Flux pipeline"))
+    if train is not None and ds is not None:
+        if train.precision == "bf16" and not ds.enabled:
             problems.append(
                 problem(
                     "train.precision",
@@ -233,11 +249,11 @@ class RunConfig(Section):
                     "train.precision=fp32",
                 )
             )
-        if self.train.ema.enabled and self.deepspeed.enabled and self.deepspeed.zero_stage == 3:
+        if train.ema.enabled and ds.enabled and ds.zero_stage == 3:
             problems.append(
                 problem("train.ema.enabled", True, "EMA is kept on full weights: use zero_stage ≤ 2, or turn EMA off")
             )
-        if self.train.lora.enabled and self.deepspeed.enabled and self.deepspeed.zero_stage == 3:
+        if train.lora.enabled and ds.enabled and ds.zero_stage == 3:
             problems.append(
                 problem(
                     "deepspeed.zero_stage",
@@ -246,20 +262,23 @@ class RunConfig(Section):
                     "from whole weights; ZeRO-3 would shard them)",
                 )
             )
-        if self.output.export_ema and not self.train.ema.enabled:
-            problems.append(problem("output.export_ema", True, "needs train.ema.enabled=true"))
-        if self.train.resume not in ("auto", "never") and not Path(self.train.resume).exists():
-            problems.append(
-                problem("train.resume", self.train.resume, "use auto, never, or an existing checkpoint directory")
-            )
-        if problems:
-            raise ValueError("\n  - ".join(problems))
-        return self
+    if output is not None and train is not None and output.export_ema and not train.ema.enabled:
+        problems.append(problem("output.export_ema", True, "needs train.ema.enabled=true"))
+    if train is not None and train.resume not in ("auto", "never") and not Path(train.resume).exists():
+        problems.append(problem("train.resume", train.resume, "use auto, never, or an existing checkpoint directory"))
+    return problems
 
 
 def load_run_config(path: str | Path | None = None, overrides: Any = ()) -> RunConfig:
-    """Read a run config (YAML + ``key=value`` overrides); raises ConfigError with every problem."""
-    return load_config(RunConfig, path, overrides)
+    """Read a run config (YAML + ``key=value`` overrides); raises ConfigError with every problem:
+    field problems and, on the sections that are valid by themselves, the cross-field ones."""
+    try:
+        return load_config(RunConfig, path, overrides)
+    except ConfigError as exc:
+        hidden = [p for p in cross_field_problems(_valid_sections(path, overrides)) if p not in exc.problems]
+        if not hidden:
+            raise
+        raise ConfigError(exc.problems + hidden, source=exc.source) from None
 
 
 def resume_hash(config: RunConfig) -> str:
@@ -274,10 +293,13 @@ def run_problems(config: Any, world_size: int = 1) -> list[str]:
     them None (``g2rpo validate`` passes the sections that validated on their own, so these
     checks run even when another section has errors, and every problem is listed together).
     """
-    from g2rpo.errors import ConfigError, G2RPOError
-
     train, ds, model, data = (getattr(config, n, None) for n in ("train", "deepspeed", "model", "data"))
+    algorithm = getattr(config, "algorithm", None)
     problems: list[str] = []
+    if train is not None and model is not None and algorithm is not None:
+        fits = rollout_memory_problem(algorithm, model, train, world_size)
+        if fits:
+            problems.append(fits)
     if train is not None and train.prompts_per_iteration % world_size:
         problems.append(
             problem(
@@ -335,23 +357,50 @@ def run_problems(config: Any, world_size: int = 1) -> list[str]:
     return problems
 
 
-def _valid_sections(path: str | Path | None, overrides: Any) -> Any:
-    """The sections of a (possibly invalid) config that validate on their own."""
-    from types import SimpleNamespace
+def rollout_memory_problem(
+    algorithm: AlgorithmConfig, model: ModelSection, train: TrainSection, world_size: int
+) -> str | None:
+    """The rollout of one iteration cannot fit in the memory this machine shows (:mod:`g2rpo.training.memory`)."""
+    tokens = (model.height // 16) * (model.width // 16)  # packed 2×2 patches of the 8× VAE latent
+    channels = 64  # Flux: 16 latent channels × 2×2 patch
+    transformer_config = Path(model.path) / "transformer" / "config.json" if model.path else None
+    if transformer_config is not None and "://" not in model.path and transformer_config.is_file():
+        try:
+            channels = int(json.loads(transformer_config.read_text(encoding="utf-8")).get("in_channels", channels))
+        except (ValueError, OSError):
+            pass  # a damaged model folder is reported by check_model_dir
+    trajectory = algorithm.strategy != "g2rpo"
+    settings = algorithm.g2rpo
+    trained = settings.branch_steps_per_iteration or len(settings.all_branch_steps(algorithm.num_steps))
+    estimate = rollout_memory(
+        trajectory=trajectory,
+        prompts=max(1, train.prompts_per_iteration // world_size),
+        trained_steps=trained,
+        strides=len(settings.granularities),
+        group_size=algorithm.group_size,
+        num_steps=algorithm.num_steps,
+        latent_tokens=tokens,
+        latent_channels=channels,
+        height=model.height,
+        width=model.width,
+    )
+    shown = f"strategy={algorithm.strategy}, G={algorithm.group_size}, T={algorithm.num_steps}"
+    if not trajectory:
+        shown += f", |M|={trained}, Λ={list(settings.granularities)}"
+    shown += f", prompts per rank={max(1, train.prompts_per_iteration // world_size)}, {model.height}×{model.width}"
+    return memory_problem(estimate, available_memory(train.device), shown)
 
-    from pydantic import BaseModel, ValidationError
 
-    from g2rpo.config import _read_yaml, deep_merge, parse_overrides
-
+def _valid_sections(path: str | Path | None, overrides: Any) -> SimpleNamespace:
+    """The sections of a (possibly invalid) config that validate on their own (None for the others)."""
     try:
-        raw = _read_yaml(Path(path)) if path is not None else {}
-        raw = deep_merge(raw, overrides if isinstance(overrides, dict) else parse_overrides(overrides))
-    except Exception:  # reported by load_run_config already
+        raw = read_config_file(path, overrides)
+    except G2RPOError:  # an unreadable file or a malformed override: already the reported problem
         return SimpleNamespace()
     out = {}
     for name, info in RunConfig.model_fields.items():
         cls = info.annotation
-        value = raw.get(name, {}) if isinstance(raw, dict) else {}
+        value = raw.get(name, {})
         try:
             out[name] = cls.model_validate(value) if isinstance(cls, type) and issubclass(cls, BaseModel) else None
         except ValidationError:
@@ -361,8 +410,6 @@ def _valid_sections(path: str | Path | None, overrides: Any) -> Any:
 
 def validate_run(path: str | Path | None, overrides: Any = (), world_size: int = 1) -> str:
     """Validate a run config completely; raise ConfigError listing every problem, else return its hash."""
-    from g2rpo.errors import ConfigError
-
     try:
         config = load_run_config(path, overrides)
     except ConfigError as exc:

@@ -70,6 +70,7 @@ from g2rpo.training.checkpoint import (
 from g2rpo.training.distributed import global_prompt_indices, init_distributed, prompts_per_rank
 from g2rpo.training.drivers import EMA, DeepSpeedDriver, TorchDriver, apply_lora
 from g2rpo.training.failpoints import FailAfterSave, fail_point
+from g2rpo.training.memory import is_out_of_memory, out_of_memory_message
 from g2rpo.training.run_config import RunConfig, resume_hash, run_problems
 
 __all__ = ["Trainer", "IterationRecord", "TrainerCallback", "train_from_config"]
@@ -210,7 +211,7 @@ class Trainer:
             path = Path(resume)
             self.checkpoints.read_state(path)  # complete? same config hash? (raises otherwise)
             return path
-        latest = self.checkpoints.latest()
+        latest = self.checkpoints.latest_verified(self._log_event) if resume == "auto" else self.checkpoints.latest()
         if resume == "auto" and latest is not None:
             self.checkpoints.read_state(latest)
             return latest
@@ -461,7 +462,13 @@ class Trainer:
         if cfg.train.progress and self.ctx.is_main:
             bar = tqdm(total=cfg.train.iterations, initial=start, desc="g2rpo train", unit="it")
         while self.iteration < cfg.train.iterations:
-            last = self.step()
+            try:
+                last = self.step()
+            except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
+                # On the CPU torch reports an exhausted allocator as a RuntimeError ("can't allocate memory").
+                if isinstance(exc, RuntimeError) and not is_out_of_memory(exc):
+                    raise
+                raise G2RPOError(out_of_memory_message(cfg, self.iteration, self.ctx.device, exc)) from exc
             first = first or last
             if bar is not None:
                 bar.update(1)

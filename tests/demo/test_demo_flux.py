@@ -63,6 +63,9 @@ def test_demo_registers_the_published_export_with_the_after_scores(demo):
     after = result.after.scores[name]
     assert [i.scores[name] for i in scores.items] == [float(v) for v in after.flatten()]
     assert record.eval.metrics[name].mean == pytest.approx(result.reward_after, abs=1e-9)
+    # the demo's report pairs the export with the base model, from the artifact's folder alone
+    report = result.outputs["report"].read_text()
+    assert "id='paired'" in report and "baseline/images/p0_s" in report
     # first version: the floor is the untrained model's mean on the same set; champion iff it passed
     gates, _ = load_gates(result.outputs["gates"])
     assert gates.metrics[name].floor == result.reward_before

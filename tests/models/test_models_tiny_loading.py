@@ -215,3 +215,32 @@ def test_models_load_from_s3_through_the_storage_layer(tiny_flux_dir, tmp_path, 
     s3_env.server.client().put_object(Bucket=s3_env.bucket, Key="models/unfinished/model_index.json", Body=b"{}")
     with pytest.raises(G2RPOError):
         resolve_model_location(unfinished, cache_dir=cache)
+
+
+def test_models_s3_model_with_wrong_bytes_is_never_loaded(tiny_flux_dir, tmp_path, s3_env, capsys):
+    """Same size, other bytes: on the bucket the download is refused; in the cache it is fetched again."""
+    from g2rpo.artifacts.manifest import publish_dir
+
+    uri = f"{s3_env.uri}/models/tiny-flux"
+    publish_dir(tiny_flux_dir, uri)
+    cache = tmp_path / "cache"
+    local = resolve_model_location(uri, cache_dir=cache)
+    weights = next((local / "transformer").glob("*.safetensors"))
+    good = weights.read_bytes()
+    damaged = bytearray(good)
+    damaged[len(good) // 2 : len(good) // 2 + 64] = bytes(
+        b ^ 0xFF for b in damaged[len(good) // 2 : len(good) // 2 + 64]
+    )
+    weights.write_bytes(bytes(damaged))  # damaged on this disk after the download
+    capsys.readouterr()
+    assert resolve_model_location(uri, cache_dir=cache) == local
+    assert "does not match its manifest" in capsys.readouterr().err and weights.read_bytes() == good
+    reference = load_transformer(tiny_flux_dir, dtype="float32").state_dict()
+    loaded = load_transformer(uri, dtype="float32", cache_dir=cache).state_dict()
+    assert all(torch.equal(v, reference[k]) for k, v in loaded.items())
+    # changed on the bucket after publishing: refused, and nothing enters a fresh cache
+    key = f"models/tiny-flux/{weights.relative_to(local)}"
+    s3_env.server.client().put_object(Bucket=s3_env.bucket, Key=key, Body=bytes(damaged))
+    with pytest.raises(G2RPOError, match="changed after publishing"):
+        load_transformer(uri, dtype="float32", cache_dir=tmp_path / "cache2")
+    assert not any((tmp_path / "cache2" / "artifacts").iterdir())

@@ -26,7 +26,7 @@ def test_pushes_to_a_dead_gateway_warn_and_return_false(dead_gateway):
     ):
         assert push_pipeline_run(target, succeeded=False) is False
     with pytest.warns(PushgatewayWarning, match="g2rpo-evaluate"):
-        assert push_evaluation(target, {"jpeg": {"mean": 1.0, "std": 0.1, "n": 4}}, steps=4) is False
+        assert push_evaluation(target, {4: {"jpeg": {"mean": 1.0, "std": 0.1, "n": 4}}}) is False
     with pytest.warns(PushgatewayWarning, match="not-a-url"):
         assert push_pipeline_run(PushTarget("not-a-url"), succeeded=True) is False
 

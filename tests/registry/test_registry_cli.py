@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from registry_helpers import make_scores, publish_export
+from registry_helpers import make_scores, publish_export, register_version
 
 from g2rpo.artifacts.manifest import MARKER_NAME
 from g2rpo.artifacts.registry import Registry
@@ -193,3 +193,58 @@ def test_registry_cli_refused_register_writes_nothing(root_uri, tmp_path, capsys
     assert f"--scores='{bad}': not a valid scores file" in err
     assert "items[0].scores.hps=nan: scores must be finite" in err
     assert open_store(reg_uri).list() == []
+
+
+def test_registry_cli_unknown_model_and_missing_registry_are_errors(root_uri, tmp_path, capsys):
+    # A typo must not read as an empty model or registry: exit 2, and what exists, closest first.
+    reg_uri = f"{root_uri}/registry"
+    registry = Registry(reg_uri)
+    for model in ("sdxl-dpo", "flux-g2rpo"):
+        register_version(registry, model, root_uri, tmp_path, make_scores({"hps": 0.25}), run=model)
+    capsys.readouterr()
+    for argv in (
+        ["list", "flux-grpo"],
+        ["history", "flux-grpo"],
+        ["show", "flux-grpo", "1"],
+        ["rollback", "flux-grpo", "--reason", "typo"],
+    ):
+        assert main(["registry", *argv, "--registry", reg_uri]) == 2, argv
+        out, err = capsys.readouterr()
+        assert not out, argv
+        assert "model='flux-grpo': no such model" in err and "closest first: flux-g2rpo, sdxl-dpo" in err, err
+    missing = f"{root_uri}/no/such"
+    assert main(["registry", "list", "--registry", missing]) == 2
+    err = capsys.readouterr().err
+    assert "no registry here (it holds no model versions)" in err and "/no/such" in err
+    assert main(["registry", "history", "flux-g2rpo", "--registry", missing]) == 2
+    assert "no registry here" in capsys.readouterr().err
+    if "://" not in root_uri:  # a local registry's neighbours are named (S3 is not searched)
+        assert not (tmp_path / "root" / "no").exists()
+        assert main(["registry", "list", "--registry", f"{root_uri}/registri"]) == 2
+        assert f"registries next to it, closest first: {reg_uri}" in capsys.readouterr().err
+    # the real names still work
+    assert main(["registry", "history", "flux-g2rpo", "--registry", reg_uri]) == 0
+    assert "flux-g2rpo: no alias changes yet" in capsys.readouterr().out
+
+
+def test_registry_cli_gate_on_a_metric_the_eval_lacks_records_nothing(root_uri, tmp_path, capsys):
+    reg_uri = f"{root_uri}/registry"
+    registry = Registry(reg_uri)
+    for run, hps in (("r1", 0.25), ("r2", 0.30)):
+        register_version(registry, "flux-g2rpo", root_uri, tmp_path, make_scores({"hps": hps, "clip": 0.3}), run=run)
+    registry.set_alias("flux-g2rpo", "champion", 1, reason="first")
+    gates = tmp_path / "gates.yaml"
+    gates.write_text(
+        "metrics:\n"
+        "  hps: {direction: higher, domain: in, min_improvement: 0.01}\n"
+        "  pickscore: {direction: higher, domain: out, max_regression: 0.1}\n"
+    )
+    store = open_store(reg_uri)
+    before = {info.key: store.get_bytes(info.key)[0] for info in store.list()}
+    capsys.readouterr()
+    assert main(["registry", "promote", "flux-g2rpo", "2", "--registry", reg_uri, "--gates", str(gates)]) == 2
+    out, err = capsys.readouterr()
+    assert "FAILED" not in out and "gates.metrics=['pickscore']" in err and "it has clip, hps" in err, err
+    # no decision record, aliases and history unchanged: every object of the registry as it was
+    assert {info.key: store.get_bytes(info.key)[0] for info in store.list()} == before
+    assert registry.decisions("flux-g2rpo", 2) == []

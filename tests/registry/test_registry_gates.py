@@ -109,8 +109,17 @@ def test_registry_first_version_uses_floors():
     low = decide(make_scores({"hps": 0.21, "clip": 0.24}), None, gates)
     assert not low.passed
     assert {r.metric: r.passed for r in low.results} == {"hps": True, "clip": False}
-    missing = decide(make_scores({"hps": 0.5}), None, gates)
-    assert not missing.passed and "no 'clip' scores" in missing.results[1].reason
+
+
+def test_registry_gate_on_a_metric_the_eval_lacks_is_a_configuration_error():
+    # Not a failed gate: the gates file names a metric this eval never measured.
+    gates = _gates(hps=HPS_IN, clip=CLIP_OUT)
+    for champion in (None, make_scores({"hps": 0.30, "clip": 0.30})):
+        with pytest.raises(G2RPOError) as info:
+            decide(make_scores({"hps": 0.5, "pick": 0.1}), champion, gates, challenger_version=4)
+        message = str(info.value)
+        assert message.startswith("gates.metrics=['clip']: the challenger's eval (v4) has no scores for this metric")
+        assert "it has hps, pick" in message
 
 
 def test_registry_gates_file_validation(tmp_path):

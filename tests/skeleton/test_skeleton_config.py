@@ -8,7 +8,7 @@ import pydantic
 import pytest
 from pydantic import Field, model_validator
 
-from g2rpo.config import Section, config_hash, deep_merge, describe, load_config, parse_overrides
+from g2rpo.config import PROBLEM_SEPARATOR, Section, config_hash, deep_merge, describe, load_config, parse_overrides
 from g2rpo.errors import ConfigError, G2RPOError, problem
 
 
@@ -62,6 +62,31 @@ def test_cross_field_problem_names_field_value_fix():
     with pytest.raises(ConfigError) as info:
         load_config(Outer, None, {"inner": {"strides": []}})
     assert "inner.strides=[]: give at least one stride" in str(info.value)
+
+
+class Pair(Section):
+    low: int = Field(0, description="lower bound")
+    high: int = Field(1, description="upper bound")
+    step: int = Field(1, description="step")
+
+    @model_validator(mode="after")
+    def _check(self):
+        problems = []
+        if self.low >= self.high:
+            problems.append(problem("high", self.high, f"must exceed low={self.low}"))
+        if self.step > self.high - self.low:
+            problems.append(problem("step", self.step, f"must fit in high - low = {self.high - self.low}"))
+        if problems:
+            raise ValueError(PROBLEM_SEPARATOR.join(problems))
+        return self
+
+
+def test_two_cross_field_problems_count_as_two():
+    # one validator raises both (pydantic keeps one error per validator); the loader lists and counts them apart
+    with pytest.raises(ConfigError) as info:
+        load_config(Pair, None, {"low": 3, "high": 2, "step": 4})
+    assert info.value.problems == ["high=2: must exceed low=3", "step=4: must fit in high - low = -1"]
+    assert str(info.value).startswith("2 configuration problem(s)")
 
 
 def test_bad_override_syntax_and_bad_yaml(tmp_path):

@@ -49,6 +49,45 @@ def test_validate_lists_every_problem_at_once(capsys):
         assert needle in err, needle
 
 
+def _listed(err: str) -> list[str]:
+    """The problem lines of a printed ConfigError, after checking the header counts them."""
+    lines = [line.removeprefix("  - ") for line in err.splitlines() if line.startswith("  - ")]
+    assert f"{len(lines)} configuration problem(s)" in err, err
+    return lines
+
+
+def test_validate_reports_field_and_cross_field_problems_together(capsys):
+    # A field problem (G ≥ 2) no longer hides the checks that span sections, and each of those
+    # counts once in the header.
+    code = main(
+        ["validate", "--config", str(TINY), "algorithm.group_size=1", "train.precision=bf16", "output.export_ema=true"]
+    )
+    listed = _listed(capsys.readouterr().err)
+    assert code == 2 and len(listed) == 3, listed
+    assert listed[0].startswith("algorithm.group_size=1")
+    assert listed[1].startswith("train.precision='bf16'") and "deepspeed.enabled=true" in listed[1]
+    assert listed[2] == "output.export_ema=True: needs train.ema.enabled=true"
+    # two cross-field problems alone: "2 configuration problem(s)", two lines
+    code = main(["validate", "--config", str(TINY), "train.precision=bf16", "output.export_ema=true"])
+    assert code == 2 and len(_listed(capsys.readouterr().err)) == 2
+
+
+def test_an_empty_config_file_says_it_is_empty(tmp_path, capsys):
+    for name, text in (("empty.yaml", ""), ("comments.yaml", "# nothing set yet\n")):
+        path = tmp_path / name
+        path.write_text(text)
+        assert main(["validate", "--config", str(path), f"model.path={tmp_path}", "data.prompts=p.txt"]) == 2
+        listed = _listed(capsys.readouterr().err)
+        assert listed[0].startswith(f"config file {str(path)!r} is empty"), listed
+        assert main(["train", "--config", str(path)]) == 2
+        assert "is empty" in capsys.readouterr().err
+    # `{}` says "every default" on purpose: no such problem
+    explicit = tmp_path / "defaults.yaml"
+    explicit.write_text("{}\n")
+    assert main(["validate", "--config", str(explicit)]) == 2
+    assert "is empty" not in capsys.readouterr().err
+
+
 def test_validate_ok_prints_the_hash(capsys):
     assert main(["validate", "--config", str(TINY)]) == 0
     config = load_config(RunConfig, TINY)

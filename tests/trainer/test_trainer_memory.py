@@ -41,3 +41,59 @@ def test_memory_problem_names_the_settings_and_the_numbers():
     assert "lower algorithm.group_size" in message
     assert memory_problem(est, (9 * 2**30, "x"), "G=1") is None
     assert memory_problem(est, None, "G=1") is None  # unknown free memory: no claim
+
+
+def test_validate_refuses_a_rollout_that_cannot_fit(tmp_path):
+    # The issue's case: group_size=1e8 passed validate and died with a bare MemoryError 15 s later.
+    # 720×720 (paper defaults): ≥ 1e8·8·3 final latents → petabytes, beyond any machine.
+    from g2rpo.cli import main
+
+    config = tmp_path / "run.yaml"
+    config.write_text("{}\n")
+    model = tmp_path / "no-model"
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(["validate", "--config", str(config), f"model.path={model}", "algorithm.group_size=100000000"])
+    assert code == 2
+    text = err.getvalue()
+    assert "algorithm='strategy=g2rpo, G=100000000" in text
+    assert "one iteration's rollout needs at least" in text and "lower algorithm.group_size" in text
+
+
+def test_validate_accepts_the_paper_rollout_size_on_this_machine_kind(tmp_path):
+    # The paper's settings at one prompt per rank need ~1.9 GiB of rollout: no memory problem here.
+
+    from g2rpo.config import load_config
+    from g2rpo.training.run_config import RunConfig, rollout_memory_problem
+
+    overrides = [
+        "model.path=/nowhere",
+        "data.prompts=p.txt",
+        "train.prompts_per_iteration=16",
+        "deepspeed.enabled=true",
+    ]
+    cfg = load_config(RunConfig, overrides=overrides)
+    assert rollout_memory_problem(cfg.algorithm, cfg.model, cfg.train, world_size=16) is None
+
+
+def test_out_of_memory_is_recognised_and_explained():
+    import torch
+
+    from g2rpo.config import load_config
+    from g2rpo.training.memory import is_out_of_memory, out_of_memory_message
+    from g2rpo.training.run_config import RunConfig
+
+    # What torch's CPU allocator raises for an impossible allocation (a real one, not a hand-made error).
+    try:
+        torch.empty(2**62, dtype=torch.uint8)
+    except RuntimeError as exc:
+        real = exc
+    assert is_out_of_memory(real)
+    assert is_out_of_memory(MemoryError()) and not is_out_of_memory(RuntimeError("shape mismatch"))
+    cfg = load_config(RunConfig, overrides=["model.path=/m", "data.prompts=p.txt", "deepspeed.enabled=true"])
+    text = out_of_memory_message(cfg, 3, "cpu", real)
+    assert text.startswith("out of memory on cpu in iteration 3")
+    assert "algorithm.group_size=12" in text and "train.prompts_per_iteration=16" in text

@@ -103,6 +103,38 @@ def test_kill_while_saving_leaves_an_incomplete_checkpoint_that_is_ignored(tiny_
     _assert_same_weights(uninterrupted, out)
 
 
+def _flip_64_bytes(path: Path) -> bytes:
+    """Invert 64 bytes in the middle of ``path`` (its size stays the same); returns the new content."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2
+    data[middle : middle + 64] = bytes(b ^ 0xFF for b in data[middle : middle + 64])
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+def test_damaged_latest_checkpoint_is_skipped_and_the_run_resumes_from_the_previous_one(
+    tiny_model, uninterrupted, tmp_path
+):
+    out = tmp_path / "damaged"
+    config = tiny_overrides(tiny_model, out, **{"train.iterations": ITERATIONS})
+    killed = run_train(config, fault="iteration:5")  # SIGKILL after checkpoint 4
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    latest = out / "checkpoints" / "iter-000004"
+    damaged = _flip_64_bytes(latest / "torch" / "model.pt")
+    assert is_complete(latest)  # present with every size right: only the digests tell
+    resumed = run_train(config)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    skipped = [e for e in _events(out) if e.get("event") == "checkpoint_skipped"]
+    assert [Path(e["path"]).name for e in skipped] == ["iter-000004"]
+    assert "torch/model.pt" in skipped[0]["reason"] and Path(skipped[0]["resuming_from"]).name == "iter-000002"
+    assert "skipping checkpoint" in resumed.stderr and "iter-000004" in resumed.stderr
+    assert [e["iteration"] for e in _events(out) if e.get("event") == "resumed"] == [2]
+    # the damaged copy is kept aside, untouched; iteration 4 was written afresh by the resumed run
+    assert (out / "checkpoints" / "iter-000004.damaged" / "torch" / "model.pt").read_bytes() == damaged
+    assert is_complete(latest)
+    _assert_same_weights(uninterrupted, out)
+
+
 def test_resume_from_another_config_hash_is_refused_naming_both(tiny_model, uninterrupted, tmp_path):
     import shutil
 
@@ -173,3 +205,30 @@ def test_deepspeed_zero2_sigkill_resume_is_bit_identical(tiny_model, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert [e["iteration"] for e in _events(out) if e.get("event") == "resumed"] == [2]
     _assert_same_weights(straight, out)
+
+
+def test_digest_check_falls_back_names_the_damage_and_refuses_when_nothing_matches(tmp_path):
+    manager = CheckpointManager(tmp_path, config_hash="abc", keep_last=3)
+    for it in (2, 4, 6):
+        manager.save(TrainerState(it, it * 2, "abc", 1, "torch"), _FileDriver())
+    for it in (4, 6):
+        (tmp_path / f"iter-{it:06d}" / "torch" / "model.pt").write_bytes(b"WEIGHTS")  # same size
+    with pytest.raises(G2RPOError, match="sha256") as info:
+        CheckpointManager(tmp_path, config_hash="abc", keep_last=3).read_state(tmp_path / "iter-000006")
+    assert "torch/model.pt" in str(info.value)
+    skipped: list[dict] = []
+    fresh = CheckpointManager(tmp_path, config_hash="abc", keep_last=3)
+    assert fresh.latest_verified(skipped.append) == tmp_path / "iter-000002"
+    assert [(Path(e["path"]).name, Path(e["moved_to"]).name) for e in skipped] == [
+        ("iter-000006", "iter-000006.damaged"),
+        ("iter-000004", "iter-000004.damaged"),
+    ]
+    assert [i for i, _ in fresh.complete()] == [2]
+    assert fresh.read_state(tmp_path / "iter-000002").iteration == 2
+    # nothing matches: an error listing each checkpoint, and nothing is moved
+    (tmp_path / "iter-000002" / "torch" / "model.pt").write_bytes(b"WEIGHTS")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(G2RPOError, match="no checkpoint in .* matches") as info:
+        CheckpointManager(tmp_path, config_hash="abc", keep_last=3).latest_verified()
+    assert "iter-000002" in str(info.value) and "new output.dir" in str(info.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before

@@ -1,0 +1,176 @@
+"""An evaluation's partial state: the chunks already sampled and scored, under the output prefix.
+
+Until the artifact is published (its manifest written), an evaluation keeps what it has done under
+``<output>/_partial/``, next to where the artifact will be, so that any process that can write the
+output (another pod, another rank, a rerun after preemption) can continue it::
+
+    _partial/state.json                      what is being evaluated (:class:`PartialState`)
+    _partial/images/T{n}/p{i}_s{seed}.png    each image, as soon as its chunk is scored
+    _partial/chunks/T{n}_c{k}.json           a chunk's record, written last: its items' scores and
+                                             each image's sha256 (the chunk counts as done only then)
+
+The (step count, prompt, seed) items of an evaluation are cut into fixed chunks (:func:`plan_chunks`)
+that do not depend on what is done or on how many processes run, and a chunk is always sampled as
+one batch, so a resumed evaluation computes every image exactly as an uninterrupted one would. A
+rerun whose inputs differ from ``state.json`` is refused, naming each difference, and nothing is
+deleted; after the publish, :func:`clear` removes the folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+from dataclasses import dataclass
+
+from pydantic import Field
+
+from g2rpo.artifacts.scores import Record
+from g2rpo.artifacts.storage import Store
+from g2rpo.errors import G2RPOError, problem
+
+__all__ = [
+    "PARTIAL",
+    "FAIL_POINT_ENV",
+    "Chunk",
+    "ChunkRecord",
+    "ChunkItem",
+    "PartialState",
+    "plan_chunks",
+    "open_state",
+    "done_chunks",
+    "read_chunk",
+    "write_chunk",
+    "clear",
+    "fail_point",
+]
+
+PARTIAL = "_partial"
+FAIL_POINT_ENV = "G2RPO_FAULT_KILL_AT"  # the training fail points' variable; here ``eval_chunk:N``
+
+
+class PartialState(Record):
+    """What a partial evaluation evaluates; a resume must match every field."""
+
+    model_uri: str
+    model_digest: str | None = Field(description="sha256 of the model's manifest.json, when it has one")
+    prompt_set: str
+    prompt_set_sha256: str
+    prompts: list[str]
+    seeds: list[int]
+    step_counts: list[int]
+    metrics: list[str]
+    sampling: dict = Field(description="every config key that changes an image or a score")
+
+
+class ChunkItem(Record):
+    steps: int
+    prompt_index: int
+    seed: int
+    image: str  # key under _partial/
+    image_sha256: str
+    scores: dict[str, float]
+
+
+class ChunkRecord(Record):
+    chunk: str
+    items: list[ChunkItem]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A fixed batch of items of one step count: ``(prompt_index, seed)`` in prompt-major order."""
+
+    name: str
+    steps: int
+    items: tuple[tuple[int, int], ...]
+
+
+def plan_chunks(step_counts: list[int], num_prompts: int, seeds: list[int], chunk_size: int) -> list[Chunk]:
+    """Every item, cut into chunks of ``chunk_size`` per step count (the same cut on every run)."""
+    chunks = []
+    items = [(p, seed) for p in range(num_prompts) for seed in seeds]
+    for steps in step_counts:
+        for k, start in enumerate(range(0, len(items), chunk_size)):
+            chunks.append(Chunk(f"T{steps}_c{k:05d}", steps, tuple(items[start : start + chunk_size])))
+    return chunks
+
+
+def partial_image_key(steps: int, prompt_index: int, seed: int) -> str:
+    return f"{PARTIAL}/images/T{steps}/p{prompt_index}_s{seed}.png"
+
+
+def open_state(store: Store, state: PartialState, output_uri: str) -> bool:
+    """Start (write ``state.json``) or continue (check it) the partial evaluation at ``store``.
+
+    Returns whether there was one to continue. A differing one is refused, naming every field that
+    differs; nothing is removed.
+    """
+    key = f"{PARTIAL}/state.json"
+    if not store.exists(key):
+        store.put_bytes(key, state.model_dump_json(indent=1).encode())
+        return False
+    found = PartialState.model_validate_json(store.get_bytes(key)[0])
+    differs = [name for name in PartialState.model_fields if getattr(found, name) != getattr(state, name)]
+    if differs:
+        details = "; ".join(
+            f"{name}: partial {_brief(getattr(found, name))}, now {_brief(getattr(state, name))}" for name in differs
+        )
+        raise G2RPOError(
+            problem(
+                "output_uri",
+                output_uri,
+                f"holds a partial evaluation of other inputs ({details}); resume it with the same inputs, choose "
+                f"a new output, or delete {store.uri_for(PARTIAL)} to drop what it has scored",
+            )
+        )
+    return True
+
+
+def _brief(value: object) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def done_chunks(store: Store) -> set[str]:
+    """Names of the chunks whose record is written."""
+    prefix = f"{PARTIAL}/chunks"
+    return {info.key.removeprefix(prefix + "/").removesuffix(".json") for info in store.list(prefix)}
+
+
+def read_chunk(store: Store, name: str) -> ChunkRecord:
+    return ChunkRecord.model_validate_json(store.get_bytes(f"{PARTIAL}/chunks/{name}.json")[0])
+
+
+def write_chunk(store: Store, chunk: Chunk, pngs: list[bytes], scores: list[dict[str, float]]) -> ChunkRecord:
+    """Save a chunk's images, then its record (last: a chunk without one is redone)."""
+    items = []
+    for (prompt_index, seed), png, item_scores in zip(chunk.items, pngs, scores, strict=True):
+        key = partial_image_key(chunk.steps, prompt_index, seed)
+        store.put_bytes(key, png)
+        items.append(
+            ChunkItem(
+                steps=chunk.steps,
+                prompt_index=prompt_index,
+                seed=seed,
+                image=key,
+                image_sha256=hashlib.sha256(png).hexdigest(),
+                scores=item_scores,
+            )
+        )
+    record = ChunkRecord(chunk=chunk.name, items=items)
+    store.put_bytes(f"{PARTIAL}/chunks/{chunk.name}.json", record.model_dump_json().encode())
+    return record
+
+
+def clear(store: Store) -> None:
+    """Remove the partial state (after the artifact is published)."""
+    store.delete_many([info.key for info in store.list(PARTIAL)])
+
+
+def fail_point(chunks_written: int) -> None:
+    """SIGKILL this process after its ``N``-th chunk record when ``G2RPO_FAULT_KILL_AT=eval_chunk:N``
+    (the resume test's preemption; unset, one dictionary lookup)."""
+    if os.environ.get(FAIL_POINT_ENV) == f"eval_chunk:{chunks_written}":
+        os.kill(os.getpid(), signal.SIGKILL)

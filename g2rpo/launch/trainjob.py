@@ -1,0 +1,379 @@
+"""Multi-node training as a Kubeflow Trainer v2 ``TrainJob``, through the Kubeflow SDK.
+
+One pod trains on up to one node (``torchrun`` inside the task). For more nodes the train step calls
+:func:`launch_trainjob`, which hands the run to the cluster's Trainer controller:
+
+- the job runs ``torchrun -m g2rpo train`` in the trainer image against the project's
+  ``ClusterTrainingRuntime`` :data:`TRAINING_RUNTIME` (torch-distributed; the Helm chart ships it),
+  with the resolved run config passed in the environment (:data:`CONFIG_ENV`);
+- its name is a function of the KFP run and task (:func:`job_name`): a retried task finds its job and
+  follows it instead of starting a second one;
+- placement (node selector, tolerations, ``/dev/shm``, the S3 secret) rides in ``spec.runtimePatches``,
+  GPUs per node in ``spec.trainer.resourcesPerNode``, the deadline in ``spec.activeDeadlineSeconds``;
+- the task waits with an explicit timeout sized for training (the SDK's default is 600 s), streams
+  node-0's log into its own, and raises a :class:`~g2rpo.errors.G2RPOError` carrying the job's
+  ``Failed`` condition message when the job fails.
+
+Versions are pinned together: ``kubeflow`` 0.5.0 (with ``kubeflow-trainer-api`` 2.3.0) writes
+``spec.runtimePatches``, the field of the ``trainer.kubeflow.org/v1alpha1`` TrainJob CRD of Trainer
+v2.3 (it was ``podSpecOverrides``, then ``podTemplateOverrides``, earlier in 2026). A cluster whose
+Trainer predates the rename drops the placement silently; the tests validate the generated job
+against the CRD kept in ``tests/fixtures/crds/``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubeflow.common.types import KubernetesBackendConfig
+from kubeflow.trainer import TrainerClient
+from kubeflow.trainer.options import (
+    ActiveDeadlineSeconds,
+    Annotations,
+    ContainerPatch,
+    JobSetSpecPatch,
+    JobSetTemplatePatch,
+    JobSpecPatch,
+    JobTemplatePatch,
+    Labels,
+    Name,
+    PodSpecPatch,
+    PodTemplatePatch,
+    ReplicatedJobPatch,
+    RuntimePatch,
+    TrainerCommand,
+    TrainingRuntimeSpecPatch,
+)
+from kubeflow.trainer.types.types import CustomTrainerContainer
+from kubernetes import client as k8s
+
+from g2rpo.errors import G2RPOError, problem
+
+__all__ = [
+    "CONFIG_ENV",
+    "S3_SECRET_KEYS",
+    "TRAINING_RUNTIME",
+    "Placement",
+    "TrainJobLaunch",
+    "TrainJobOutcome",
+    "job_name",
+    "launch_trainjob",
+    "train_command",
+]
+
+log = logging.getLogger(__name__)
+
+# The ClusterTrainingRuntime the project's Helm chart installs (torch-distributed, replicated job
+# "node" whose container "node" runs the trainer image). Named here only.
+TRAINING_RUNTIME = "g2rpo-torch-distributed"
+NODE_JOB = "node"  # the runtime's replicated job and container that train (the Trainer's convention)
+CONFIG_ENV = "G2RPO_RUN_CONFIG"  # the resolved run config (YAML) the job's pods train from
+CONFIG_PATH = "/tmp/g2rpo-run-config.yaml"
+# Keys of the Kubernetes Secret named by TrainJobLaunch.s3_secret, exported under the same names.
+S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+LABEL_RUN = "g2rpo.io/kfp-run"
+ANNOTATION_RUN = "g2rpo.io/kfp-run-id"
+ANNOTATION_TASK = "g2rpo.io/kfp-task"
+
+# A training run may take days on a pool of H200 nodes; the job's own deadline ends it first, so
+# the task waits a little longer than the deadline and reports the job's DeadlineExceeded message.
+DEFAULT_DEADLINE_S = 3 * 24 * 3600
+DEADLINE_GRACE_S = 15 * 60
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the job's pods run: the same knobs as the single-node train task's placement."""
+
+    gpus_per_node: int = 8
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[dict[str, Any]] = field(default_factory=list)
+    shm_size: str | None = "64Gi"  # /dev/shm as a memory emptyDir (NCCL and data loaders need more than 64 MiB)
+    service_account: str | None = None
+
+
+@dataclass(frozen=True)
+class TrainJobLaunch:
+    """How to launch one run's TrainJob: image, identity (KFP run and task), placement, limits."""
+
+    image: str
+    run_id: str  # the KFP run's id (dsl.PIPELINE_JOB_ID_PLACEHOLDER)
+    task: str  # the pipeline task's name: stable across retries of the task
+    namespace: str | None = None  # None: the SDK's default (the pod's own namespace, or the kubeconfig's)
+    runtime: str = TRAINING_RUNTIME
+    placement: Placement = field(default_factory=Placement)
+    env: dict[str, str] = field(default_factory=dict)
+    s3_secret: str | None = None  # a Secret holding S3_SECRET_KEYS; its name only, never its values
+    active_deadline_s: int = DEFAULT_DEADLINE_S
+    wait_timeout_s: int | None = None  # None: the deadline plus a grace period
+    poll_interval_s: int = 30
+    client_configuration: Any = None  # a kubernetes.client.Configuration; None: in-cluster or kubeconfig
+
+    @property
+    def wait_s(self) -> int:
+        return self.wait_timeout_s if self.wait_timeout_s is not None else self.active_deadline_s + DEADLINE_GRACE_S
+
+
+@dataclass(frozen=True)
+class TrainJobOutcome:
+    """A finished TrainJob: its name and namespace, and whether this call followed an existing job."""
+
+    name: str
+    namespace: str
+    followed: bool
+
+
+def job_name(run_id: str, task: str) -> str:
+    """The TrainJob's name for a run's task: the same for every retry of the task, different for
+    every other run or task; a DNS-1035 label short enough for the pods JobSet derives from it."""
+    if not run_id or not task:
+        raise G2RPOError(problem("run_id/task", (run_id, task), "both are needed to name the TrainJob"))
+    slug = re.sub(r"[^a-z0-9]+", "-", task.lower()).strip("-")[:16].rstrip("-") or "train"
+    digest = hashlib.sha256(f"{run_id}\n{task}".encode()).hexdigest()[:10]
+    return f"g2rpo-{slug}-{digest}"
+
+
+def train_command(args: list[str]) -> list[str]:
+    """The trainer container's command: write the run config from :data:`CONFIG_ENV`, then
+    ``torchrun -m g2rpo train`` on it (torchrun takes nodes, rank and rendezvous from the
+    ``PET_*`` variables the Trainer's torch plugin sets)."""
+    script = f'printf "%s" "${CONFIG_ENV}" > {CONFIG_PATH} && exec torchrun -m g2rpo train --config {CONFIG_PATH} "$@"'
+    return ["bash", "-c", script, "g2rpo-train", *args]
+
+
+def trainjob_options(launch: TrainJobLaunch, name: str, command: list[str]) -> list[Any]:
+    """The SDK options that make the job: name, labels, deadline, command and the runtime patch."""
+    placement = launch.placement
+    volumes, mounts = [], []
+    if placement.shm_size:
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": placement.shm_size}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    env = [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": launch.s3_secret, "key": key}}}
+        for key in (S3_SECRET_KEYS if launch.s3_secret else ())
+    ]
+    container = ContainerPatch(name=NODE_JOB, env=env or None, volume_mounts=mounts or None)
+    pod = PodSpecPatch(
+        service_account_name=placement.service_account,
+        volumes=volumes or None,
+        containers=[container] if env or mounts else None,
+        node_selector=dict(placement.node_selector) or None,
+        tolerations=[dict(t) for t in placement.tolerations] or None,
+    )
+    patch = RuntimePatch(
+        training_runtime_spec=TrainingRuntimeSpecPatch(
+            template=JobSetTemplatePatch(
+                spec=JobSetSpecPatch(
+                    replicated_jobs=[
+                        ReplicatedJobPatch(
+                            name=NODE_JOB,
+                            template=JobTemplatePatch(spec=JobSpecPatch(template=PodTemplatePatch(spec=pod))),
+                        )
+                    ]
+                )
+            )
+        )
+    )
+    return [
+        Name(name=name),
+        Labels(labels={LABEL_RUN: _label_value(launch.run_id), "app.kubernetes.io/part-of": "g2rpo"}),
+        Annotations(annotations={ANNOTATION_RUN: launch.run_id, ANNOTATION_TASK: launch.task}),
+        ActiveDeadlineSeconds(seconds=launch.active_deadline_s),
+        TrainerCommand(command=command),
+        patch,
+    ]
+
+
+def launch_trainjob(
+    launch: TrainJobLaunch,
+    args: list[str],
+    *,
+    config_yaml: str,
+    nodes: int,
+    echo: Callable[[str], None] = print,
+) -> TrainJobOutcome:
+    """Start (or follow) the run's TrainJob of ``nodes`` nodes running ``g2rpo train ARGS`` on
+    ``config_yaml``; stream node-0's log through ``echo``; return once it is Complete.
+
+    Raises :class:`G2RPOError` when the job fails (with its condition message), when it does not
+    finish within the wait timeout, or when the runtime is missing.
+    """
+    _check(launch, nodes)
+    name = job_name(launch.run_id, launch.task)
+    trainer = TrainerClient(
+        KubernetesBackendConfig(namespace=launch.namespace, client_configuration=launch.client_configuration)
+    )
+    namespace = trainer.backend.namespace
+    api = k8s.CustomObjectsApi(k8s.ApiClient(launch.client_configuration))
+    existing = _read_job(api, namespace, name)
+    followed = existing is not None
+    if existing is not None:
+        _check_same_run(existing, launch, namespace, name)
+        echo(f"following TrainJob {namespace}/{name} (started by an earlier attempt of this task)")
+    else:
+        container = CustomTrainerContainer(
+            image=launch.image,
+            num_nodes=nodes,
+            resources_per_node={"gpu": launch.placement.gpus_per_node} if launch.placement.gpus_per_node else None,
+            env={**launch.env, CONFIG_ENV: config_yaml},
+        )
+        try:
+            trainer.train(
+                runtime=launch.runtime,
+                trainer=container,
+                options=trainjob_options(launch, name, train_command(args)),
+            )
+            echo(f"started TrainJob {namespace}/{name}: {nodes} node(s) × {launch.placement.gpus_per_node} GPU(s)")
+        except RuntimeError as exc:
+            if _status_of(exc) == 409:  # another attempt created it between our read and our create
+                followed = True
+                echo(f"following TrainJob {namespace}/{name} (created concurrently)")
+            else:
+                raise _launch_error(exc, launch, namespace, name) from None
+    _wait(trainer, api, launch, namespace, name, echo)
+    return TrainJobOutcome(name=name, namespace=namespace, followed=followed)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _check(launch: TrainJobLaunch, nodes: int) -> None:
+    problems = []
+    if nodes < 1:
+        problems.append(problem("nodes", nodes, "give the number of nodes (1 or more)"))
+    if not launch.image:
+        problems.append(problem("image", launch.image, "name the trainer image the job's pods run"))
+    if launch.placement.gpus_per_node < 0:
+        problems.append(problem("gpus_per_node", launch.placement.gpus_per_node, "give 0 (CPU) or more"))
+    if launch.active_deadline_s < 1:
+        problems.append(problem("active_deadline_s", launch.active_deadline_s, "give a positive number of seconds"))
+    if not 0 < launch.poll_interval_s < launch.wait_s:
+        problems.append(
+            problem(
+                "poll_interval_s", launch.poll_interval_s, f"must be positive and below the wait ({launch.wait_s} s)"
+            )
+        )
+    if problems:
+        raise G2RPOError("cannot launch the TrainJob:\n  - " + "\n  - ".join(problems))
+
+
+def _label_value(text: str) -> str:
+    """A label value (63 characters of [A-Za-z0-9._-], alphanumeric at both ends)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text)[:63].strip("-._") or "none"
+
+
+def _status_of(exc: BaseException) -> int | None:
+    """The HTTP status behind an SDK error (the SDK wraps the API's exception as the cause)."""
+    while exc is not None:
+        if isinstance(exc, k8s.ApiException):
+            return exc.status
+        exc = exc.__cause__
+    return None
+
+
+def _read_job(api: k8s.CustomObjectsApi, namespace: str, name: str) -> dict[str, Any] | None:
+    try:
+        return api.get_namespaced_custom_object("trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", name)
+    except k8s.ApiException as exc:
+        if exc.status == 404:
+            return None
+        raise G2RPOError(
+            f"cannot read TrainJob {namespace}/{name}: HTTP {exc.status} {exc.reason}; the task's service account "
+            "needs get/create on trainjobs.trainer.kubeflow.org in this namespace (the Helm chart's Role)"
+        ) from None
+
+
+def _check_same_run(job: dict[str, Any], launch: TrainJobLaunch, namespace: str, name: str) -> None:
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    mine = {ANNOTATION_RUN: launch.run_id, ANNOTATION_TASK: launch.task}
+    theirs = {key: annotations.get(key) for key in mine}
+    if theirs != mine:
+        raise G2RPOError(
+            f"TrainJob {namespace}/{name} exists but belongs to {theirs}, not to this task {mine}: "
+            "delete it (`kubectl delete trainjob -n {namespace} {name}`) if it is a leftover, then retry"
+        )
+
+
+def _launch_error(exc: RuntimeError, launch: TrainJobLaunch, namespace: str, name: str) -> G2RPOError:
+    status = _status_of(exc)
+    if "Runtime" in str(exc) and "Failed to get" in str(exc):
+        return G2RPOError(
+            problem(
+                "runtime",
+                launch.runtime,
+                f"no TrainingRuntime in {namespace} and no ClusterTrainingRuntime of that name: install the project's "
+                "Helm chart (it ships the runtime), or name an installed runtime",
+            )
+        )
+    return G2RPOError(f"could not create TrainJob {namespace}/{name} (HTTP {status}): {exc}")
+
+
+def _failure_message(api: k8s.CustomObjectsApi, namespace: str, name: str) -> str:
+    job = _read_job(api, namespace, name) or {}
+    for condition in (job.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Failed" and condition.get("status") == "True":
+            return f"{condition.get('reason') or 'Failed'}: {condition.get('message') or '(no message)'}"
+    return "Failed (the job reports no condition message)"
+
+
+def _wait(
+    trainer: TrainerClient,
+    api: k8s.CustomObjectsApi,
+    launch: TrainJobLaunch,
+    namespace: str,
+    name: str,
+    echo: Callable[[str], None],
+) -> None:
+    done = threading.Event()
+    logs = threading.Thread(target=_stream_logs, args=(trainer, name, done, launch.poll_interval_s, echo), daemon=True)
+    logs.start()
+    try:
+        job = trainer.wait_for_job_status(
+            name, status={"Complete", "Failed"}, timeout=launch.wait_s, polling_interval=launch.poll_interval_s
+        )
+    except TimeoutError:
+        raise G2RPOError(
+            f"TrainJob {namespace}/{name} did not finish within {launch.wait_s} s: it keeps running until it ends or "
+            f"reaches its activeDeadlineSeconds ({launch.active_deadline_s} s). Running this task again follows the "
+            f"same job; `kubectl get trainjob -n {namespace} {name}` shows it"
+        ) from None
+    except RuntimeError as exc:
+        raise G2RPOError(f"lost track of TrainJob {namespace}/{name}: {exc}") from None
+    finally:
+        done.set()
+        logs.join(timeout=launch.poll_interval_s)
+    if job.status == "Failed":
+        raise G2RPOError(
+            f"TrainJob {namespace}/{name} failed: {_failure_message(api, namespace, name)}. Its checkpoints stay "
+            f"in the run's S3 mirror; `kubectl logs -n {namespace} -l jobset.sigs.k8s.io/jobset-name={name}` shows "
+            "every node's log"
+        )
+    echo(f"TrainJob {namespace}/{name} is Complete")
+
+
+def _stream_logs(
+    trainer: TrainerClient, name: str, done: threading.Event, poll_s: float, echo: Callable[[str], None]
+) -> None:
+    """Copy node-0's log into the task's log until the job ends, each node-0 pod once (a pod lost
+    and replaced streams anew). Best effort: a failure to read logs is reported once and never fails
+    the task; the job's status decides."""
+    streamed: set[str] = set()
+    while not done.is_set():
+        try:
+            pods = [
+                s.pod_name for s in trainer.get_job(name).steps if s.name == f"{NODE_JOB}-0" and s.status != "Pending"
+            ]
+            if pods and pods[0] not in streamed:
+                streamed.add(pods[0])
+                for line in trainer.get_job_logs(name, step=f"{NODE_JOB}-0", follow=True):
+                    echo(f"[{NODE_JOB}-0] {line.rstrip()}")
+        except Exception as exc:  # noqa: BLE001 - the log is a convenience; the job's status is the truth
+            log.warning("cannot stream node-0's log of TrainJob %s: %s", name, exc)
+            return
+        done.wait(poll_s)

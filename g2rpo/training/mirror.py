@@ -1,0 +1,188 @@
+"""Checkpoints that survive a lost pod: every complete checkpoint mirrored to S3, and a fresh
+working directory resumed from the newest complete one there.
+
+Layout under the run's mirror URI (one per run identity, e.g. ``s3://bucket/runs/<run id>/checkpoints``)::
+
+    iter-000002/   a published artifact (g2rpo.artifacts.manifest): the checkpoint's files, manifest last
+    iter-000004/
+
+:class:`CheckpointMirror` is a :class:`~g2rpo.training.trainer.TrainerCallback`: after each local
+checkpoint is complete, rank 0 publishes it (:func:`~g2rpo.artifacts.manifest.publish_dir`, so the
+prefix counts only once its manifest is written) and only then removes the mirrored checkpoints that
+retention (``train.keep_last``, ``train.keep_iterations``) no longer keeps, each manifest first.
+The previous checkpoint therefore stays in S3 until the new one is complete. A prefix left without
+a manifest by a pod killed mid-upload is this run's own leftover (one writer per run identity): the
+next publish of that iteration clears it first.
+
+:meth:`CheckpointMirror.restore` (before training starts) downloads the newest complete mirrored
+checkpoint into ``output.dir/checkpoints/`` when the local directory has nothing as new, and
+publishes a newer local one the mirror lacks; the trainer's ``train.resume=auto`` then resumes from
+it as from any local checkpoint (the config-hash check included). Multi-node runs need
+``output.dir`` on a volume every node shares, as local checkpoints already do (ZeRO shards of every
+rank sit in one checkpoint directory).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+from g2rpo.artifacts.manifest import (
+    MANIFEST_NAME,
+    MARKER_NAME,
+    download_dir,
+    has_manifest,
+    publish_dir,
+    read_manifest,
+    verify,
+)
+from g2rpo.artifacts.storage import S3Settings, open_store
+from g2rpo.errors import G2RPOError
+from g2rpo.training.checkpoint import CheckpointManager, is_complete, manifest_metadata
+from g2rpo.training.trainer import Trainer, TrainerCallback
+
+__all__ = ["CheckpointMirror"]
+
+_NAME = re.compile(r"^iter-(\d{6,})$")
+
+
+class CheckpointMirror(TrainerCallback):
+    """Mirror a run's complete checkpoints to ``uri`` and restore the newest one from it."""
+
+    def __init__(
+        self,
+        uri: str,
+        *,
+        keep_last: int,
+        keep_iterations: tuple[int, ...] | list[int] = (),
+        settings: S3Settings | None = None,
+    ) -> None:
+        self.uri = uri.rstrip("/")
+        self.keep_last = keep_last
+        self.keep_iterations = set(keep_iterations)
+        self.settings = settings
+        self.store = open_store(self.uri, settings)
+
+    # ------------------------------------------------------------------ what the mirror holds
+
+    def complete(self) -> list[int]:
+        """Iterations whose mirrored checkpoint is complete (manifest there, every file with its size), oldest first."""
+        found = set()
+        for info in self.store.list():
+            head, _, rest = info.key.partition("/")
+            if rest == MANIFEST_NAME and (match := _NAME.match(head)):
+                found.add(int(match.group(1)))
+        done = []
+        for iteration in sorted(found):
+            try:
+                verify(self.store, CheckpointManager.name(iteration))
+            except G2RPOError:
+                continue  # listed but a file is missing or short: never resumed from
+            done.append(iteration)
+        return done
+
+    def newest(self) -> int | None:
+        done = self.complete()
+        return done[-1] if done else None
+
+    def uri_of(self, iteration: int) -> str:
+        return f"{self.uri}/{CheckpointManager.name(iteration)}"
+
+    # ------------------------------------------------------------------ mirroring
+
+    def on_checkpoint(self, trainer: Trainer, path: Path, iteration: int) -> None:
+        if trainer.ctx.is_main:
+            self.publish(path, iteration)
+
+    def publish(self, path: Path, iteration: int) -> None:
+        """Publish the complete local checkpoint ``path`` as ``iter-N``, then prune the mirror."""
+        prefix = CheckpointManager.name(iteration)
+        if not has_manifest(self.store, prefix):
+            self._clear_leftovers(prefix)
+            # Hard links (a copy across file systems): the upload must leave the local manifest out,
+            # publish_dir writes the artifact's own, last, with the same content.
+            staging = path.parent.parent / ".mirror-staging" / prefix
+            shutil.rmtree(staging, ignore_errors=True)
+            _link_tree(path, staging)
+            try:
+                local = read_manifest(open_store(str(path)))
+                publish_dir(
+                    staging,
+                    self.uri_of(iteration),
+                    producer=local.producer,
+                    config_hash=local.config_hash,
+                    metadata=manifest_metadata(path),
+                    settings=self.settings,
+                )
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+        self.prune()
+
+    def prune(self) -> list[int]:
+        """Remove mirrored checkpoints beyond the last ``keep_last`` complete ones (named ones stay)."""
+        done = self.complete()
+        removable = [i for i in done[: max(len(done) - self.keep_last, 0)] if i not in self.keep_iterations]
+        for iteration in removable:
+            prefix = CheckpointManager.name(iteration)
+            self.store.delete(f"{prefix}/{MANIFEST_NAME}")  # first: never a "complete" prefix with files missing
+            self.store.delete_many([info.key for info in self.store.list(prefix)])
+        return removable
+
+    def _clear_leftovers(self, prefix: str) -> None:
+        """Objects under ``prefix`` without a manifest: a publish of this run killed mid-upload."""
+        keys = [info.key for info in self.store.list(prefix)]
+        if keys or self.store.exists(f"{prefix}/{MARKER_NAME}"):
+            self.store.delete_many([*keys, f"{prefix}/{MARKER_NAME}"])
+
+    # ------------------------------------------------------------------ restoring
+
+    def restore(self, checkpoints: Path, config_hash: str) -> int | None:
+        """Make ``checkpoints`` (a run's local ``checkpoints/`` folder) hold the newest complete
+        checkpoint of the run, local or mirrored; returns the iteration downloaded, or None.
+
+        A local checkpoint newer than the mirror's newest is published (its pod died before the
+        mirror finished). Call on one process per shared ``output.dir``, before the trainer's setup.
+        """
+        local = _local_complete(checkpoints)
+        remote = self.newest()
+        if local and (remote is None or local[-1] > remote):
+            self.publish(checkpoints / CheckpointManager.name(local[-1]), local[-1])
+            return None
+        if remote is None or (local and local[-1] >= remote):
+            return None
+        theirs = read_manifest(self.store, CheckpointManager.name(remote)).config_hash
+        if theirs != config_hash:
+            raise G2RPOError(
+                f"{self.uri_of(remote)} was made with config hash {theirs}, this run's config hash is {config_hash} "
+                "(model, algorithm and data sections): resume with the config it was made with, or give this run "
+                "a fresh checkpoint URI"
+            )
+        target = checkpoints / CheckpointManager.name(remote)
+        if target.exists():  # a save killed before its manifest: it held nothing complete
+            shutil.rmtree(target)
+        download_dir(self.uri_of(remote), target, self.settings)
+        return remote
+
+
+def _local_complete(checkpoints: Path) -> list[int]:
+    if not checkpoints.is_dir():
+        return []
+    return sorted(
+        int(m.group(1))
+        for child in checkpoints.iterdir()
+        if (m := _NAME.match(child.name)) and child.is_dir() and is_complete(child)
+    )
+
+
+def _link_tree(source: Path, target: Path) -> None:
+    for path in sorted(source.rglob("*")):
+        if path.is_dir() or path.relative_to(source).as_posix() == MANIFEST_NAME:
+            continue
+        dest = target / path.relative_to(source)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(path, dest)
+        except OSError:
+            shutil.copy2(path, dest)

@@ -1,0 +1,250 @@
+"""The TrainJob launcher against a loopback Kubernetes API: the real Kubeflow SDK (``TrainerClient``)
+makes every request; the generated TrainJob is checked against the Trainer's API models and CRD."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from kubeapi import KubeAPI, condition, rbac_calls
+from kubeflow_trainer_api import models
+
+from g2rpo.errors import G2RPOError
+from g2rpo.launch.trainjob import (
+    CONFIG_ENV,
+    TRAINING_RUNTIME,
+    Placement,
+    TrainJobLaunch,
+    job_name,
+    launch_trainjob,
+)
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+# The CRD schemas of ../shared/crds (beside the checkout, here and in CI; not vendored).
+CRD = Path(__file__).resolve().parents[3] / "shared" / "crds" / "trainer.kubeflow.org_trainjobs.yaml"
+API_CALLS = FIXTURES / "trainjob_api_calls.json"
+NAMESPACE = "team-a"
+TRAINJOBS = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs"
+
+PLACEMENT = Placement(
+    gpus_per_node=8,
+    node_selector={"nvidia.com/gpu.product": "NVIDIA-H200"},
+    tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    shm_size="128Gi",
+    service_account="g2rpo-trainer",
+)
+
+
+def _complete_after(polls: int):
+    return lambda job, n: {"conditions": [condition("Complete", "all nodes succeeded")]} if n >= polls else None
+
+
+def _launch(api: KubeAPI, **overrides) -> TrainJobLaunch:
+    fields = dict(
+        image="ghcr.io/g2rpo/g2rpo:0.1.0",
+        run_id="3f1c2a9e-0d4b-4c1e-9a55-7e2b8f1d6c0a",
+        task="train",
+        namespace=NAMESPACE,
+        placement=PLACEMENT,
+        env={"AWS_ENDPOINT_URL": "http://seaweedfs.storage:8333"},
+        s3_secret="g2rpo-s3",
+        active_deadline_s=7200,
+        wait_timeout_s=60,
+        poll_interval_s=1,
+        client_configuration=api.configuration(),
+    )
+    fields.update(overrides)
+    return TrainJobLaunch(**fields)
+
+
+def _posted(api: KubeAPI) -> list[dict]:
+    return [c["body"] for c in api.calls if c["method"] == "POST" and c["path"] == TRAINJOBS]
+
+
+def _strict(schema):
+    """The CRD schema as the API server applies it: fields it does not declare are pruned (dropped
+    silently), so for a client they are errors. Objects that keep unknown fields stay open."""
+    schema = copy.deepcopy(schema)
+
+    def close(node):
+        if isinstance(node, dict):
+            if (
+                "properties" in node
+                and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")
+            ):
+                node["additionalProperties"] = False
+            for value in node.values():
+                close(value)
+        elif isinstance(node, list):
+            for value in node:
+                close(value)
+
+    close(schema)
+    return schema
+
+
+@pytest.fixture(scope="module")
+def trainjob_schema() -> dict:
+    crd = yaml.safe_load(CRD.read_text())
+    (version,) = crd["spec"]["versions"]
+    assert (
+        version["name"] == "v1alpha1"
+        and "runtimePatches" in version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    )
+    return _strict(version["schema"]["openAPIV3Schema"])
+
+
+def test_job_name_is_the_run_and_task_and_a_dns_label():
+    name = job_name("3f1c2a9e-0d4b-4c1e-9a55-7e2b8f1d6c0a", "Train (multi-node)")
+    assert name == job_name("3f1c2a9e-0d4b-4c1e-9a55-7e2b8f1d6c0a", "Train (multi-node)")
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 40
+    assert name.startswith("g2rpo-train-multi-node-")
+    others = {job_name("other-run", "Train (multi-node)"), job_name("3f1c2a9e-0d4b-4c1e-9a55-7e2b8f1d6c0a", "train")}
+    assert name not in others and len(others) == 2
+
+
+def test_launch_creates_a_valid_trainjob_waits_and_streams_node0(trainjob_schema):
+    echoed = []
+    with KubeAPI(TRAINING_RUNTIME, script=_complete_after(3)) as api:
+        outcome = launch_trainjob(
+            _launch(api),
+            ["--checkpoint-uri", "s3://b/runs/r1/checkpoints"],
+            config_yaml="train: {}\n",
+            nodes=4,
+            echo=echoed.append,
+        )
+    assert outcome.name == job_name("3f1c2a9e-0d4b-4c1e-9a55-7e2b8f1d6c0a", "train") and not outcome.followed
+    assert outcome.namespace == NAMESPACE
+    (job,) = _posted(api)
+
+    # the Trainer's API models keep every field (they drop unknown ones silently), and the CRD takes it
+    assert models.TrainerV1alpha1TrainJob.from_dict(job).to_dict() == job
+    jsonschema.validate(job, trainjob_schema)
+    renamed = copy.deepcopy(job)
+    renamed["spec"]["podTemplateOverrides"] = renamed["spec"].pop("runtimePatches")  # the field's earlier name
+    with pytest.raises(jsonschema.ValidationError, match="podTemplateOverrides"):
+        jsonschema.validate(renamed, trainjob_schema)
+
+    spec = job["spec"]
+    assert spec["runtimeRef"] == {"name": TRAINING_RUNTIME, "kind": "ClusterTrainingRuntime"}
+    assert spec["activeDeadlineSeconds"] == 7200
+    trainer = spec["trainer"]
+    assert trainer["numNodes"] == 4 and trainer["image"] == "ghcr.io/g2rpo/g2rpo:0.1.0"
+    assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
+    assert trainer["command"][:2] == ["bash", "-c"] and "exec torchrun -m g2rpo train" in trainer["command"][2]
+    assert trainer["command"][4:] == ["--checkpoint-uri", "s3://b/runs/r1/checkpoints"]
+    env = {e["name"]: e["value"] for e in trainer["env"]}
+    assert env[CONFIG_ENV] == "train: {}\n" and env["AWS_ENDPOINT_URL"] == "http://seaweedfs.storage:8333"
+    (patch,) = spec["runtimePatches"]
+    (node,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    pod = node["template"]["spec"]["template"]["spec"]
+    assert node["name"] == "node"
+    assert pod["nodeSelector"] == PLACEMENT.node_selector and pod["tolerations"] == PLACEMENT.tolerations
+    assert pod["serviceAccountName"] == "g2rpo-trainer"
+    assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "128Gi"}}]
+    (container,) = pod["containers"]
+    assert container["volumeMounts"] == [{"name": "dshm", "mountPath": "/dev/shm"}]
+    assert {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]} == {
+        "AWS_ACCESS_KEY_ID": {"name": "g2rpo-s3", "key": "AWS_ACCESS_KEY_ID"},
+        "AWS_SECRET_ACCESS_KEY": {"name": "g2rpo-s3", "key": "AWS_SECRET_ACCESS_KEY"},
+    }
+    assert "[node-0] rank 0: done" in echoed and echoed[-1].endswith("is Complete")
+
+    # The API calls the launcher makes, as RBAC terms: the Helm chart's Role must grant them.
+    recorded = rbac_calls(api.calls, NAMESPACE)
+    rendered = json.dumps(recorded, indent=1) + "\n"
+    if os.environ.get("G2RPO_UPDATE_FIXTURES") == "1":
+        API_CALLS.write_text(rendered)
+    assert API_CALLS.read_text() == rendered, (
+        f"the launcher's Kubernetes API calls changed; review them (and the Helm chart's Role), then "
+        f"regenerate {API_CALLS} with G2RPO_UPDATE_FIXTURES=1"
+    )
+
+
+def test_a_failed_job_fails_with_its_condition_message():
+    failed = {"conditions": [condition("Failed", "node-2 exited with code 137 (OOMKilled)", "TrainingFailed")]}
+    with KubeAPI(TRAINING_RUNTIME, script=lambda job, n: failed if n >= 2 else None) as api:
+        with pytest.raises(G2RPOError) as info:
+            launch_trainjob(_launch(api), [], config_yaml="{}", nodes=2, echo=lambda _: None)
+    message = str(info.value)
+    assert (
+        "team-a/g2rpo-train-" in message
+        and "failed: TrainingFailed: node-2 exited with code 137 (OOMKilled)" in message
+    )
+
+
+def test_a_slow_job_times_out_with_a_clear_error():
+    with KubeAPI(TRAINING_RUNTIME) as api:  # never finishes
+        with pytest.raises(G2RPOError, match=r"did not finish within 3 s: .*activeDeadlineSeconds \(7200 s\)"):
+            launch_trainjob(_launch(api, wait_timeout_s=3), [], config_yaml="{}", nodes=2, echo=lambda _: None)
+    assert len(_posted(api)) == 1
+
+
+def test_a_retried_task_follows_its_job_instead_of_starting_another():
+    with KubeAPI(TRAINING_RUNTIME) as api:
+        with pytest.raises(G2RPOError, match="did not finish within 2 s"):  # the first attempt gives up
+            launch_trainjob(_launch(api, wait_timeout_s=2), [], config_yaml="{}", nodes=2, echo=lambda _: None)
+        api.script = _complete_after(1)  # the job goes on and completes
+        echoed = []
+        outcome = launch_trainjob(_launch(api), [], config_yaml="{}", nodes=2, echo=echoed.append)
+        assert outcome.followed and echoed[0].startswith(f"following TrainJob team-a/{outcome.name}")
+        assert len(_posted(api)) == 1 and list(api.jobs) == [outcome.name]
+        # another task of the run is another job
+        other = launch_trainjob(_launch(api, task="train-2"), [], config_yaml="{}", nodes=2, echo=lambda _: None)
+        assert not other.followed and len(_posted(api)) == 2
+
+
+def test_a_job_of_that_name_from_another_run_is_not_followed():
+    with KubeAPI(TRAINING_RUNTIME, script=_complete_after(1)) as api:
+        launch_trainjob(_launch(api), [], config_yaml="{}", nodes=2, echo=lambda _: None)
+        job = next(iter(api.jobs.values()))
+        job["metadata"]["annotations"]["g2rpo.io/kfp-run-id"] = "someone-else"
+        with pytest.raises(G2RPOError, match="exists but belongs to"):
+            launch_trainjob(_launch(api), [], config_yaml="{}", nodes=2, echo=lambda _: None)
+    assert len(_posted(api)) == 1
+
+
+def test_a_missing_runtime_is_named_with_the_fix():
+    with KubeAPI("some-other-runtime") as api:
+        with pytest.raises(
+            G2RPOError, match=f"runtime='{TRAINING_RUNTIME}': no TrainingRuntime in team-a .*Helm chart"
+        ):
+            launch_trainjob(_launch(api), [], config_yaml="{}", nodes=2, echo=lambda _: None)
+    assert not api.jobs
+
+
+def test_bad_launch_settings_are_listed_before_any_request():
+    with KubeAPI(TRAINING_RUNTIME) as api:
+        with pytest.raises(G2RPOError) as info:
+            launch_trainjob(_launch(api, image="", poll_interval_s=0), [], config_yaml="{}", nodes=0, echo=print)
+    assert all(f in str(info.value) for f in ("nodes=0", "image=''", "poll_interval_s=0"))
+    assert api.calls == []
+
+
+def test_the_train_step_with_several_nodes_launches_the_trainjob(tmp_path):
+    from g2rpo.config import load_config, to_yaml
+    from g2rpo.steps.train import train
+    from g2rpo.training.run_config import RunConfig
+
+    repo = Path(__file__).resolve().parents[2]
+    config = load_config(RunConfig, repo / "configs" / "tiny-cpu.yaml", {"output": {"dir": str(tmp_path / "run")}})
+    with pytest.raises(G2RPOError, match="nodes=2: more than one node trains as a Kubeflow TrainJob"):
+        train(config, nodes=2, checkpoint_uri="s3://b/runs/r1/checkpoints")
+    with KubeAPI(TRAINING_RUNTIME, script=_complete_after(1)) as api:
+        launch = _launch(api)
+        with pytest.raises(G2RPOError, match="checkpoint_uri=None: a multi-node run mirrors its checkpoints"):
+            train(config, nodes=2, trainjob=launch)
+        result = train(config, nodes=3, trainjob=launch, checkpoint_uri="s3://b/runs/r1/checkpoints")
+    assert result.trainjob == job_name(launch.run_id, launch.task) and result.published is None
+    (job,) = _posted(api)
+    trainer = job["spec"]["trainer"]
+    assert trainer["numNodes"] == 3 and trainer["command"][4:] == ["--checkpoint-uri", "s3://b/runs/r1/checkpoints"]
+    assert {e["name"]: e["value"] for e in trainer["env"]}[CONFIG_ENV] == to_yaml(config)
+    assert not (tmp_path / "run").exists()  # nothing trained here
