@@ -14,10 +14,11 @@ import pytest
 import yaml
 
 from g2rpo.observability.dashboard import DEFAULT_PATH
-from g2rpo.observability.push import PushTarget, push_pipeline_run
+from g2rpo.observability.push import PushTarget
 from g2rpo.steps.evaluate import evaluate
 from g2rpo.steps.promote import decide_and_promote, floor_gates_from
 from g2rpo.steps.register import register
+from g2rpo.steps.report_status import report_status
 from g2rpo.steps.train import matching_evaluation, train
 from tests.observability.promservers import (
     CUDA_ONLY,
@@ -82,8 +83,18 @@ def produced(prom, tiny_flux_dir, tmp_path_factory):
         registry, "flux-live", registered.version, floor_gates_from(floors), pushgateway=target
     )
     assert promoted.passed and promoted.champion == registered.version
-    assert push_pipeline_run(target, succeeded=True)
-    assert push_pipeline_run(PushTarget(prom.gateway_url, pipeline="broken-test"), succeeded=False)
+    # the pipeline's exit task, once for a run that succeeded and once for another pipeline's failed run
+    ok = report_status("run-ok", "SUCCEEDED", tmp / "ok.json", pushgateway_url=prom.gateway_url, pipeline=PIPELINE)
+    failed = report_status(
+        "run-bad",
+        "FAILED",
+        tmp / "bad.json",
+        error="boom",
+        task="train",
+        pushgateway_url=prom.gateway_url,
+        pipeline="broken-test",
+    )
+    assert ok.pushed and failed.pushed
     return {"trained": trained, "promoted": promoted}
 
 
@@ -105,6 +116,11 @@ def test_prometheus_scrapes_the_training_run_and_the_pushes(prom, produced):
     assert decision[0]["metric"]["outcome"] == "promoted" and decision[0]["metric"]["reason"] == "passed"
     assert prom.wait_for(f'g2rpo_promotion_last_promotion_timestamp_seconds{{pipeline="{PIPELINE}"}}')
     assert prom.wait_for(f'g2rpo_pipeline_last_success_timestamp_seconds{{pipeline="{PIPELINE}"}}')
+    outcomes = prom.wait_for('g2rpo_pipeline_last_run_timestamp_seconds{job="g2rpo-pipeline"}')
+    assert {(s["metric"]["pipeline"], s["metric"]["outcome"]) for s in outcomes} == {
+        (PIPELINE, "succeeded"),
+        ("broken-test", "failed"),
+    }
 
 
 def _variables(prom) -> dict[str, str]:

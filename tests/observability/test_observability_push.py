@@ -31,6 +31,15 @@ def test_pushes_to_a_dead_gateway_warn_and_return_false(dead_gateway):
         assert push_pipeline_run(PushTarget("not-a-url"), succeeded=True) is False
 
 
+def test_the_exit_task_with_a_dead_gateway_warns_and_records(dead_gateway, tmp_path):
+    from g2rpo.steps.report_status import report_status
+
+    with pytest.warns(PushgatewayWarning, match="g2rpo-pipeline"):
+        status = report_status("run-1", "FAILED", tmp_path / "status.json", pushgateway_url=dead_gateway)
+    assert status.pushed is False and status.pushgateway_url == dead_gateway
+    assert '"pushed": false' in (tmp_path / "status.json").read_text()
+
+
 def test_promote_with_a_dead_gateway_warns_and_promotes(dead_gateway, tmp_path):
     from g2rpo.steps.register import register
 
