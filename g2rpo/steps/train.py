@@ -1,7 +1,8 @@
 """Step **train**: a validated run config in, the trained export (optionally published as an artifact) out.
 
 :func:`train` runs the whole job (:func:`g2rpo.training.trainer.train_from_config`: resume, iterations,
-checkpoints, export) and, with ``publish_uri``, publishes the export folder under a fresh prefix of
+checkpoints, export; rank 0 serves Prometheus ``/metrics`` when ``observability.metrics_port``
+is set, :func:`training_exporter`) and, with ``publish_uri``, publishes the export folder under a fresh prefix of
 that URI (:func:`publish_export`). Under torchrun every rank calls :func:`train`; rank 0 publishes.
 
 With ``checkpoint_uri`` (one per run identity) every complete checkpoint is mirrored there, and a
@@ -32,6 +33,7 @@ from g2rpo.config import to_yaml
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.config import EvaluationConfig
 from g2rpo.launch.trainjob import TrainJobLaunch, job_name, launch_trainjob
+from g2rpo.observability import TrainingExporter
 from g2rpo.training.checkpoint import manifest_metadata
 from g2rpo.training.distributed import init_distributed
 from g2rpo.training.metrics import read_iteration_records
@@ -46,6 +48,7 @@ __all__ = [
     "publish_export",
     "read_iteration_records",
     "train",
+    "training_exporter",
 ]
 
 
@@ -118,7 +121,14 @@ def train(
             mirror.restore(Path(config.output.dir) / "checkpoints", resume_hash(config))
         ctx.barrier()
         callbacks.append(mirror)
-    summary = train_from_config(config, callbacks)
+    exporter = training_exporter(config) if int(os.environ.get("RANK", "0")) == 0 else None
+    if exporter is not None:
+        callbacks.append(exporter)
+    try:
+        summary = train_from_config(config, callbacks)
+    finally:
+        if exporter is not None:
+            exporter.close()
     config_hash = resume_hash(config)
     export_dir = None if summary["export"] is None else Path(summary["export"])
     published = None
@@ -133,6 +143,25 @@ def train(
         export_dir=export_dir,
         config_hash=config_hash,
         published=published,
+    )
+
+
+def training_exporter(config: RunConfig) -> TrainingExporter | None:
+    """The /metrics exporter of ``config.observability`` (None when ``metrics_port`` is null)."""
+    obs = config.observability
+    if obs.metrics_port is None:
+        return None
+    return TrainingExporter(
+        obs.metrics_port,
+        address=obs.metrics_address,
+        run_id=obs.run_id or Path(config.output.dir).name,
+        pipeline=obs.pipeline,
+        strategy=config.algorithm.strategy,
+        model=config.model.base_model_name,
+        target_iterations=config.train.iterations,
+        # G²RPO's reward columns are its strides Λ; other strategies have one column (labelled 1)
+        strides=config.algorithm.g2rpo.granularities if config.algorithm.strategy == "g2rpo" else None,
+        linger_seconds=obs.linger_seconds,
     )
 
 
