@@ -146,13 +146,25 @@ def train(
     )
 
 
+# The Helm chart's ClusterTrainingRuntime declares the training pods' metrics port (the one its
+# PodMonitor scrapes) in this variable; a config that sets observability.metrics_port wins.
+METRICS_PORT_ENV = "G2RPO_METRICS_PORT"
+
+
 def training_exporter(config: RunConfig) -> TrainingExporter | None:
-    """The /metrics exporter of ``config.observability`` (None when ``metrics_port`` is null)."""
+    """The /metrics exporter of ``config.observability``, on ``metrics_port`` or else the port the
+    training runtime names in ``$G2RPO_METRICS_PORT``; None when neither is set."""
     obs = config.observability
-    if obs.metrics_port is None:
+    port = obs.metrics_port
+    if port is None and os.environ.get(METRICS_PORT_ENV):
+        text = os.environ[METRICS_PORT_ENV]
+        if not text.isdigit() or not 0 < int(text) < 65536:
+            raise G2RPOError(problem(METRICS_PORT_ENV, text, "a port number 1-65535 (set by the chart's runtime)"))
+        port = int(text)
+    if port is None:
         return None
     return TrainingExporter(
-        obs.metrics_port,
+        port,
         address=obs.metrics_address,
         run_id=obs.run_id or Path(config.output.dir).name,
         pipeline=obs.pipeline,

@@ -130,6 +130,30 @@ def test_metrics_are_off_by_default_and_the_port_is_checked():
         load_config(RunConfig, REPO / "configs" / "tiny-cpu.yaml", {"observability": {"metrics_port": 70000}})
 
 
+def test_the_training_runtimes_metrics_port_turns_the_exporter_on(monkeypatch):
+    # The chart's ClusterTrainingRuntime sets G2RPO_METRICS_PORT (the port its PodMonitor scrapes).
+    import yaml
+
+    from g2rpo.steps.train import METRICS_PORT_ENV, training_exporter
+
+    values = yaml.safe_load((REPO / "charts" / "g2rpo" / "values.yaml").read_text())
+    runtime = (REPO / "charts" / "g2rpo" / "templates" / "clustertrainingruntime.yaml").read_text()
+    assert f"name: {METRICS_PORT_ENV}" in runtime
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv(METRICS_PORT_ENV, str(port))
+    overrides = {"observability": {"linger_seconds": 0, "metrics_address": "127.0.0.1"}}
+    config = load_config(RunConfig, REPO / "configs" / "tiny-cpu.yaml", overrides)
+    exporter = training_exporter(config)
+    assert exporter is not None and exporter.port == port
+    exporter.close(linger=False)
+    monkeypatch.setenv(METRICS_PORT_ENV, "metrics")
+    with pytest.raises(G2RPOError, match="G2RPO_METRICS_PORT='metrics'"):
+        training_exporter(config)
+    assert isinstance(values["trainingRuntime"]["metricsPort"], int)
+
+
 def test_the_checked_in_dashboard_is_what_the_generator_writes():
     checked_in = (REPO / DEFAULT_PATH).read_text()
     assert checked_in == dashboard_json(), "regenerate: python -m g2rpo.observability.dashboard"
