@@ -19,8 +19,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Run a training job from a YAML run config plus key=value overrides. One process: "
             "`g2rpo train --config configs/tiny-cpu.yaml`. Data parallel: `torchrun --nproc_per_node N "
-            "-m g2rpo train --config FILE deepspeed.enabled=true`. Writes config.yaml, metrics.jsonl, "
-            "checkpoints/ and export/ under output.dir and resumes from the latest complete checkpoint "
+            "-m g2rpo train --config FILE deepspeed.enabled=true`. Writes .g2rpo-run.json, config.yaml, metrics.jsonl, "
+            "checkpoints/ and export/ under output.dir (a new or empty folder, or this run's own) and resumes from the latest complete checkpoint "
             "there (train.resume=auto). See docs/training.md."
         ),
     )
