@@ -14,7 +14,7 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: install demo lint test test-slow test-gpu test-all parity bench lock clean help
 
 help:
-	@echo "make demo       create .venv, install, run the main job on the embedded default"
+	@echo "make demo       create .venv, install, run the whole Kubeflow pipeline here (kfp.local, tiny model)"
 	@echo "make test       install what the tests need, check lint and import contracts, run the suite (CI)"
 	@echo "make lint       ruff (lint + format check) and the import contracts (lint-imports)"
 	@echo "make test-slow  the opt-in slow tier (full-size reward architectures, long runs)"
@@ -39,8 +39,11 @@ $(CHROMIUM_STAMP):
 
 install: $(STAMP) $(CHROMIUM_STAMP)
 
+# The whole DAG (prepare → train → evaluate → decide → promote) through kfp.local on the tiny model;
+# run it again and the new challenger is evaluated against the champion and gated. `g2rpo demo` is
+# the same job as plain step calls, without KFP.
 demo: install
-	$(VENV)/bin/g2rpo demo
+	$(VENV)/bin/g2rpo pipeline run-local
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -26,6 +26,7 @@ COMMAND_MODULES: list[str] = [
     "g2rpo.commands.storage",
     "g2rpo.commands.registry",
     "g2rpo.commands.rewards",
+    "g2rpo.commands.pipeline",
 ]
 
 

@@ -330,8 +330,13 @@ def promote(
     gates_sha256: str = "",
     dry_run: bool = False,
     reason: str = "",
+    champion_scores: tuple[int, EvalScores] | None = None,
 ) -> Decision:
     """Decide whether ``version`` beats the champion; if so make it champion (one conditional write).
+
+    ``champion_scores`` is ``(champion version, its scores)`` from a fresh evaluation on the challenger's
+    prompts and seeds (the pipeline evaluates both in one task); by default the champion's registered scores
+    are used. Fresh scores of a version that is no longer the champion are refused.
 
     The decision is stored with the version (unless ``dry_run``) whatever the outcome; a gates file
     that does not fit the evals (a metric they lack) raises before anything is stored. Raises
@@ -345,12 +350,21 @@ def promote(
         raise G2RPOError(problem("version", version, f"is already the champion of {model!r}"))
     record = registry.get_version(model, version)
     challenger_scores = registry.load_scores(record)
-    champion_scores = None
-    if champion_version is not None:
-        champion_scores = registry.load_scores(registry.get_version(model, champion_version))
+    if champion_scores is not None and champion_scores[0] != champion_version:
+        raise G2RPOError(
+            problem(
+                "champion_scores",
+                f"v{champion_scores[0]}",
+                f"the champion of {model!r} is now "
+                f"{'none' if champion_version is None else f'v{champion_version}'}: evaluate it and decide again",
+            )
+        )
+    champion = None if champion_scores is None else champion_scores[1]
+    if champion is None and champion_version is not None:
+        champion = registry.load_scores(registry.get_version(model, champion_version))
     decision = decide(
         challenger_scores,
-        champion_scores,
+        champion,
         gates,
         model=model,
         challenger_version=version,

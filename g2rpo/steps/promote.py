@@ -20,6 +20,7 @@ import yaml
 
 from g2rpo.artifacts.promotion import Decision, Gates, MetricGate, promote
 from g2rpo.artifacts.registry import Registry
+from g2rpo.artifacts.scores import EvalScores
 from g2rpo.artifacts.storage import S3Settings
 
 __all__ = ["PromoteResult", "decide_and_promote", "floor_gates_from", "write_gates"]
@@ -50,13 +51,25 @@ def decide_and_promote(
     gates_sha256: str = "",
     dry_run: bool = False,
     reason: str = "",
+    champion_scores: tuple[int, EvalScores] | None = None,
     settings: S3Settings | None = None,
 ) -> PromoteResult:
     """Apply ``gates`` to ``version`` (a number, ``v3``, or an alias such as ``challenger``) of ``model``;
-    make it champion if it passes, unless ``dry_run``. ``gates_sha256`` (of the gates file) is recorded."""
+    make it champion if it passes, unless ``dry_run``. ``gates_sha256`` (of the gates file) is recorded.
+    ``champion_scores``: ``(champion version, scores)`` of a fresh evaluation on the same items
+    (:func:`g2rpo.artifacts.promotion.promote`); default the champion's registered scores."""
     registry = Registry(registry_uri, settings)
     number = registry.resolve(model, version)
-    decision = promote(registry, model, number, gates, gates_sha256=gates_sha256, dry_run=dry_run, reason=reason)
+    decision = promote(
+        registry,
+        model,
+        number,
+        gates,
+        gates_sha256=gates_sha256,
+        dry_run=dry_run,
+        reason=reason,
+        champion_scores=champion_scores,
+    )
     state, _ = registry.read_state(model)
     return PromoteResult(
         registry_uri=registry.store.uri,

@@ -47,7 +47,7 @@ def _run_config(model: Path, out: Path, **train) -> RunConfig:
         RunConfig,
         None,
         {
-            "algorithm": {"num_steps": STEPS, "group_size": 4, "granularities": [1, 2], "ratio_clip": 0.2},
+            "algorithm": {"num_steps": STEPS, "group_size": 4, "g2rpo": {"granularities": [1, 2]}, "ratio_clip": 0.2},
             "model": {"path": str(model), "height": 64, "width": 64, "base_model_name": "tiny"},
             "data": {"prompts": str(PROMPTS)},
             "rewards": {"models": [{"name": "jpeg_compressibility"}], "batch_size": 64},

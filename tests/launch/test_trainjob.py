@@ -24,10 +24,11 @@ from g2rpo.launch.trainjob import (
     job_name,
     launch_trainjob,
 )
+from tests.chart.chart_render import CRD_DIR
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # The CRD schemas of ../shared/crds (beside the checkout, here and in CI; not vendored).
-CRD = Path(__file__).resolve().parents[3] / "shared" / "crds" / "trainer.kubeflow.org_trainjobs.yaml"
+CRD = CRD_DIR / "trainer.kubeflow.org_trainjobs.yaml"
 API_CALLS = FIXTURES / "trainjob_api_calls.json"
 NAMESPACE = "team-a"
 TRAINJOBS = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs"

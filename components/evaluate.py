@@ -1,0 +1,44 @@
+"""Component **evaluate**: the challenger, and the champion on the same prompts and seeds
+(:func:`g2rpo.steps.candidates.evaluate_candidates`)."""
+
+from kfp import dsl
+from kfp.dsl import HTML, Artifact, Dataset, Input, Metrics, Model, Output
+
+from components.images import TRAINER_IMAGE
+
+
+@dsl.component(base_image=TRAINER_IMAGE, install_kfp_package=False)
+def evaluate(
+    data: Input[Dataset],
+    trained: Input[Model],
+    registry_uri: str,
+    model_name: str,
+    store_uri: str,
+    eval_num_prompts: int,
+    eval_seeds: list,
+    evaluation: Output[Artifact],
+    metrics: Output[Metrics],
+    report: Output[HTML],
+):
+    """Evaluate on ``data``'s test split (its first ``eval_num_prompts``; 0 for all) × ``eval_seeds``."""
+    # KFP ships this function's source alone, so its imports live inside it.
+    import os
+
+    from g2rpo.steps.candidates import evaluate_candidates
+
+    record = evaluate_candidates(
+        trained.path,
+        os.path.join(data.path, "test.jsonl"),
+        registry_uri=registry_uri,
+        model=model_name,
+        store_uri=store_uri,
+        output_dir=evaluation.path,
+        report_path=report.path,
+        num_prompts=eval_num_prompts or None,
+        seeds=eval_seeds,
+    )
+    evaluation.metadata.update(record.model_dump(mode="json"))
+    for name, mean in record.challenger_means.items():
+        metrics.log_metric(f"challenger.{name}", mean)
+    for name, mean in record.champion_means.items():
+        metrics.log_metric(f"champion.{name}", mean)

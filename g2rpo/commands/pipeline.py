@@ -1,0 +1,173 @@
+"""``g2rpo pipeline compile | submit | schedule | run-local``: the Kubeflow pipeline from the command line.
+
+The only module of ``g2rpo`` that imports ``pipelines`` (an exception the import contract names): the
+handlers parse arguments and call :mod:`pipelines.alignment`, :mod:`pipelines.submit` or
+:mod:`pipelines.local`, imported inside them so that ``g2rpo --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+
+_PARAMS_HELP = (
+    "pipeline parameters as name=value (values are YAML: iterations=100, granularities=[1,2], "
+    "node_selector='{pool: h200-spot}'); unknown names are refused with the valid ones listed"
+)
+_CRON_HELP = (
+    "KFP cron: SIX fields, seconds first — 'sec min hour day-of-month month day-of-week' — evaluated in UTC "
+    "by the KFP scheduler, e.g. '0 0 3 * * *' = 03:00 UTC every day, '0 30 2 * * MON' = Mondays 02:30 UTC"
+)
+
+
+def add_commands(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "pipeline",
+        help="compile, submit, schedule or locally run the Kubeflow alignment pipeline",
+        description="The alignment pipeline (prepare → train → evaluate → decide → promote if the gates pass) on "
+        "Kubeflow Pipelines v2: compile it to YAML, submit a run or a recurring run to a KFP host, or run the whole "
+        "DAG on this machine through kfp.local on the tiny model.",
+    )
+    sub = parser.add_subparsers(dest="pipeline_command", metavar="VERB", required=True)
+
+    comp = sub.add_parser("compile", help="write the pipeline's YAML (pipeline spec + Kubernetes platform spec)")
+    comp.add_argument("--output", default="pipelines/compiled/alignment.yaml", metavar="FILE", help="YAML to write")
+    _profile_arg(comp)
+    comp.set_defaults(handler=_compile)
+
+    run = sub.add_parser("submit", help="start one run on a KFP cluster")
+    _cluster_args(run)
+    run.add_argument("--run-name", default=None, help="display name of the run (default: the pipeline's name)")
+    run.set_defaults(handler=_submit)
+
+    sched = sub.add_parser(
+        "schedule",
+        help="create a recurring run (cron in UTC, six fields, seconds first; one at a time; no catch-up)",
+        description="Creates a KFP recurring run of the pipeline with max_concurrency=1 (runs never overlap) and "
+        "no_catchup (a paused schedule does not back-fill missed slots). " + _CRON_HELP + ".",
+    )
+    _cluster_args(sched)
+    sched.add_argument("--cron", required=True, help=_CRON_HELP)
+    sched.add_argument("--name", default=None, help="name of the recurring run (default g2rpo-alignment-schedule)")
+    sched.set_defaults(handler=_schedule)
+
+    local = sub.add_parser(
+        "run-local",
+        help="run the whole DAG here through kfp.local on the tiny model (what `make demo` runs)",
+        description="Runs prepare → train → evaluate → decide → promote through kfp.local (SubprocessRunner, no "
+        "containers) on the tiny random-weight Flux with configs/tiny-cpu.yaml and configs/tiny-gates.yaml. The run "
+        "folder OUT/NAME holds the pipeline root and the tasks' temp files; the tiny model, the store (exports, "
+        "evaluations) and the registry live in --shared and are reused, so a second run evaluates its challenger "
+        "against the first run's champion and promotes or refuses it, with the reason.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    local.add_argument("--out", default="runs", help="folder of the run folders")
+    local.add_argument("--name", default=None, help="run folder name (default pipeline-<UTC timestamp>)")
+    local.add_argument("--shared", default="runs/pipeline-shared", help="tiny model, store and registry of every run")
+    local.add_argument("--iterations", type=int, default=30, help="training iterations")
+    local.add_argument(
+        "--s3-endpoint",
+        default=None,
+        help="S3 endpoint for s3:// store_uri/registry_uri parameters (sets AWS_ENDPOINT_URL_S3 for the tasks)",
+    )
+    local.add_argument("parameters", nargs="*", metavar="NAME=VALUE", help=_PARAMS_HELP)
+    local.set_defaults(handler=_run_local)
+
+
+def _profile_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="FILE",
+        help="placement profile (default pipelines/profiles/h200.yaml): GPUs, node pool, /dev/shm, S3 secret name",
+    )
+
+
+def _cluster_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", required=True, help="KFP API URL, e.g. http://localhost:8888 (a port-forward)")
+    parser.add_argument("--experiment", default="g2rpo", help="KFP experiment (made when missing)")
+    parser.add_argument("--pipeline-root", default=None, help="where KFP stores task outputs (default: the cluster's)")
+    parser.add_argument(
+        "--service-account", default=None, help="Kubernetes service account of the runs (default: the profile's)"
+    )
+    _profile_arg(parser)
+    parser.add_argument("parameters", nargs="*", metavar="NAME=VALUE", help=_PARAMS_HELP)
+
+
+def _compile(args: argparse.Namespace) -> int:
+    from pipelines.alignment import compile_pipeline
+
+    print(f"wrote {compile_pipeline(args.output, args.profile)}")
+    return 0
+
+
+def _submit(args: argparse.Namespace) -> int:
+    from pipelines.placement import load_profile
+    from pipelines.submit import parse_arguments, submit
+
+    arguments = parse_arguments(args.parameters, load_profile(args.profile))
+    done = submit(
+        args.host,
+        arguments,
+        experiment=args.experiment,
+        run_name=args.run_name,
+        profile_path=args.profile,
+        pipeline_root=args.pipeline_root,
+        service_account=args.service_account,
+    )
+    print(f"submitted {done.kind} {done.id} in experiment {args.experiment!r}: {done.url}")
+    return 0
+
+
+def _schedule(args: argparse.Namespace) -> int:
+    from pipelines.placement import load_profile
+    from pipelines.submit import check_cron, parse_arguments, schedule
+
+    cron = check_cron(args.cron)
+    arguments = parse_arguments(args.parameters, load_profile(args.profile))
+    done = schedule(
+        args.host,
+        cron,
+        arguments,
+        experiment=args.experiment,
+        name=args.name,
+        profile_path=args.profile,
+        pipeline_root=args.pipeline_root,
+        service_account=args.service_account,
+    )
+    print(f"scheduled {done.kind} {done.id} on '{cron}' (UTC) in experiment {args.experiment!r}: {done.url}")
+    return 0
+
+
+def _run_local(args: argparse.Namespace) -> int:
+    from g2rpo.errors import G2RPOError, problem
+    from pipelines.local import run_local
+    from pipelines.submit import parse_arguments
+
+    if args.iterations < 1:
+        raise G2RPOError(problem("--iterations", args.iterations, "run at least one iteration"))
+    arguments = parse_arguments(args.parameters)
+    if args.s3_endpoint:
+        os.environ["AWS_ENDPOINT_URL_S3"] = args.s3_endpoint
+    name = args.name or f"pipeline-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    run = run_local(Path(args.out) / name, Path(args.shared), iterations=args.iterations, parameters=arguments)
+    print(f"\ng2rpo pipeline run-local: {run.state}")
+    for label, path in run.outputs.items():
+        print(f"  {label:<22} {path}")
+    decision = run.decision
+    if decision:
+        verdict = "PROMOTED" if decision["passed"] else "REFUSED"
+        against = "no champion yet" if decision["champion"] is None else f"champion v{decision['champion']}"
+        print(f"  {decision['model']} v{decision['version']} vs {against}: {verdict}")
+        for reason in decision["reasons"]:
+            print(f"    {reason}")
+    evaluation = run.outputs.get("evaluate/evaluation")
+    if evaluation is not None and (evaluation / "record.json").is_file():
+        record = json.loads((evaluation / "record.json").read_text())
+        where = record["challenger_eval_uri"]
+        print(f"  challenger images      {where}/images  (grid {where}/grid.png, metrics {where}/metrics.json)")
+    print(f"  champion               {'none' if run.champion is None else f'v{run.champion}'}")
+    return 0 if run.state == "SUCCEEDED" else 1

@@ -1,0 +1,133 @@
+"""Step **evaluate**, as the pipeline runs it: the challenger, and the champion on the same prompts and seeds.
+
+:func:`champion_of` resolves the registry's champion to its published export. :func:`evaluate_candidates`
+evaluates the trained export (the train task's :class:`~g2rpo.steps.records.TrainRecord`) with the
+evaluation that samples as the run did (:func:`~g2rpo.steps.train.matching_evaluation`), then — when the
+model has a champion — the champion's export on exactly the same prompts, seeds and sampler, so the
+promotion gates compare paired items. Both evaluations are published under the run's store; the task's
+folder receives a :class:`~g2rpo.steps.records.CandidatesRecord` and a self-contained ``report.html``.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass
+from pathlib import Path
+
+from g2rpo.artifacts.manifest import unique_prefix
+from g2rpo.artifacts.registry import Registry
+from g2rpo.artifacts.storage import S3Settings, open_store
+from g2rpo.config import load_config
+from g2rpo.steps.evaluate import EvaluateResult, evaluate
+from g2rpo.steps.records import CandidatesRecord, TrainRecord, read_record, write_record
+from g2rpo.steps.train import matching_evaluation
+from g2rpo.training.run_config import RunConfig
+
+__all__ = ["ChampionRef", "champion_of", "evaluate_candidates", "report_html"]
+
+
+@dataclass(frozen=True)
+class ChampionRef:
+    """The registry's champion of a model."""
+
+    model: str
+    version: int
+    export_uri: str
+
+
+def champion_of(registry_uri: str, model: str, settings: S3Settings | None = None) -> ChampionRef | None:
+    """The champion of ``model`` and its export's URI; None when the model has none (or no versions yet)."""
+    registry = Registry(registry_uri, settings)
+    state, _ = registry.read_state(model)
+    version = state.aliases.get("champion")
+    if version is None:
+        return None
+    return ChampionRef(model=model, version=version, export_uri=registry.get_version(model, version).export.uri)
+
+
+def evaluate_candidates(
+    train_dir: str | Path,
+    prompts: str,
+    *,
+    registry_uri: str,
+    model: str,
+    store_uri: str,
+    output_dir: str | Path,
+    report_path: str | Path,
+    num_prompts: int | None = None,
+    seeds: list[int] | tuple[int, ...] = (0, 1, 2),
+    settings: S3Settings | None = None,
+) -> CandidatesRecord:
+    """Evaluate the challenger of ``train_dir`` (and the champion, if any) on ``prompts`` × ``seeds``."""
+    trained = read_record(TrainRecord, train_dir, field="train")
+    config = load_config(RunConfig, Path(train_dir) / trained.run_config)
+    evaluation = matching_evaluation(config, prompts, num_prompts=num_prompts, seeds=seeds)
+    base = f"{store_uri.rstrip('/')}/evaluations"
+    challenger = evaluate(
+        trained.export_uri,
+        evaluation,
+        f"{base}/{unique_prefix('challenger')}",
+        base_model_uri=trained.base_model_uri,
+        settings=settings,
+    )
+    champion_ref = champion_of(registry_uri, model, settings)
+    champion = None
+    if champion_ref is not None:
+        # The champion on the pipeline's base model: a retraining run keeps its model's base.
+        champion = evaluate(
+            champion_ref.export_uri,
+            evaluation,
+            f"{base}/{unique_prefix(f'champion-v{champion_ref.version}')}",
+            base_model_uri=trained.base_model_uri,
+            settings=settings,
+        )
+    record = CandidatesRecord(
+        challenger_eval_uri=challenger.output_uri,
+        champion_eval_uri=None if champion is None else champion.output_uri,
+        champion_version=None if champion_ref is None else champion_ref.version,
+        challenger_means=challenger.means,
+        champion_means={} if champion is None else champion.means,
+    )
+    write_record(record, output_dir)
+    Path(report_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(report_path).write_text(report_html(record, challenger, champion, settings), encoding="utf-8")
+    return record
+
+
+def report_html(
+    record: CandidatesRecord,
+    challenger: EvaluateResult,
+    champion: EvaluateResult | None,
+    settings: S3Settings | None = None,
+) -> str:
+    """One self-contained HTML page (what the KFP UI shows): the metrics side by side and each grid image."""
+    metrics = sorted(set(record.challenger_means) | set(record.champion_means))
+    rows = "".join(
+        f"<tr><td>{html.escape(m)}</td><td>{record.challenger_means.get(m, float('nan')):.4f}</td>"
+        f"<td>{_cell(record.champion_means.get(m))}</td></tr>"
+        for m in metrics
+    )
+    champion_head = "—" if record.champion_version is None else f"champion v{record.champion_version}"
+    parts = [
+        "<!doctype html><meta charset='utf-8'><title>g2rpo evaluation</title>",
+        "<style>body{font-family:sans-serif}td,th{padding:2px 10px;text-align:right}</style>",
+        "<h1>Evaluation: challenger vs champion</h1>",
+        f"<p>{len(challenger.scores.seeds)} seeds, prompt set {html.escape(challenger.scores.prompt_set)}</p>",
+        f"<table><tr><th>metric (mean)</th><th>challenger</th><th>{champion_head}</th></tr>{rows}</table>",
+    ]
+    for label, result in (("challenger", challenger), (champion_head, champion)):
+        if result is None:
+            continue
+        store = open_store(result.output_uri, settings)
+        if store.exists("grid.png"):
+            png = base64.b64encode(store.get_bytes("grid.png")[0]).decode("ascii")
+            parts.append(
+                f"<h2>{html.escape(label)}</h2><img alt='{html.escape(label)} samples' src='data:image/png;base64,{png}'>"
+            )
+        parts.append(f"<p><code>{html.escape(result.output_uri)}</code></p>")
+    return "\n".join(parts) + "\n"
+
+
+def _cell(value: float | None) -> str:
+    return "—" if value is None else f"{value:.4f}"

@@ -1,0 +1,143 @@
+"""Steps **decide** and **promote**, as the pipeline runs them (promote only when decide says it passes).
+
+:func:`decide_challenger` checks the gates file against the evaluated metrics (before anything is
+written), registers the trained export with its evaluation as the model's challenger, and applies the
+gates against the champion's fresh evaluation on the same items (or the floors, for a first version)
+without moving any alias. A refusal is recorded with the version there and then; a pass is left for
+:func:`promote_challenger`, which decides again against the registry as it is now and moves the champion
+alias by one conditional write (:func:`g2rpo.steps.promote.decide_and_promote`).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from g2rpo.artifacts.promotion import Gates, format_decision, load_gates
+from g2rpo.artifacts.registry import Registry
+from g2rpo.artifacts.scores import EvalScores
+from g2rpo.artifacts.storage import S3Settings, locate
+from g2rpo.errors import G2RPOError, problem
+from g2rpo.steps.promote import PromoteResult, decide_and_promote
+from g2rpo.steps.records import CandidatesRecord, DecisionRecord, TrainRecord, read_record, write_record
+from g2rpo.steps.register import EVAL_SCORES_FILE, read_scores, register
+
+__all__ = ["decide_challenger", "gates_from", "promote_challenger"]
+
+
+def gates_from(gates_uri: str, settings: S3Settings | None = None) -> tuple[Gates, str]:
+    """``(gates, sha256 of the file)`` from a path, ``file://`` or ``s3://`` URI; ``""`` is the packaged default."""
+    if not gates_uri:
+        return load_gates(None)
+    if gates_uri.startswith("s3://"):
+        store, key = locate(gates_uri, settings)
+        with tempfile.TemporaryDirectory(prefix="g2rpo-gates-") as tmp:
+            local = Path(tmp) / "gates.yaml"
+            store.get_file(key, local)
+            return load_gates(local)
+    return load_gates(gates_uri.removeprefix("file://"))
+
+
+def _fresh_champion(candidates: CandidatesRecord, settings: S3Settings | None) -> tuple[int, EvalScores] | None:
+    if candidates.champion_version is None or candidates.champion_eval_uri is None:
+        return None
+    uri = f"{candidates.champion_eval_uri.rstrip('/')}/{EVAL_SCORES_FILE}"
+    return candidates.champion_version, read_scores(uri, settings, field="champion_eval_uri")
+
+
+def decide_challenger(
+    train_dir: str | Path,
+    candidates_dir: str | Path,
+    *,
+    registry_uri: str,
+    model: str,
+    gates_uri: str,
+    source_run: str,
+    output_dir: str | Path,
+    settings: S3Settings | None = None,
+) -> DecisionRecord:
+    """Register the challenger and decide whether it passes the gates; write the decision record."""
+    trained = read_record(TrainRecord, train_dir, field="train")
+    candidates = read_record(CandidatesRecord, candidates_dir, field="evaluation")
+    gates, gates_sha = gates_from(gates_uri, settings)
+    unknown = sorted(set(gates.metrics) - set(candidates.challenger_means))
+    if unknown:
+        raise G2RPOError(
+            problem(
+                "gates",
+                gates_uri or "the packaged default",
+                f"gates metrics {unknown} were not evaluated (evaluated: {sorted(candidates.challenger_means)}); "
+                "gate only the run's rewards",
+            )
+        )
+    registered = register(
+        registry_uri,
+        model,
+        export_uri=trained.export_uri,
+        eval_uri=candidates.challenger_eval_uri,
+        source_run=source_run,
+        config_hash=trained.config_hash,
+        base_model=trained.base_model_name,
+        licence=trained.licence,
+        challenger=True,
+        settings=settings,
+    )
+    result = decide_and_promote(
+        registry_uri,
+        model,
+        registered.version,
+        gates,
+        gates_sha256=gates_sha,
+        dry_run=True,
+        champion_scores=_fresh_champion(candidates, settings),
+        settings=settings,
+    )
+    if not result.passed:  # a refusal is final: record it now (a pass is recorded when promote applies it)
+        Registry(registry_uri, settings).record_decision(
+            model, registered.version, result.decision.model_dump(mode="json")
+        )
+    print(format_decision(result.decision), flush=True)
+    record = DecisionRecord(
+        model=model,
+        version=registered.version,
+        passed=result.passed,
+        champion=result.decision.champion,
+        gates_sha256=gates_sha,
+        reasons=[f"{r.metric}: {'pass' if r.passed else 'FAIL'}: {r.reason}" for r in result.decision.results],
+    )
+    write_record(record, output_dir)
+    return record
+
+
+def promote_challenger(
+    decision_dir: str | Path,
+    candidates_dir: str | Path,
+    *,
+    registry_uri: str,
+    gates_uri: str,
+    reason: str,
+    settings: S3Settings | None = None,
+) -> PromoteResult:
+    """Make the decided challenger champion: the gates again, against the registry as it is now, then the
+    alias move. Raises when the decision no longer passes (the champion changed since it was made)."""
+    decided = read_record(DecisionRecord, decision_dir, field="decision")
+    candidates = read_record(CandidatesRecord, candidates_dir, field="evaluation")
+    gates, gates_sha = gates_from(gates_uri, settings)
+    if gates_sha != decided.gates_sha256:
+        raise G2RPOError(problem("gates_uri", gates_uri, "changed since the decision was made; rerun the pipeline"))
+    result = decide_and_promote(
+        registry_uri,
+        decided.model,
+        decided.version,
+        gates,
+        gates_sha256=gates_sha,
+        reason=reason,
+        champion_scores=_fresh_champion(candidates, settings),
+        settings=settings,
+    )
+    print(format_decision(result.decision), flush=True)
+    if not result.passed:
+        raise G2RPOError(
+            f"{decided.model} v{decided.version} no longer passes the gates (recorded); see the reasons above"
+        )
+    return result

@@ -1,0 +1,84 @@
+"""The small JSON records the pipeline's tasks hand to each other (inside their KFP artifacts).
+
+Each task of the KFP pipeline writes one record next to its outputs and the next task reads it; the
+records hold URIs of published artifacts (durable, in the run's store), never the artifacts themselves,
+so a registry version never points at a pod's local folder.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import Field, ValidationError
+
+from g2rpo.config import Section
+from g2rpo.errors import G2RPOError, problem
+
+__all__ = [
+    "CandidatesRecord",
+    "DecisionRecord",
+    "RECORD_FILE",
+    "TrainRecord",
+    "read_record",
+    "write_record",
+]
+
+RECORD_FILE = "record.json"  # inside each task's output artifact folder
+
+R = TypeVar("R", bound=Section)
+
+
+class TrainRecord(Section):
+    """What the train task published."""
+
+    export_uri: str = Field(description="the published export (a manifest-carrying artifact)")
+    base_model_uri: str = Field(description="the Flux pipeline the export was trained from")
+    base_model_name: str = Field(description="the base model's id, recorded in the registry")
+    licence: str = Field(description="the base model's licence, recorded in the registry")
+    config_hash: str = Field(description="the run's resume hash")
+    run_config: str = Field(description="file name (in the same folder) of the resolved run config YAML")
+    iterations: int = Field(ge=0, description="iterations the run completed")
+    first_reward: float | None = Field(None, description="mean rollout reward of the run's first iteration")
+    last_reward: float | None = Field(None, description="mean rollout reward of its last iteration")
+
+
+class CandidatesRecord(Section):
+    """What the evaluate task published: the challenger's evaluation, and the champion's on the same items."""
+
+    challenger_eval_uri: str
+    champion_eval_uri: str | None = Field(None, description="None: no champion yet")
+    champion_version: int | None = None
+    challenger_means: dict[str, float]
+    champion_means: dict[str, float] = Field(default_factory=dict)
+
+
+class DecisionRecord(Section):
+    """What the decide task found: the registered version and whether it passes the gates."""
+
+    model: str
+    version: int
+    passed: bool
+    champion: int | None = Field(description="the champion the decision compared against")
+    gates_sha256: str
+    reasons: list[str] = Field(description="one line per gate: metric, verdict, why")
+
+
+def write_record(record: Section, folder: str | Path) -> Path:
+    """Write ``record`` as ``folder/record.json`` (the folder is made)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / RECORD_FILE
+    path.write_text(record.model_dump_json(indent=1) + "\n", encoding="utf-8")
+    return path
+
+
+def read_record(cls: type[R], folder: str | Path, field: str = "record") -> R:
+    """The record ``cls`` from ``folder/record.json``; a missing or malformed one names ``field``."""
+    path = Path(folder) / RECORD_FILE
+    if not path.is_file():
+        raise G2RPOError(problem(field, str(folder), f"holds no {RECORD_FILE}: the task that makes it did not finish"))
+    try:
+        return cls.model_validate_json(path.read_text(encoding="utf-8"))
+    except ValidationError as exc:
+        raise G2RPOError(problem(field, str(path), f"not a valid {cls.__name__}: {exc.errors()[0]['msg']}")) from None

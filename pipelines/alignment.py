@@ -1,0 +1,213 @@
+"""The alignment pipeline: prepare → train → evaluate → decide → promote (only when the gates pass),
+inside an exit handler that records how the run ended.
+
+:func:`build_pipeline` makes the pipeline for one placement profile (:mod:`pipelines.placement`): the
+profile's node selector and tolerations become parameter defaults (an operator changes the pool per
+run), the rest (GPUs, /dev/shm, the S3 secret's name, pod labels, timeouts) is fixed at compile time.
+:func:`compile_pipeline` writes the YAML that ``pipelines/compiled/`` holds.
+
+Caching is off on every task: KFP caches by default, a cached train or evaluate would reuse last run's
+outputs for a prompt file changed under the same URI, and a cached promote is a silent no-op.
+Retries (with backoff) only where a task is safe to run again: prepare writes its own folder, train and
+evaluate publish under fresh prefixes; decide registers a version and promote moves an alias, so a retry
+of either could register twice or fail on its own success.
+"""
+
+# No `from __future__ import annotations`: KFP reads the pipeline function's annotations as types.
+
+import ast
+import re
+from pathlib import Path
+
+from kfp import compiler, dsl, kubernetes
+
+from components.decide import decide
+from components.evaluate import evaluate
+from components.prepare import prepare_data
+from components.promote import promote
+from components.report_status import report_status
+from components.train import train
+from pipelines.placement import PlacementProfile, load_profile
+
+__all__ = ["DEFAULTS", "PIPELINE_NAME", "build_pipeline", "compile_pipeline"]
+
+PIPELINE_NAME = "g2rpo-alignment"
+# Run-parameter defaults: FLUX.1-dev with the paper's settings (configs/flux-dev-h200.yaml), on S3.
+DEFAULTS = {
+    "config_uri": "configs/flux-dev-h200.yaml",
+    "base_model_uri": "s3://g2rpo/models/FLUX.1-dev",
+    "prompts_uri": "s3://g2rpo/prompts/hpdv2-train.txt",
+    "store_uri": "s3://g2rpo/artifacts",
+    "registry_uri": "s3://g2rpo/registry",
+    "model_name": "flux-g2rpo",
+    "strategy": "g2rpo",
+    "num_steps": 16,
+    "group_size": 12,
+    "granularities": [1, 2, 3],
+    "rewards": [
+        {"name": "hps_v21", "weight": 1.0, "weights": "s3://g2rpo/models/rewards/HPS_v2.1_compressed.pt"},
+        {"name": "clip", "weight": 1.0, "weights": "s3://g2rpo/models/rewards/DFN5B-CLIP-ViT-H-14"},
+    ],
+    "iterations": 300,
+    "learning_rate": 2e-6,
+    "overrides": [],
+    "test_size": 400,
+    "split_seed": 0,
+    "eval_num_prompts": 0,
+    "eval_seeds": [0, 1, 2],
+    "gates_uri": "",
+    "nodes": 1,
+    "pushgateway_url": "",
+}
+
+
+def _retry(task: dsl.PipelineTask) -> dsl.PipelineTask:
+    return task.set_retry(num_retries=2, backoff_duration="60s", backoff_factor=2.0, backoff_max_duration="3600s")
+
+
+def _with_s3(task: dsl.PipelineTask, profile: PlacementProfile, timeout: int) -> dsl.PipelineTask:
+    """Every task: no caching, its time limit, and the S3 credentials from the Secret (by name)."""
+    task.set_caching_options(False)
+    kubernetes.set_timeout(task, timeout)
+    kubernetes.use_secret_as_env(task, secret_name=profile.s3_secret_name, secret_key_to_env=profile.s3_secret_keys)
+    return task
+
+
+def build_pipeline(profile: PlacementProfile):
+    """The pipeline function for ``profile`` (see the module docstring)."""
+    d = DEFAULTS
+    node_selector_default, tolerations_default = dict(profile.node_selector), list(profile.tolerations)
+    gpus_default = profile.gpus_per_node
+
+    @dsl.pipeline(
+        name=PIPELINE_NAME,
+        description="G²RPO preference alignment of a Flux model: prepare, train, evaluate against the champion, "
+        "promote only what passes the gates.",
+    )
+    def alignment(
+        config_uri: str = d["config_uri"],
+        base_model_uri: str = d["base_model_uri"],
+        prompts_uri: str = d["prompts_uri"],
+        store_uri: str = d["store_uri"],
+        registry_uri: str = d["registry_uri"],
+        model_name: str = d["model_name"],
+        strategy: str = d["strategy"],
+        num_steps: int = d["num_steps"],
+        group_size: int = d["group_size"],
+        granularities: list = d["granularities"],
+        rewards: list = d["rewards"],
+        iterations: int = d["iterations"],
+        learning_rate: float = d["learning_rate"],
+        overrides: list = d["overrides"],
+        test_size: int = d["test_size"],
+        split_seed: int = d["split_seed"],
+        eval_num_prompts: int = d["eval_num_prompts"],
+        eval_seeds: list = d["eval_seeds"],
+        gates_uri: str = d["gates_uri"],
+        nodes: int = d["nodes"],
+        gpus_per_node: int = gpus_default,
+        node_selector: dict = node_selector_default,
+        tolerations: list = tolerations_default,
+        pushgateway_url: str = d["pushgateway_url"],
+    ):
+        timeouts = profile.timeouts
+        exit_task = _with_s3(report_status(pushgateway_url=pushgateway_url), profile, timeouts.report)
+        _retry(exit_task.set_display_name("report status"))
+        with dsl.ExitHandler(exit_task, name="alignment"):
+            prepared = prepare_data(prompts_uri=prompts_uri, test_size=test_size, seed=split_seed)
+            _retry(_with_s3(prepared.set_display_name("prepare data"), profile, timeouts.prepare))
+
+            trained = train(
+                data=prepared.outputs["data"],
+                config_uri=config_uri,
+                base_model_uri=base_model_uri,
+                strategy=strategy,
+                num_steps=num_steps,
+                group_size=group_size,
+                granularities=granularities,
+                rewards=rewards,
+                iterations=iterations,
+                learning_rate=learning_rate,
+                overrides=overrides,
+                store_uri=store_uri,
+                model_name=model_name,
+                nodes=nodes,
+                gpus_per_node=gpus_per_node,
+            )
+            _retry(_with_s3(trained.set_display_name("train"), profile, timeouts.train))
+            trained.set_accelerator_type(profile.accelerator_type).set_accelerator_limit(gpus_per_node)
+            trained.set_cpu_limit(profile.cpu_limit).set_memory_limit(profile.memory_limit)
+            kubernetes.add_node_selector_json(trained, node_selector)
+            kubernetes.add_toleration_json(trained, tolerations)
+            kubernetes.empty_dir_mount(trained, "dshm", "/dev/shm", medium="Memory", size_limit=profile.shm_size)
+            for key, value in profile.pod_labels.items():
+                kubernetes.add_pod_label(trained, key, value)
+
+            evaluated = evaluate(
+                data=prepared.outputs["data"],
+                trained=trained.outputs["model"],
+                registry_uri=registry_uri,
+                model_name=model_name,
+                store_uri=store_uri,
+                eval_num_prompts=eval_num_prompts,
+                eval_seeds=eval_seeds,
+            )
+            _retry(_with_s3(evaluated.set_display_name("evaluate"), profile, timeouts.evaluate))
+            if profile.evaluate_gpus:
+                evaluated.set_accelerator_type(profile.accelerator_type).set_accelerator_limit(profile.evaluate_gpus)
+                kubernetes.add_node_selector_json(evaluated, node_selector)
+                kubernetes.add_toleration_json(evaluated, tolerations)
+
+            decided = decide(
+                trained=trained.outputs["model"],
+                evaluation=evaluated.outputs["evaluation"],
+                registry_uri=registry_uri,
+                model_name=model_name,
+                gates_uri=gates_uri,
+                source_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+            )
+            _with_s3(decided.set_display_name("decide"), profile, timeouts.decide)
+
+            with dsl.If(decided.outputs["Output"] == True, name="gates-passed"):  # noqa: E712 (a KFP condition)
+                promoted = promote(
+                    decision=decided.outputs["decision"],
+                    evaluation=evaluated.outputs["evaluation"],
+                    registry_uri=registry_uri,
+                    gates_uri=gates_uri,
+                    source_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+                )
+                _with_s3(promoted.set_display_name("promote"), profile, timeouts.promote)
+
+    return alignment
+
+
+def compile_pipeline(output: str | Path, profile_path: str | Path | None = None) -> Path:
+    """Compile the pipeline for the profile at ``profile_path`` (default h200) into ``output`` (YAML)."""
+    output = Path(output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(build_pipeline(load_profile(profile_path)), str(output))
+    output.write_text(_stable_header(output.read_text(encoding="utf-8")), encoding="utf-8")
+    return output
+
+
+_DEFAULT_COMMENT = re.compile(r"^(#    \w+: \w+ \[Default: )(.*)(\])$")
+
+
+def _stable_header(text: str) -> str:
+    """The compiler's header comment prints dict defaults in protobuf map order, which changes from one
+    process to the next; print them with sorted keys so the compiled YAML is byte-stable."""
+
+    def ordered(value):
+        if isinstance(value, dict):
+            return {key: ordered(value[key]) for key in sorted(value)}
+        if isinstance(value, list):
+            return [ordered(item) for item in value]
+        return value
+
+    lines = []
+    for line in text.split("\n"):
+        match = _DEFAULT_COMMENT.match(line) if line.startswith("#") else None
+        if match and match.group(2)[:1] in "[{":
+            line = f"{match.group(1)}{ordered(ast.literal_eval(match.group(2)))}{match.group(3)}"
+        lines.append(line)
+    return "\n".join(lines)

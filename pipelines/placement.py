@@ -1,0 +1,52 @@
+"""The placement profile: where the pipeline's tasks run on a cluster, as validated data.
+
+One YAML file per cluster (``pipelines/profiles/h200.yaml`` is the default) holds every placement
+setting; :func:`load_profile` validates it (unknown keys refused, every problem reported at once).
+Only names of Kubernetes objects appear in it, never a secret's value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from g2rpo.config import Section, load_config
+
+__all__ = ["DEFAULT_PROFILE", "PlacementProfile", "Timeouts", "load_profile"]
+
+DEFAULT_PROFILE = Path(__file__).resolve().parent / "profiles" / "h200.yaml"
+
+
+class Timeouts(Section):
+    """Per-task time limits in seconds (the pod's activeDeadlineSeconds)."""
+
+    prepare: int = Field(ge=60)
+    train: int = Field(ge=60)
+    evaluate: int = Field(ge=60)
+    decide: int = Field(ge=60)
+    promote: int = Field(ge=60)
+    report: int = Field(ge=60)
+
+
+class PlacementProfile(Section):
+    """A cluster's placement of the alignment pipeline."""
+
+    accelerator_type: str = Field(description="the GPU resource name, e.g. nvidia.com/gpu")
+    gpus_per_node: int = Field(ge=1, le=16, description="GPUs of the train task's pod (one node)")
+    cpu_limit: str = Field(description="CPU limit of the train task, e.g. '96'")
+    memory_limit: str = Field(description="memory limit of the train task, e.g. 1600Gi")
+    shm_size: str = Field(description="size of the memory emptyDir mounted at /dev/shm on the train task")
+    node_selector: dict[str, str] = Field(description="default node selector of the GPU tasks")
+    tolerations: list[dict[str, str]] = Field(description="default tolerations of the GPU tasks")
+    evaluate_gpus: int = Field(ge=0, le=16, description="GPUs of the evaluate task")
+    s3_secret_name: str = Field(min_length=1, description="name of the Secret holding the S3 credentials")
+    s3_secret_keys: dict[str, str] = Field(min_length=1, description="secret data key -> environment variable")
+    service_account: str = Field(description="Kubernetes service account of the runs")
+    pod_labels: dict[str, str] = Field(description="labels of the train pod (Prometheus scraping)")
+    timeouts: Timeouts
+
+
+def load_profile(path: str | Path | None = None) -> PlacementProfile:
+    """The placement profile at ``path`` (default :data:`DEFAULT_PROFILE`), validated."""
+    return load_config(PlacementProfile, Path(path) if path is not None else DEFAULT_PROFILE)

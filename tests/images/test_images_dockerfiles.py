@@ -1,0 +1,281 @@
+"""The Dockerfiles, checked statically (no Docker engine runs here).
+
+They parse; every base is pinned; the final stage's last USER is a numeric non-root uid; every
+version a ``pip install`` names equals the project's lock (constraints.txt, and pyproject.toml for
+the pins it carries); kfp is asserted at the SDK's exact version; the trainer's CUDA matches the
+CUDA torch was built for and its DeepSpeed ops are prebuilt for sm_90; COPY sources exist and pass
+``.dockerignore``; no credentials in ENV/ARG.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGES = {"trainer": REPO / "images" / "trainer.Dockerfile", "component": REPO / "images" / "component.Dockerfile"}
+INSTRUCTIONS = {
+    "FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME",
+    "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL",
+}  # fmt: skip
+
+
+@dataclass
+class Instruction:
+    keyword: str
+    value: str
+    line: int
+
+
+@dataclass
+class Stage:
+    image: str
+    name: str | None
+    instructions: list[Instruction]
+
+
+def parse_dockerfile(text: str) -> list[Stage]:
+    """Instructions grouped by stage: continuation lines joined, comments and directives dropped."""
+    instructions: list[Instruction] = []
+    pending, start = "", 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):
+            continue  # a comment inside a continued instruction
+        if not pending:
+            start = number
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        full = (pending + line).strip()
+        pending = ""
+        keyword, _, value = full.partition(" ")
+        if keyword.upper() not in INSTRUCTIONS:
+            raise ValueError(f"line {start}: unknown instruction {keyword!r}")
+        instructions.append(Instruction(keyword.upper(), value.strip(), start))
+    if pending:
+        raise ValueError("the file ends inside a continued instruction")
+    stages: list[Stage] = []
+    for ins in instructions:
+        if ins.keyword == "FROM":
+            words = [w for w in ins.value.split() if not w.startswith("--")]
+            name = words[2] if len(words) == 3 and words[1].upper() == "AS" else None
+            stages.append(Stage(words[0], name, []))
+        elif stages:
+            stages[-1].instructions.append(ins)
+        elif ins.keyword != "ARG":
+            raise ValueError(f"line {ins.line}: {ins.keyword} before the first FROM")
+    return stages
+
+
+def read_constraints() -> dict[str, str]:
+    pins = {}
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[normalise(name)] = version.strip()
+    return pins
+
+
+def normalise(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def pip_installs(stage: Stage) -> list[list[str]]:
+    """The argument lists of every ``pip install`` in a stage's RUN instructions."""
+    out = []
+    for ins in (i for i in stage.instructions if i.keyword == "RUN"):
+        lexer = shlex.shlex(ins.value, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        commands: list[list[str]] = [[]]
+        for token in lexer:
+            if token in ("&&", ";", "||", "|"):
+                commands.append([])
+            else:
+                commands[-1].append(token)
+        for words in commands:
+            if words[:2] == ["pip", "install"] or words[1:4] == ["-m", "pip", "install"]:
+                out.append(words[words.index("install") + 1 :])
+    return out
+
+
+def env_values(stage: Stage) -> dict[str, str]:
+    env = {}
+    for ins in (i for i in stage.instructions if i.keyword == "ENV"):
+        for word in shlex.split(ins.value):
+            key, _, value = word.partition("=")
+            env[key] = value
+    return env
+
+
+@pytest.fixture(scope="module", params=sorted(IMAGES))
+def image(request):
+    return request.param, parse_dockerfile(IMAGES[request.param].read_text())
+
+
+def test_dockerfiles_parse_into_a_build_and_a_runtime_stage(image):
+    _, stages = image
+    assert [s.name for s in stages][-2:] == ["build", "runtime"]
+
+
+def test_every_base_is_pinned_by_exact_tag_or_digest(image):
+    _, stages = image
+    names = {s.name for s in stages if s.name}
+    for stage in stages:
+        if stage.image in names:
+            continue
+        assert "$" not in stage.image, f"{stage.image}: spell the base out, not through an ARG"
+        if "@sha256:" in stage.image:
+            assert re.search(r"@sha256:[0-9a-f]{64}$", stage.image), stage.image
+            continue
+        tag = stage.image.rpartition(":")[2]
+        assert re.match(r"^\d+\.\d+\.\d+(-[a-z0-9.-]+)?$", tag), f"{stage.image}: pin an exact version, not {tag!r}"
+
+
+def test_the_final_user_is_a_numeric_non_root_uid(image):
+    _, stages = image
+    users = [i.value for i in stages[-1].instructions if i.keyword == "USER"]
+    assert users, "the runtime stage sets USER"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) != 0, f"last USER is {users[-1]!r}: the kubelet checks runAsNonRoot on a uid"
+
+
+def test_every_installed_version_is_the_locked_one(image):
+    name, stages = image
+    pins = read_constraints()
+    project_pins = {
+        normalise(dep.split("==")[0]): dep.split("==")[1]
+        for dep in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+        if "==" in dep
+    }
+    installs = [args for stage in stages for args in pip_installs(stage)]
+    assert installs, f"{name}: no pip install found"
+    installs_project = False
+    for args in installs:
+        assert "-c" in args and args[args.index("-c") + 1] == "constraints.txt", (
+            f"pip install {args}: pass -c constraints.txt"
+        )
+        for word in args:
+            if word.startswith("-") or word == "constraints.txt":
+                continue
+            if word == ".":
+                installs_project = True
+                continue
+            package, sep, version = word.partition("==")
+            assert sep, f"pip install {word}: name the version (the lock's)"
+            assert pins.get(normalise(package)) == version, (
+                f"{package}=={version} but constraints.txt has {pins.get(normalise(package))}"
+            )
+            if normalise(package) in project_pins:
+                assert project_pins[normalise(package)] == version, (
+                    f"{package}: pyproject.toml pins {project_pins[normalise(package)]}"
+                )
+    assert installs_project, f"{name}: the project is installed from the repository (pip install -c constraints.txt .)"
+
+
+def test_kfp_is_asserted_at_the_sdk_version(image):
+    _, stages = image
+    runs = " ".join(i.value for i in stages[-2].instructions if i.keyword == "RUN")
+    asserted = re.search(r"kfp\.__version__ == '([^']+)'", runs)
+    assert asserted and asserted.group(1) == read_constraints()["kfp"]
+    assert "kfp.dsl.executor_main" in runs
+
+
+def test_the_trainer_cuda_matches_torch_and_its_ops_are_prebuilt_for_sm90():
+    stages = parse_dockerfile(IMAGES["trainer"].read_text())
+    pins = read_constraints()
+    torch_cuda = ".".join(pins["nvidia-cuda-runtime"].split(".")[:2])
+    for stage in stages:
+        if stage.image.startswith("nvidia/cuda:"):
+            assert stage.image.split(":")[1].startswith(torch_cuda + "."), (
+                f"{stage.image}: torch's CUDA is {torch_cuda}"
+            )
+    assert "devel" in stages[-2].image and "devel" not in stages[-1].image, "nvcc in the build stage only"
+    env = env_values(stages[-2])
+    assert env["TORCH_CUDA_ARCH_LIST"] == "9.0"
+    built = {
+        key.removeprefix("DS_BUILD_").lower()
+        for key, value in env.items()
+        if key.startswith("DS_BUILD_") and value == "1"
+    }
+    assert built, "some DeepSpeed ops are prebuilt"
+    runs = " ".join(i.value for i in stages[-2].instructions if i.keyword == "RUN")
+    checked = re.search(r"for op in \(([^)]*)\)", runs)
+    assert checked and set(re.findall(r"'(\w+)'", checked.group(1))) == built, "the build asserts every op it prebuilds"
+
+
+def test_no_credentials_in_env_or_arg(image):
+    _, stages = image
+    for stage in stages:
+        for ins in stage.instructions:
+            if ins.keyword in ("ENV", "ARG"):
+                for word in shlex.split(ins.value):
+                    key = word.partition("=")[0].upper()
+                    assert not re.search(r"SECRET|PASSWORD|TOKEN|ACCESS_KEY|CREDENTIAL|API_KEY", key), ins
+
+
+def dockerignore_excludes(path: str, patterns: list[str]) -> bool:
+    """Docker's rule: patterns in order, the last one that matches the path or a parent decides."""
+    excluded = False
+    parts = path.split("/")
+    candidates = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        pattern = pattern.lstrip("!").strip("/")
+        regex = re.escape(pattern).replace(r"\*\*/", "(.*/)?").replace(r"\*\*", ".*").replace(r"\*", "[^/]*")
+        if any(re.fullmatch(regex, c) for c in candidates) or any(fnmatch.fnmatch(c, pattern) for c in candidates):
+            excluded = not negate
+    return excluded
+
+
+def test_copy_sources_exist_and_pass_dockerignore(image):
+    _, stages = image
+    patterns = [
+        line.strip()
+        for line in (REPO / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    sources = []
+    for ins in (i for stage in stages for i in stage.instructions if i.keyword == "COPY"):
+        words = ins.value.split()
+        if any(w.startswith("--from") for w in words):
+            continue
+        sources.extend(w for w in words[:-1] if not w.startswith("--"))
+    assert sources
+    for source in sources:
+        assert (REPO / source).exists(), source
+        assert not dockerignore_excludes(source.rstrip("/"), patterns), f"{source} is excluded by .dockerignore"
+    assert not dockerignore_excludes("g2rpo/__init__.py", patterns)
+    for kept_out in (
+        ".git/config",
+        ".venv/bin/python",
+        "g2rpo/__pycache__/cli.cpython-311.pyc",
+        "tests/conftest.py",
+        "runs/x",
+    ):
+        assert dockerignore_excludes(kept_out, patterns), kept_out
+
+
+def test_parser_rejects_what_docker_would():
+    with pytest.raises(ValueError, match="unknown instruction"):
+        parse_dockerfile("FROM python:3.11.14-slim\nRUNN echo hi\n")
+    with pytest.raises(ValueError, match="continued"):
+        parse_dockerfile("FROM python:3.11.14-slim\nRUN echo \\\n")
+
+
+def test_the_components_name_the_images_the_chart_deploys():
+    from components.images import G2RPO_IMAGE, TRAINER_IMAGE
+    from g2rpo import __version__
+
+    values = yaml.safe_load((REPO / "charts" / "g2rpo" / "values.yaml").read_text())["images"]
+    assert TRAINER_IMAGE == f"{values['trainer']['repository']}:{__version__}"
+    assert G2RPO_IMAGE == f"{values['component']['repository']}:{__version__}"
