@@ -164,11 +164,11 @@ class Trainer:
                 )
             )
         self.out = Path(cfg.output.dir)
-        # Before anything is written there: a folder holding files that are not a run's is refused.
-        if self.ctx.is_main:
+        # Before any work: a folder holding files that are not a run's is refused; one that exists is
+        # marked as the run's before anything is written there (a new one when the run writes its config).
+        check_run_dir(self.out)
+        if self.ctx.is_main and self.out.exists():
             claim_run_dir(self.out, self.hash)
-        else:
-            check_run_dir(self.out)
         self.checkpoints = CheckpointManager(
             self.out / "checkpoints",
             config_hash=self.hash,
@@ -205,7 +205,7 @@ class Trainer:
             if self.ctx.is_main:  # the resumed run's config, next to the original (never overwritten)
                 (self.out / f"config-resumed-iter-{state.iteration:06d}.yaml").write_text(to_yaml(cfg))
         elif self.ctx.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
+            claim_run_dir(self.out, self.hash)  # makes the folder and writes the marker first
             (self.out / "config.yaml").write_text(to_yaml(cfg))
             if (self.out / "metrics.jsonl").exists():  # a run killed before its first checkpoint
                 self._log_event({"event": "restarted", "iteration": 0})
