@@ -14,13 +14,21 @@ values. The metric names, types and labels are defined in :mod:`g2rpo.observabil
 """
 
 from g2rpo.observability.exporter import TrainingExporter
-from g2rpo.observability.push import PushgatewayWarning, PushTarget, push_evaluation, push_pipeline_run, push_promotion
+from g2rpo.observability.push import (
+    PushgatewayWarning,
+    PushTarget,
+    push_evaluation,
+    push_evaluations,
+    push_pipeline_run,
+    push_promotion,
+)
 
 __all__ = [
     "PushTarget",
     "PushgatewayWarning",
     "TrainingExporter",
     "push_evaluation",
+    "push_evaluations",
     "push_pipeline_run",
     "push_promotion",
 ]

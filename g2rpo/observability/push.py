@@ -43,6 +43,7 @@ __all__ = [
     "PushTarget",
     "PushgatewayWarning",
     "push_evaluation",
+    "push_evaluations",
     "push_pipeline_run",
     "push_promotion",
 ]
@@ -80,6 +81,17 @@ def push_evaluation(
     """Push an evaluation's per-metric summaries for each sampler step count (``{steps: {metric: {mean,
     std, n, ci_low, ci_high}}}``, metrics.json's ``by_steps``; a summary without ``ci_low``/``ci_high``
     gets the 95 % normal interval of its mean); ``version`` names what was scored (``v3``, ``base``)."""
+    return push_evaluations(target, {version: by_steps}, now=now)
+
+
+def push_evaluations(
+    target: PushTarget,
+    by_version: Mapping[str, Mapping[int, Mapping[str, Mapping[str, float | int]]]],
+    *,
+    now: float | None = None,
+) -> bool:
+    """:func:`push_evaluation` of several evaluations in one push (``{version: by_steps}``): a step that
+    evaluates the challenger and the champion pushes both together, since each push replaces the last."""
     registry = CollectorRegistry()
     labels = ("metric", "version", "steps")
     mean = Gauge(
@@ -92,16 +104,17 @@ def push_evaluation(
         "g2rpo_evaluation_metric_ci_upper", "Upper bound of the mean's 95 % interval", labels, registry=registry
     )
     samples = Gauge("g2rpo_evaluation_samples", "Scored (prompt, seed) pairs per metric", labels, registry=registry)
-    for steps, table in by_steps.items():
-        for name, summary in table.items():
-            key = {"metric": name, "version": version, "steps": str(steps)}
-            low, high = summary.get("ci_low"), summary.get("ci_high")
-            if low is None or high is None:
-                low, high = normal_interval(float(summary["mean"]), float(summary["std"]), int(summary["n"]))
-            mean.labels(**key).set(float(summary["mean"]))
-            lower.labels(**key).set(float(low))
-            upper.labels(**key).set(float(high))
-            samples.labels(**key).set(int(summary["n"]))
+    for version, by_steps in by_version.items():
+        for steps, table in by_steps.items():
+            for name, summary in table.items():
+                key = {"metric": name, "version": version, "steps": str(steps)}
+                low, high = summary.get("ci_low"), summary.get("ci_high")
+                if low is None or high is None:
+                    low, high = normal_interval(float(summary["mean"]), float(summary["std"]), int(summary["n"]))
+                mean.labels(**key).set(float(summary["mean"]))
+                lower.labels(**key).set(float(low))
+                upper.labels(**key).set(float(high))
+                samples.labels(**key).set(int(summary["n"]))
     _timestamp("g2rpo_evaluation_last_run_timestamp_seconds", "Unix time of the last evaluation", registry, now)
     return _push(target, JOBS["evaluate"], registry)
 
