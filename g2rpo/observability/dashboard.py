@@ -49,10 +49,12 @@ PANELS: tuple[Panel, ...] = (
     Panel(
         "Training",
         "Reward per model and stride",
-        "Mean finite reward of each iteration per reward model and stride, and over all rewards and ranks. "
-        "Should rise; a sudden fall is G2RPORewardCollapse.",
+        "Mean finite reward of each iteration per reward model and stride (and its standard deviation), and "
+        "over all rewards and ranks. Should rise; a sudden fall is G2RPORewardCollapse; a std near 0 leaves "
+        "the groups nothing to learn from.",
         (
             (f"g2rpo_training_reward_mean{{{RUN}}}", "{{run_id}} {{reward}} stride {{stride}}"),
+            (f"g2rpo_training_reward_std{{{RUN}}}", "{{run_id}} {{reward}} stride {{stride}} std"),
             (f"g2rpo_training_reward_global_mean{{{RUN}}}", "{{run_id}} all rewards"),
         ),
     ),

@@ -85,6 +85,12 @@ class TrainingMetrics:
             "reward",
             "stride",
         )
+        self.reward_std = gauge(
+            "g2rpo_training_reward_std",
+            "Standard deviation of this iteration's finite rewards, per reward model and stride",
+            "reward",
+            "stride",
+        )
         self.reward_global_mean = gauge(
             "g2rpo_training_reward_global_mean", "Mean finite reward of this iteration over all rewards and ranks"
         )
@@ -152,11 +158,12 @@ class TrainingMetrics:
         run = self.run
         self.iteration.labels(**run).set(iteration + 1)
         self.last_iteration_time.labels(**run).set(time.time() if now is None else now)
-        for name, row in zip(reward_names, stats["reward_mean"]):
+        for name, row, std_row in zip(reward_names, stats["reward_mean"], stats["reward_std"]):
             labels = [str(s) for s in strides] if strides is not None and len(strides) == len(row) else None
-            for j, value in enumerate(row):
+            for j, (value, std) in enumerate(zip(row, std_row)):
                 stride = labels[j] if labels else str(j + 1)
                 self.reward_mean.labels(**run, reward=name, stride=stride).set(value)
+                self.reward_std.labels(**run, reward=name, stride=stride).set(std)
         self.reward_global_mean.labels(**run).set(reward_global_mean)
         self.advantage_mean.labels(**run).set(stats["advantage_mean"])
         self.advantage_std.labels(**run).set(stats["advantage_std"])

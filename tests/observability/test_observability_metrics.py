@@ -41,6 +41,7 @@ ALLOWED_LABELS = {
 def _record(iteration: int, loss: float = 0.25) -> IterationRecord:
     stats = StepStats(
         reward_mean=[[0.5, 0.75]],
+        reward_std=[[0.125, 0.25]],
         reward_mean_all=0.625,
         advantage_mean=0.0,
         advantage_std=1.0,
@@ -107,6 +108,7 @@ def test_the_exporter_serves_conventional_names_and_low_cardinality_labels():
     assert value[("g2rpo_training_last_checkpoint_iteration", run)] == 2
     stride2 = (("pipeline", "p"), ("reward", "jpeg_compressibility"), ("run_id", "r1"), ("stride", "2"))
     assert value[("g2rpo_training_reward_mean", stride2)] == 0.75
+    assert value[("g2rpo_training_reward_std", stride2)] == 0.25
     assert math.isnan(value[("g2rpo_training_loss", run)])  # NaN exported as NaN (the alert's input)
     assert math.isnan(value[("g2rpo_training_grad_norm", run)])  # no optimiser step reported
     assert value[("g2rpo_training_phase_seconds_count", (("phase", "training"), *run))] == 2
