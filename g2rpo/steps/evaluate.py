@@ -30,7 +30,7 @@ import torch
 from g2rpo import __version__
 from g2rpo.artifacts.manifest import Manifest, fetch_to_cache, has_manifest, publish_dir, read_manifest
 from g2rpo.artifacts.scores import EvalScores, ScoreItem
-from g2rpo.artifacts.storage import S3Settings, Store, open_store
+from g2rpo.artifacts.storage import S3Settings, Store, check_writable, open_store
 from g2rpo.config import config_hash
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation import report, resume
@@ -153,6 +153,7 @@ def evaluate(
 
     if not model_uri:
         raise G2RPOError(problem("model_uri", model_uri, "name the model to evaluate (a folder or s3:// URI)"))
+    check_writable(output_uri, "output_uri")
     store = open_store(output_uri, settings)
     if has_manifest(store):
         raise G2RPOError(

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, publish_dir, read_manifest, unique_prefix
-from g2rpo.artifacts.storage import S3Settings, open_store
+from g2rpo.artifacts.storage import S3Settings, check_writable, open_store
 from g2rpo.config import to_yaml
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.config import EvaluationConfig
@@ -39,6 +39,7 @@ from g2rpo.training.distributed import init_distributed
 from g2rpo.training.metrics import read_iteration_records
 from g2rpo.training.mirror import CheckpointMirror
 from g2rpo.training.run_config import RunConfig, resume_hash
+from g2rpo.training.run_dir import check_run_dir, claim_run_dir
 from g2rpo.training.trainer import TrainerCallback, train_from_config
 
 __all__ = [
@@ -108,6 +109,11 @@ def train(
         return _train_as_trainjob(config, nodes, trainjob, publish_uri, checkpoint_uri, settings)
     if nodes < 1:
         raise G2RPOError(problem("nodes", nodes, "give the number of nodes to train on (1: in this process)"))
+    check_run_dir(config.output.dir)  # writable, and holding nothing but a run's files
+    if config.model.create_tiny and not Path(config.model.path).exists():
+        check_writable(config.model.path, "model.path")
+    if config.rewards.cache_dir:
+        check_writable(config.rewards.cache_dir, "rewards.cache_dir")
     callbacks: list[TrainerCallback] = []
     if checkpoint_uri is not None:
         mirror = CheckpointMirror(
@@ -118,6 +124,7 @@ def train(
         )
         ctx = init_distributed(config.train.device)  # the trainer joins the same group later
         if ctx.is_main:  # output.dir is one folder for all ranks (shared when there are several nodes)
+            claim_run_dir(config.output.dir, resume_hash(config))  # before the restore writes there
             mirror.restore(Path(config.output.dir) / "checkpoints", resume_hash(config))
         ctx.barrier()
         callbacks.append(mirror)
