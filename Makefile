@@ -51,12 +51,13 @@ $(CHROMIUM_STAMP):
 	command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y --no-install-recommends chromium; }
 	mkdir -p $(VENV) && touch $(CHROMIUM_STAMP)
 
+# The demo needs the Python packages only; the tests also start Chromium, Prometheus and the Pushgateway.
 install: $(STAMP) $(CHROMIUM_STAMP) $(DEB_STAMP)
 
 # The whole DAG (prepare → train → evaluate → decide → promote) through kfp.local on the tiny model;
 # run it again and the new challenger is evaluated against the champion and gated. `g2rpo demo` is
 # the same job as plain step calls, without KFP.
-demo: install
+demo: $(STAMP)
 	$(VENV)/bin/g2rpo pipeline run-local
 
 lint: install
