@@ -4,6 +4,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
+# Debian packages the tests start as real servers (tests/observability): Prometheus (with promtool)
+# and the Pushgateway. Installed once; skipped when their binaries are already on PATH.
+DEBS := prometheus prometheus-pushgateway
+DEB_STAMP := $(VENV)/.debs-installed
 # torch/torchvision first, pinned (both lie on local disk here; an unpinned torch downloads GBs).
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 PYTEST_ARGS ?=
@@ -29,6 +33,16 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 
+$(DEB_STAMP):
+	@if command -v prometheus >/dev/null && command -v promtool >/dev/null && command -v prometheus-pushgateway >/dev/null; then \
+		echo "prometheus, promtool, prometheus-pushgateway: already installed"; \
+	elif command -v apt-get >/dev/null; then \
+		$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends $(DEBS); \
+	else \
+		echo "warning: no apt-get: install $(DEBS) yourself, or the observability tests skip" >&2; exit 0; \
+	fi
+	mkdir -p $(VENV) && touch $@
+
 # Debian's chromium renders report.html in the evaluation tests (headless); installed once, as root or with sudo.
 CHROMIUM_STAMP := $(VENV)/.chromium
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -37,12 +51,13 @@ $(CHROMIUM_STAMP):
 	command -v chromium >/dev/null || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y --no-install-recommends chromium; }
 	mkdir -p $(VENV) && touch $(CHROMIUM_STAMP)
 
-install: $(STAMP) $(CHROMIUM_STAMP)
+# The demo needs the Python packages only; the tests also start Chromium, Prometheus and the Pushgateway.
+install: $(STAMP) $(CHROMIUM_STAMP) $(DEB_STAMP)
 
 # The whole DAG (prepare → train → evaluate → decide → promote) through kfp.local on the tiny model;
 # run it again and the new challenger is evaluated against the champion and gated. `g2rpo demo` is
 # the same job as plain step calls, without KFP.
-demo: install
+demo: $(STAMP)
 	$(VENV)/bin/g2rpo pipeline run-local
 
 lint: install

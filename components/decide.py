@@ -14,9 +14,11 @@ def decide(
     model_name: str,
     gates_uri: str,
     source_run: str,
+    pushgateway_url: str,
     decision: Output[Artifact],
 ) -> bool:
-    """True when the registered challenger passes the gates (the pipeline then runs **promote**)."""
+    """True when the registered challenger passes the gates (the pipeline then runs **promote**); the
+    decision is pushed to ``pushgateway_url`` when one is given."""
     # KFP ships this function's source alone, so its imports live inside it.
     from g2rpo.steps.gate import decide_challenger
 
@@ -28,6 +30,7 @@ def decide(
         gates_uri=gates_uri,
         source_run=source_run,
         output_dir=decision.path,
+        pushgateway_url=pushgateway_url,
     )
     decision.metadata.update(record.model_dump(mode="json"))
     return record.passed

@@ -16,11 +16,13 @@ def evaluate(
     store_uri: str,
     eval_num_prompts: int,
     eval_seeds: list,
+    pushgateway_url: str,
     evaluation: Output[Artifact],
     metrics: Output[Metrics],
     report: Output[HTML],
 ):
-    """Evaluate on ``data``'s test split (its first ``eval_num_prompts``; 0 for all) × ``eval_seeds``."""
+    """Evaluate on ``data``'s test split (its first ``eval_num_prompts``; 0 for all) × ``eval_seeds``
+    (and push the summaries to ``pushgateway_url`` when one is given)."""
     # KFP ships this function's source alone, so its imports live inside it.
     import os
 
@@ -36,6 +38,7 @@ def evaluate(
         report_path=report.path,
         num_prompts=eval_num_prompts or None,
         seeds=eval_seeds,
+        pushgateway_url=pushgateway_url,
     )
     evaluation.metadata.update(record.model_dump(mode="json"))
     for name, mean in record.challenger_means.items():

@@ -8,9 +8,14 @@ from components.images import G2RPO_IMAGE
 
 @dsl.component(base_image=G2RPO_IMAGE, install_kfp_package=False)
 def promote(
-    decision: Input[Artifact], evaluation: Input[Artifact], registry_uri: str, gates_uri: str, source_run: str
+    decision: Input[Artifact],
+    evaluation: Input[Artifact],
+    registry_uri: str,
+    gates_uri: str,
+    source_run: str,
+    pushgateway_url: str,
 ) -> int:
-    """The champion's version after the alias move."""
+    """The champion's version after the alias move (pushed to ``pushgateway_url`` when one is given)."""
     # KFP ships this function's source alone, so its imports live inside it.
     from g2rpo.steps.gate import promote_challenger
 
@@ -20,5 +25,6 @@ def promote(
         registry_uri=registry_uri,
         gates_uri=gates_uri,
         reason=f"pipeline run {source_run}",
+        pushgateway_url=pushgateway_url,
     )
     return result.champion

@@ -189,6 +189,7 @@ def build_pipeline(profile: PlacementProfile):
                 store_uri=store_uri,
                 eval_num_prompts=eval_num_prompts,
                 eval_seeds=eval_seeds,
+                pushgateway_url=pushgateway_url,
             )
             _retry(_with_s3(evaluated.set_display_name("evaluate"), profile, timeouts.evaluate))
             if profile.evaluate_gpus:
@@ -203,6 +204,7 @@ def build_pipeline(profile: PlacementProfile):
                 model_name=model_name,
                 gates_uri=gates_uri,
                 source_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+                pushgateway_url=pushgateway_url,
             )
             _with_s3(decided.set_display_name("decide"), profile, timeouts.decide)
 
@@ -213,6 +215,7 @@ def build_pipeline(profile: PlacementProfile):
                     registry_uri=registry_uri,
                     gates_uri=gates_uri,
                     source_run=dsl.PIPELINE_JOB_NAME_PLACEHOLDER,
+                    pushgateway_url=pushgateway_url,
                 )
                 _with_s3(promoted.set_display_name("promote"), profile, timeouts.promote)
 

@@ -64,6 +64,7 @@ __all__ = [
     "locate",
     "part_size_for",
     "sha256_file",
+    "check_writable",
 ]
 
 MiB = 1024 * 1024
@@ -227,6 +228,36 @@ def part_size_for(size: int, min_part: int = 8 * MiB, max_parts: int = S3_MAX_PA
             problem("size", size, f"too big for one S3 object ({max_parts} parts of at most 5 GiB); split the file")
         )
     return part
+
+
+def check_writable(location: str | Path, field: str, *, kind: str = "dir") -> None:
+    """Refuse, before any work starts, a local output that cannot be written: ``location`` is a folder
+    (``kind="dir"``) or a file (``kind="file"``) to write, existing or to be created with its parents.
+
+    Checks what the operating system says (``os.access``: permissions, ACLs, a read-only mount) on the
+    location itself when it exists, else on its nearest existing parent, which must be a folder.
+    ``s3://`` locations are left to the store (their credentials are checked when it opens).
+    """
+    text = str(location)
+    if text.startswith("file://"):
+        text = text.removeprefix("file://")
+    elif "://" in text:
+        return
+    path = Path(text)
+    fix = "choose a location you can write to (or make this one writable)"
+    if kind == "dir" and path.exists() and not path.is_dir():
+        raise G2RPOError(problem(field, text, f"is a file, not a folder: {fix}"))
+    if kind == "file" and path.is_dir():
+        raise G2RPOError(problem(field, text, "is a folder: give the path of a file to write"))
+    existing = path if path.exists() else path.parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir() and existing != path:
+        raise G2RPOError(problem(field, text, f"cannot be created: {existing} is a file, not a folder: {fix}"))
+    wanted = os.W_OK | (os.X_OK if existing.is_dir() else 0)
+    if not os.access(existing, wanted):
+        where = "is not writable" if existing == path else f"cannot be created: {existing} is not writable"
+        raise G2RPOError(problem(field, text, f"{where} (read-only): {fix}"))
 
 
 def sha256_file(path: str | Path, chunk: int = 4 * MiB) -> tuple[int, str]:

@@ -59,6 +59,9 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         metavar="NAME,...",
         help="reward models by name, comma-separated (sets `rewards.models`; `g2rpo rewards list`)",
     )
+    ev.add_argument("--pushgateway", metavar="URL", help="push the metric summaries to this Prometheus Pushgateway")
+    ev.add_argument("--pipeline", default="local", help="the pushed series' `pipeline` label (default: local)")
+    ev.add_argument("--version-label", default="", metavar="V", help="the pushed series' `version` label, e.g. v3")
     ev.add_argument("--describe", action="store_true", help="list every config key (type, default, help) and exit")
     ev.add_argument(
         "overrides",
@@ -94,6 +97,7 @@ def _eval(args: argparse.Namespace) -> int:
         rewards["models"] = [{"name": name.strip()} for name in args.metrics.split(",") if name.strip()]
     config = load_config(EvaluationConfig, args.config, overrides)
 
+    from g2rpo.observability.push import PushTarget
     from g2rpo.steps.evaluate import evaluate
 
     result = evaluate(
@@ -103,6 +107,8 @@ def _eval(args: argparse.Namespace) -> int:
         base_model_uri=args.base_model,
         baseline_uri=args.baseline,
         progress=True,
+        pushgateway=PushTarget(args.pushgateway, pipeline=args.pipeline) if args.pushgateway else None,
+        version_label=args.version_label,
     )
     print(
         f"evaluated {args.model}: {len(result.evaluation.prompts)} prompts × seeds {config.seeds}, "

@@ -84,6 +84,7 @@ def _register(args) -> int:
 
 def _promote(args) -> int:
     from g2rpo.artifacts.promotion import format_decision, load_gates
+    from g2rpo.observability.push import PushTarget
     from g2rpo.steps.promote import decide_and_promote
 
     gates, gates_sha = load_gates(args.gates)
@@ -96,6 +97,7 @@ def _promote(args) -> int:
         dry_run=args.dry_run,
         reason=args.reason or "",
         settings=settings_from_args(args),
+        pushgateway=PushTarget(args.pushgateway, pipeline=args.pipeline) if args.pushgateway else None,
     )
     print(format_decision(result.decision))
     if result.dry_run:
@@ -179,6 +181,8 @@ def add_commands(sub) -> None:
     p.add_argument("--gates", default=None, help="gates YAML (default: the packaged g2rpo/gates/default.yaml)")
     p.add_argument("--dry-run", action="store_true", help="print the decision, record nothing")
     p.add_argument("--reason", default="", help="note recorded in the history")
+    p.add_argument("--pushgateway", metavar="URL", help="push the decision to this Prometheus Pushgateway")
+    p.add_argument("--pipeline", default="local", help="the pushed series' `pipeline` label (default: local)")
     common(p)
     p.set_defaults(handler=_promote)
 

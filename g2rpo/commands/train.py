@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
+from g2rpo.artifacts.storage import check_writable
 from g2rpo.commands.storage import _add_s3_options, settings_from_args
 
 _OVERRIDES_HELP = "dotted.key=value overrides applied after the file, values parsed as YAML (e.g. train.iterations=10)"
@@ -17,8 +19,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         description=(
             "Run a training job from a YAML run config plus key=value overrides. One process: "
             "`g2rpo train --config configs/tiny-cpu.yaml`. Data parallel: `torchrun --nproc_per_node N "
-            "-m g2rpo train --config FILE deepspeed.enabled=true`. Writes config.yaml, metrics.jsonl, "
-            "checkpoints/ and export/ under output.dir and resumes from the latest complete checkpoint "
+            "-m g2rpo train --config FILE deepspeed.enabled=true`. Writes .g2rpo-run.json, config.yaml, metrics.jsonl, "
+            "checkpoints/ and export/ under output.dir (a new or empty folder, or this run's own) and resumes from the latest complete checkpoint "
             "there (train.resume=auto). See docs/training.md."
         ),
     )
@@ -74,6 +76,8 @@ def _train(args: argparse.Namespace) -> int:
     from g2rpo.training.run_config import load_run_config
 
     config = load_run_config(args.config, args.overrides)
+    if args.summary_json:  # found now, not after the whole run
+        check_writable(args.summary_json, "--summary-json", kind="file")
     result = train(
         config, publish_uri=args.publish, settings=settings_from_args(args), checkpoint_uri=args.checkpoint_uri
     )
@@ -82,6 +86,7 @@ def _train(args: argparse.Namespace) -> int:
         if result.published is not None:
             print(f"published export → {result.published.uri}")
         if args.summary_json:
+            Path(args.summary_json).parent.mkdir(parents=True, exist_ok=True)
             with open(args.summary_json, "w", encoding="utf-8") as handle:
                 json.dump(result.summary, handle, indent=1)
     return 0

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from g2rpo.artifacts.storage import check_writable
 from g2rpo.errors import G2RPOError, problem
 
 __all__ = [
@@ -196,8 +197,7 @@ def save_tiny_flux(output: str | Path, seed: int = 0, overwrite: bool = False) -
     accident). Writes ``g2rpo_tiny.json`` (seed, sizes, licence) last.
     """
     out = Path(output)
-    if out.exists() and not out.is_dir():
-        raise G2RPOError(problem("output", str(out), "is a file; pass a directory path"))
+    check_writable(out, "output")
     if out.is_dir() and any(out.iterdir()) and not overwrite:
         raise G2RPOError(
             problem(

@@ -5,7 +5,8 @@ evaluates the trained export (the train task's :class:`~g2rpo.steps.records.Trai
 evaluation that samples as the run did (:func:`~g2rpo.steps.train.matching_evaluation`), then — when the
 model has a champion — the champion's export on exactly the same prompts, seeds and sampler, so the
 promotion gates compare paired items. Both evaluations are published under the run's store; the task's
-folder receives a :class:`~g2rpo.steps.records.CandidatesRecord` and a self-contained ``report.html``.
+folder receives a :class:`~g2rpo.steps.records.CandidatesRecord` and a self-contained ``report.html``,
+and with a Pushgateway URL both summaries are pushed there (:func:`g2rpo.observability.push_evaluations`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from g2rpo.artifacts.manifest import unique_prefix
 from g2rpo.artifacts.registry import Registry
 from g2rpo.artifacts.storage import S3Settings, open_store
 from g2rpo.config import load_config
+from g2rpo.observability.push import PushTarget, push_evaluations
 from g2rpo.steps.evaluate import EvaluateResult, evaluate
 from g2rpo.steps.records import CandidatesRecord, TrainRecord, read_record, write_record
 from g2rpo.steps.train import matching_evaluation
@@ -58,8 +60,13 @@ def evaluate_candidates(
     num_prompts: int | None = None,
     seeds: list[int] | tuple[int, ...] = (0, 1, 2),
     settings: S3Settings | None = None,
+    pushgateway_url: str = "",
+    pipeline: str = "g2rpo-alignment",
 ) -> CandidatesRecord:
-    """Evaluate the challenger of ``train_dir`` (and the champion, if any) on ``prompts`` × ``seeds``."""
+    """Evaluate the challenger of ``train_dir`` (and the champion, if any) on ``prompts`` × ``seeds``.
+
+    With ``pushgateway_url`` both summaries go there in one push, labelled ``version="challenger"`` and
+    ``version="v<champion>"``, under ``pipeline`` (a gateway that is down is a warning)."""
     trained = read_record(TrainRecord, train_dir, field="train")
     config = load_config(RunConfig, Path(train_dir) / trained.run_config)
     evaluation = matching_evaluation(config, prompts, num_prompts=num_prompts, seeds=seeds)
@@ -89,6 +96,12 @@ def evaluate_candidates(
         challenger_means=challenger.means,
         champion_means={} if champion is None else champion.means,
     )
+    if pushgateway_url:
+        # One push for both: a second push of the job would replace the first.
+        by_version = {"challenger": challenger.by_steps}
+        if champion is not None:
+            by_version[f"v{champion_ref.version}"] = champion.by_steps
+        push_evaluations(PushTarget(pushgateway_url, pipeline=pipeline), by_version)
     write_record(record, output_dir)
     Path(report_path).parent.mkdir(parents=True, exist_ok=True)
     Path(report_path).write_text(report_html(record, challenger, champion, settings), encoding="utf-8")

@@ -30,7 +30,7 @@ import torch
 from g2rpo import __version__
 from g2rpo.artifacts.manifest import Manifest, fetch_to_cache, has_manifest, publish_dir, read_manifest
 from g2rpo.artifacts.scores import EvalScores, ScoreItem
-from g2rpo.artifacts.storage import S3Settings, Store, open_store
+from g2rpo.artifacts.storage import S3Settings, Store, check_writable, open_store
 from g2rpo.config import config_hash
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation import report, resume
@@ -50,6 +50,7 @@ from g2rpo.evaluation.config import EvaluationConfig
 from g2rpo.evaluation.policy import load_policy, resolve_device, sigma_grid
 from g2rpo.evaluation.sampling import EvalResult, sample_rows
 from g2rpo.models.flux import FluxConditioning
+from g2rpo.observability.push import PushTarget, push_evaluation
 from g2rpo.rewards.registry import build_reward, get_spec
 from g2rpo.rewards.scoring import score_rewards
 
@@ -129,6 +130,8 @@ def evaluate(
     baseline_uri: str | None = None,
     settings: S3Settings | None = None,
     progress: bool = False,
+    pushgateway: PushTarget | None = None,
+    version_label: str = "",
 ) -> EvaluateResult:
     """Evaluate the model at ``model_uri`` on ``config``'s prompts × seeds × step counts; publish at
     ``output_uri``.
@@ -137,7 +140,8 @@ def evaluate(
     it defaults to the local location the export records. ``baseline_uri`` is another published
     evaluation on the same prompts and seeds: the report then pairs the two. ``output_uri`` must not
     hold a published artifact yet; a partial evaluation there is continued when its inputs match
-    (all checked before any sampling). Every rank returns the result.
+    (all checked before any sampling). Every rank returns the result. With ``pushgateway`` rank 0
+    pushes the summaries there, labelled ``version=version_label`` (a gateway that is down is a warning).
     """
     started = time.perf_counter()
     device = resolve_device(config.device)
@@ -149,6 +153,7 @@ def evaluate(
 
     if not model_uri:
         raise G2RPOError(problem("model_uri", model_uri, "name the model to evaluate (a folder or s3:// URI)"))
+    check_writable(output_uri, "output_uri")
     store = open_store(output_uri, settings)
     if has_manifest(store):
         raise G2RPOError(
@@ -204,7 +209,10 @@ def evaluate(
         resume.clear(store)
     ranks.barrier()
     say("done")
-    return _result(output_uri, config, generated, settings)
+    result = _result(output_uri, config, generated, settings)
+    if pushgateway is not None and ranks.rank == 0:
+        push_evaluation(pushgateway, result.by_steps, version=version_label)
+    return result
 
 
 def _sample_chunks(model_uri, config, base_model_uri, settings, device, prompts, chunks, store: Store, say) -> int:

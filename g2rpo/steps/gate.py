@@ -6,6 +6,10 @@ gates against the champion's fresh evaluation on the same items (or the floors, 
 without moving any alias. A refusal is recorded with the version there and then; a pass is left for
 :func:`promote_challenger`, which decides again against the registry as it is now and moves the champion
 alias by one conditional write (:func:`g2rpo.steps.promote.decide_and_promote`).
+
+With a Pushgateway URL each pushes its decision there under the pipeline's name (job ``g2rpo-promote``):
+decide a pass as ``dry_run`` (promote's push then replaces it) and a refusal as ``rejected``, since it is
+final; promote ``promoted``; either ``error`` when the step raises. A gateway that is down is a warning.
 """
 
 from __future__ import annotations
@@ -18,7 +22,8 @@ from g2rpo.artifacts.registry import Registry
 from g2rpo.artifacts.scores import EvalScores
 from g2rpo.artifacts.storage import S3Settings, locate
 from g2rpo.errors import G2RPOError, problem
-from g2rpo.steps.promote import PromoteResult, decide_and_promote
+from g2rpo.observability.push import PushTarget
+from g2rpo.steps.promote import PromoteResult, decide_and_promote, push_decision
 from g2rpo.steps.records import CandidatesRecord, DecisionRecord, TrainRecord, read_record, write_record
 from g2rpo.steps.register import EVAL_SCORES_FILE, read_scores, register
 
@@ -38,6 +43,10 @@ def gates_from(gates_uri: str, settings: S3Settings | None = None) -> tuple[Gate
     return load_gates(gates_uri.removeprefix("file://"))
 
 
+def _target(pushgateway_url: str, pipeline: str) -> PushTarget | None:
+    return PushTarget(pushgateway_url, pipeline=pipeline) if pushgateway_url else None
+
+
 def _fresh_champion(candidates: CandidatesRecord, settings: S3Settings | None) -> tuple[int, EvalScores] | None:
     if candidates.champion_version is None or candidates.champion_eval_uri is None:
         return None
@@ -55,8 +64,12 @@ def decide_challenger(
     source_run: str,
     output_dir: str | Path,
     settings: S3Settings | None = None,
+    pushgateway_url: str = "",
+    pipeline: str = "g2rpo-alignment",
 ) -> DecisionRecord:
-    """Register the challenger and decide whether it passes the gates; write the decision record."""
+    """Register the challenger and decide whether it passes the gates; write the decision record
+    (and push the decision to ``pushgateway_url`` when one is given; see the module docstring)."""
+    target = _target(pushgateway_url, pipeline)
     trained = read_record(TrainRecord, train_dir, field="train")
     candidates = read_record(CandidatesRecord, candidates_dir, field="evaluation")
     gates, gates_sha = gates_from(gates_uri, settings)
@@ -91,11 +104,14 @@ def decide_challenger(
         dry_run=True,
         champion_scores=_fresh_champion(candidates, settings),
         settings=settings,
+        pushgateway=target,
     )
     if not result.passed:  # a refusal is final: record it now (a pass is recorded when promote applies it)
         Registry(registry_uri, settings).record_decision(
             model, registered.version, result.decision.model_dump(mode="json")
         )
+        if target is not None:
+            push_decision(target, result.decision, result.champion)
     print(format_decision(result.decision), flush=True)
     record = DecisionRecord(
         model=model,
@@ -117,9 +133,12 @@ def promote_challenger(
     gates_uri: str,
     reason: str,
     settings: S3Settings | None = None,
+    pushgateway_url: str = "",
+    pipeline: str = "g2rpo-alignment",
 ) -> PromoteResult:
     """Make the decided challenger champion: the gates again, against the registry as it is now, then the
-    alias move. Raises when the decision no longer passes (the champion changed since it was made)."""
+    alias move. Raises when the decision no longer passes (the champion changed since it was made).
+    With ``pushgateway_url`` the decision is pushed there (see the module docstring)."""
     decided = read_record(DecisionRecord, decision_dir, field="decision")
     candidates = read_record(CandidatesRecord, candidates_dir, field="evaluation")
     gates, gates_sha = gates_from(gates_uri, settings)
@@ -134,6 +153,7 @@ def promote_challenger(
         reason=reason,
         champion_scores=_fresh_champion(candidates, settings),
         settings=settings,
+        pushgateway=_target(pushgateway_url, pipeline),
     )
     print(format_decision(result.decision), flush=True)
     if not result.passed:

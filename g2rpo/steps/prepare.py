@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from g2rpo.artifacts.storage import check_writable
 from g2rpo.data import EmbeddingCache, prepare_prompts, read_prompt_split, write_embedding_cache
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.models.loading import TEXT_COMPONENTS, check_model_dir, load_text_encoder, resolve_model_location
@@ -91,6 +92,7 @@ def prepare_data(
     """Split ``prompts_uri`` (a path or ``s3://`` URI) into ``output_uri``; with ``model_uri`` also cache
     the text embeddings of both splits. Existing outputs are refused unless ``overwrite``."""
     out = local_output(output_uri)
+    check_writable(out, "output")
     model = None
     if model_uri:  # checked before anything is written
         model = resolve_model_location(model_uri)

@@ -22,8 +22,9 @@ from g2rpo.artifacts.promotion import Decision, Gates, MetricGate, promote
 from g2rpo.artifacts.registry import Registry
 from g2rpo.artifacts.scores import EvalScores
 from g2rpo.artifacts.storage import S3Settings
+from g2rpo.observability.push import PushTarget, push_promotion
 
-__all__ = ["PromoteResult", "decide_and_promote", "floor_gates_from", "write_gates"]
+__all__ = ["PromoteResult", "decide_and_promote", "floor_gates_from", "push_decision", "write_gates"]
 
 
 @dataclass(frozen=True)
@@ -53,24 +54,33 @@ def decide_and_promote(
     reason: str = "",
     champion_scores: tuple[int, EvalScores] | None = None,
     settings: S3Settings | None = None,
+    pushgateway: PushTarget | None = None,
 ) -> PromoteResult:
     """Apply ``gates`` to ``version`` (a number, ``v3``, or an alias such as ``challenger``) of ``model``;
     make it champion if it passes, unless ``dry_run``. ``gates_sha256`` (of the gates file) is recorded.
     ``champion_scores``: ``(champion version, scores)`` of a fresh evaluation on the same items
-    (:func:`g2rpo.artifacts.promotion.promote`); default the champion's registered scores."""
+    (:func:`g2rpo.artifacts.promotion.promote`); default the champion's registered scores.
+    With ``pushgateway`` the decision (or the error that stopped it) is pushed there."""
     registry = Registry(registry_uri, settings)
-    number = registry.resolve(model, version)
-    decision = promote(
-        registry,
-        model,
-        number,
-        gates,
-        gates_sha256=gates_sha256,
-        dry_run=dry_run,
-        reason=reason,
-        champion_scores=champion_scores,
-    )
-    state, _ = registry.read_state(model)
+    try:
+        number = registry.resolve(model, version)
+        decision = promote(
+            registry,
+            model,
+            number,
+            gates,
+            gates_sha256=gates_sha256,
+            dry_run=dry_run,
+            reason=reason,
+            champion_scores=champion_scores,
+        )
+        state, _ = registry.read_state(model)
+    except Exception as exc:
+        if pushgateway is not None:
+            push_promotion(pushgateway, model=model, outcome="error", reason=type(exc).__name__, champion=None)
+        raise
+    if pushgateway is not None:
+        push_decision(pushgateway, decision, state.aliases.get("champion"), dry_run=dry_run)
     return PromoteResult(
         registry_uri=registry.store.uri,
         model=model,
@@ -78,6 +88,20 @@ def decide_and_promote(
         decision=decision,
         dry_run=dry_run,
         champion=state.aliases.get("champion"),
+    )
+
+
+def push_decision(target: PushTarget, decision: Decision, champion: int | None, *, dry_run: bool = False) -> bool:
+    """Push ``decision``: outcome promoted/rejected/dry_run, reason ``passed`` or the first failed gate."""
+    failed = [r for r in decision.results if not r.passed]
+    outcome = "dry_run" if dry_run else ("promoted" if decision.passed else "rejected")
+    return push_promotion(
+        target,
+        model=decision.model,
+        outcome=outcome,
+        reason="passed" if not failed else f"gate:{failed[0].metric}",
+        champion=champion,
+        gates=[r.model_dump() for r in decision.results],
     )
 
 

@@ -1,8 +1,9 @@
 """The pipeline's exit step: record how the run ended (whatever happened to the other tasks).
 
-:func:`report_status` writes a :class:`RunStatus` record as JSON. ``pushgateway_url`` is where the run's
-final status is to be pushed (a Prometheus Pushgateway); the push joins with the observability issue,
-until then the record notes that it was not pushed.
+:func:`report_status` writes a :class:`RunStatus` record as JSON and, with ``pushgateway_url``, pushes
+the outcome to that Prometheus Pushgateway (:func:`g2rpo.observability.push_pipeline_run`: the last
+run's outcome and, on success, the last-success time, under ``pipeline``). A gateway that is down is
+a warning and ``pushed`` false: the exit task never fails for it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from pydantic import Field
 
 from g2rpo.config import Section
+from g2rpo.observability.push import PushTarget, push_pipeline_run
 
 __all__ = ["RunStatus", "report_status"]
 
@@ -37,9 +39,15 @@ def report_status(
     error: str = "",
     task: str = "",
     pushgateway_url: str = "",
+    pipeline: str = "g2rpo-alignment",
 ) -> RunStatus:
     """Write the run's final status to ``output_path`` (JSON) and print it; see the module docstring.
-    ``task`` is the task (group) the status is of: the failed one unless ``state`` is SUCCEEDED."""
+    ``task`` is the task (group) the status is of: the failed one unless ``state`` is SUCCEEDED.
+    ``pipeline`` is the pushed series' ``pipeline`` label (the pipeline's name, not the run's)."""
+    pushed = False
+    if pushgateway_url:
+        target = PushTarget(pushgateway_url, pipeline=pipeline)
+        pushed = push_pipeline_run(target, succeeded=state == "SUCCEEDED", outcome=state.lower())
     status = RunStatus(
         run=run,
         state=state,
@@ -47,7 +55,7 @@ def report_status(
         failed_task="" if state == "SUCCEEDED" else task,
         finished_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         pushgateway_url=pushgateway_url,
-        pushed=False,  # the Pushgateway client arrives with the observability issue
+        pushed=pushed,
     )
     path = Path(output_path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,8 @@
 """Step **train**: a validated run config in, the trained export (optionally published as an artifact) out.
 
 :func:`train` runs the whole job (:func:`g2rpo.training.trainer.train_from_config`: resume, iterations,
-checkpoints, export) and, with ``publish_uri``, publishes the export folder under a fresh prefix of
+checkpoints, export; rank 0 serves Prometheus ``/metrics`` when ``observability.metrics_port``
+is set, :func:`training_exporter`) and, with ``publish_uri``, publishes the export folder under a fresh prefix of
 that URI (:func:`publish_export`). Under torchrun every rank calls :func:`train`; rank 0 publishes.
 
 With ``checkpoint_uri`` (one per run identity) every complete checkpoint is mirrored there, and a
@@ -27,16 +28,18 @@ from pathlib import Path
 from typing import Any
 
 from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, publish_dir, read_manifest, unique_prefix
-from g2rpo.artifacts.storage import S3Settings, open_store
+from g2rpo.artifacts.storage import S3Settings, check_writable, open_store
 from g2rpo.config import to_yaml
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.config import EvaluationConfig
 from g2rpo.launch.trainjob import TrainJobLaunch, job_name, launch_trainjob
+from g2rpo.observability import TrainingExporter
 from g2rpo.training.checkpoint import manifest_metadata
 from g2rpo.training.distributed import init_distributed
 from g2rpo.training.metrics import read_iteration_records
 from g2rpo.training.mirror import CheckpointMirror
 from g2rpo.training.run_config import RunConfig, resume_hash
+from g2rpo.training.run_dir import check_run_dir, claim_run_dir
 from g2rpo.training.trainer import TrainerCallback, train_from_config
 
 __all__ = [
@@ -46,6 +49,7 @@ __all__ = [
     "publish_export",
     "read_iteration_records",
     "train",
+    "training_exporter",
 ]
 
 
@@ -105,6 +109,11 @@ def train(
         return _train_as_trainjob(config, nodes, trainjob, publish_uri, checkpoint_uri, settings)
     if nodes < 1:
         raise G2RPOError(problem("nodes", nodes, "give the number of nodes to train on (1: in this process)"))
+    check_run_dir(config.output.dir)  # writable, and holding nothing but a run's files
+    if config.model.create_tiny and not Path(config.model.path).exists():
+        check_writable(config.model.path, "model.path")
+    if config.rewards.cache_dir:
+        check_writable(config.rewards.cache_dir, "rewards.cache_dir")
     callbacks: list[TrainerCallback] = []
     if checkpoint_uri is not None:
         mirror = CheckpointMirror(
@@ -115,10 +124,18 @@ def train(
         )
         ctx = init_distributed(config.train.device)  # the trainer joins the same group later
         if ctx.is_main:  # output.dir is one folder for all ranks (shared when there are several nodes)
+            claim_run_dir(config.output.dir, resume_hash(config))  # before the restore writes there
             mirror.restore(Path(config.output.dir) / "checkpoints", resume_hash(config))
         ctx.barrier()
         callbacks.append(mirror)
-    summary = train_from_config(config, callbacks)
+    exporter = training_exporter(config) if int(os.environ.get("RANK", "0")) == 0 else None
+    if exporter is not None:
+        callbacks.append(exporter)
+    try:
+        summary = train_from_config(config, callbacks)
+    finally:
+        if exporter is not None:
+            exporter.close()
     config_hash = resume_hash(config)
     export_dir = None if summary["export"] is None else Path(summary["export"])
     published = None
@@ -133,6 +150,37 @@ def train(
         export_dir=export_dir,
         config_hash=config_hash,
         published=published,
+    )
+
+
+# The Helm chart's ClusterTrainingRuntime declares the training pods' metrics port (the one its
+# PodMonitor scrapes) in this variable; a config that sets observability.metrics_port wins.
+METRICS_PORT_ENV = "G2RPO_METRICS_PORT"
+
+
+def training_exporter(config: RunConfig) -> TrainingExporter | None:
+    """The /metrics exporter of ``config.observability``, on ``metrics_port`` or else the port the
+    training runtime names in ``$G2RPO_METRICS_PORT``; None when neither is set."""
+    obs = config.observability
+    port = obs.metrics_port
+    if port is None and os.environ.get(METRICS_PORT_ENV):
+        text = os.environ[METRICS_PORT_ENV]
+        if not text.isdigit() or not 0 < int(text) < 65536:
+            raise G2RPOError(problem(METRICS_PORT_ENV, text, "a port number 1-65535 (set by the chart's runtime)"))
+        port = int(text)
+    if port is None:
+        return None
+    return TrainingExporter(
+        port,
+        address=obs.metrics_address,
+        run_id=obs.run_id or Path(config.output.dir).name,
+        pipeline=obs.pipeline,
+        strategy=config.algorithm.strategy,
+        model=config.model.base_model_name,
+        target_iterations=config.train.iterations,
+        # G²RPO's reward columns are its strides Λ; other strategies have one column (labelled 1)
+        strides=config.algorithm.g2rpo.granularities if config.algorithm.strategy == "g2rpo" else None,
+        linger_seconds=obs.linger_seconds,
     )
 
 

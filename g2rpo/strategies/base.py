@@ -227,12 +227,14 @@ class StepStats:
     """What one iteration did: the record metrics, logs and tests read.
 
     ``reward_mean[r][j]``: mean finite reward of model r at stride j (one column for strategies
-    without strides). ``loss`` is the sum of the terms' losses (= the objective's value, negated).
+    without strides); ``reward_std[r][j]`` the standard deviation of the same rewards (population:
+    divided by their count). ``loss`` is the sum of the terms' losses (= the objective's value, negated).
     With no loss term (every group dropped) ``clip_fraction``/``ratio_mean``/``ratio_max`` are NaN
     and ``loss`` is 0.
     """
 
     reward_mean: list[list[float]]
+    reward_std: list[list[float]]
     reward_mean_all: float
     advantage_mean: float
     advantage_std: float
@@ -361,7 +363,10 @@ def summarize_step(
     finite = torch.isfinite(by_stride)
     safe = torch.where(finite, by_stride, torch.zeros_like(by_stride))
     counts = finite.sum(-1).clamp_min(1)
-    reward_mean = (safe.sum(-1) / counts).tolist()  # [R][J]
+    mean = safe.sum(-1) / counts  # [R, J]
+    reward_mean = mean.tolist()
+    squared = torch.where(finite, (by_stride - mean.unsqueeze(-1)) ** 2, torch.zeros_like(by_stride))
+    reward_std = (squared.sum(-1) / counts).sqrt().tolist()  # [R][J]
     all_finite = torch.isfinite(rewards)
     reward_mean_all = float(torch.where(all_finite, rewards, 0).sum() / all_finite.sum().clamp_min(1))
 
@@ -373,6 +378,7 @@ def summarize_step(
     training_forwards = sum(t.stats.forwards for t in terms)
     return StepStats(
         reward_mean=reward_mean,
+        reward_std=reward_std,
         reward_mean_all=reward_mean_all,
         advantage_mean=float(adv.mean()) if adv.numel() else 0.0,
         advantage_std=float(adv.std()) if adv.numel() > 1 else 0.0,

@@ -28,6 +28,12 @@ complete.
 Resume refuses a checkpoint made under another config hash (model + algorithm + data sections;
 run length and output paths may change) with an error naming both hashes and the fix.
 
+Resume at **another world size** (a 16-rank run preempted and restarted on 8) continues the run:
+the DeepSpeed driver converts the ZeRO shards to DeepSpeed's universal checkpoint (per parameter:
+fp32 master weights, Adam moments, step) and each rank loads its new partition from it; the
+iteration and data cursor are global, so the prompt stream continues where it stopped. The
+per-rank RNG files are used only at the world size that wrote them (see :meth:`CheckpointManager.load`).
+
 The **exported model** (``<output.dir>/export/``) is what evaluation and the registry use: the
 consolidated transformer in diffusers layout (``save_pretrained`` → safetensors; ZeRO-3 gathers the
 16-bit weights first), or with LoRA the adapters alone (peft format), plus ``base_model.json``
@@ -52,6 +58,7 @@ import torch
 from g2rpo import __version__
 from g2rpo.artifacts.manifest import write_dir_manifest
 from g2rpo.errors import G2RPOError
+from g2rpo.seeding import derive_seed
 
 __all__ = [
     "TrainerState",
@@ -62,6 +69,7 @@ __all__ = [
     "manifest_metadata",
     "capture_rng",
     "restore_rng",
+    "seed_rng",
     "export_model",
     "FLUX_DEV_LICENSE",
 ]
@@ -115,6 +123,18 @@ def restore_rng(state: dict[str, Any]) -> None:
         np.random.set_state(state["numpy"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def seed_rng(seed: int) -> None:
+    """Seed every RNG :func:`capture_rng` covers from one number."""
+    torch.manual_seed(seed)  # also every CUDA device
+    random.seed(seed)
+    try:
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+    except ImportError:  # pragma: no cover - numpy is a dependency
+        pass
 
 
 # --------------------------------------------------------------------------- manifests
@@ -333,11 +353,6 @@ class CheckpointManager:
                 "the checkpoint was made with (its config.yaml sits in the run's output dir), or start a new run in "
                 "a fresh output.dir"
             )
-        if state.world_size != self.world_size and state.backend == "deepspeed":
-            raise G2RPOError(
-                f"checkpoint {directory} holds ZeRO shards of {state.world_size} ranks, this run has "
-                f"{self.world_size}: relaunch with --nproc_per_node {state.world_size}"
-            )
         damage = self._digest_problem(directory)
         if damage is not None:
             raise G2RPOError(
@@ -348,19 +363,39 @@ class CheckpointManager:
         return state
 
     def load(self, directory: str | Path, driver: Any, ema: Any = None) -> TrainerState:
-        """Restore weights, optimiser, EMA and this rank's RNG from ``directory``."""
+        """Restore weights, optimiser, EMA and this rank's RNG from ``directory``.
+
+        A checkpoint saved at another world size loads too: the driver repartitions the optimiser
+        state (``driver.load(directory, state)``), and the per-rank RNG files are not
+        used — each rank seeds its streams from (config hash, iteration, rank) instead. The draws
+        that matter (noise, branches, subsets) are keyed by global prompt index, not taken from
+        these streams, so sampling does not depend on the world size (:mod:`g2rpo.seeding`).
+        """
         directory = Path(directory)
         state = self.read_state(directory)
-        driver.load(directory)
+        resized = state.world_size != self.world_size
+        if resized and self.rank == 0:
+            print(
+                f"g2rpo: resuming {directory.name}, saved by {state.world_size} rank(s), on {self.world_size}: "
+                "the optimiser state is repartitioned through DeepSpeed's universal checkpoint",
+                file=sys.stderr,
+                flush=True,
+            )
+        driver.load(directory, state)
         if ema is not None:
             if not (directory / "ema.pt").is_file():
                 raise G2RPOError(
                     f"checkpoint {directory} has no EMA weights but train.ema.enabled is true: resume with EMA off"
                 )
             ema.load_state_dict(torch.load(directory / "ema.pt", weights_only=True))
-        rank_file = directory / "ranks" / f"rank-{self.rank:05d}.pt"
-        if rank_file.is_file():
-            restore_rng(torch.load(rank_file, weights_only=False))
+        if resized:
+            # Rank r of the new layout holds other prompts than rank r did, so no saved stream is
+            # its own: each rank starts a fresh stream named by the run, the iteration and its rank.
+            seed_rng(derive_seed(0, "rng-after-world-size-change", self.config_hash, state.iteration, self.rank))
+        else:
+            rank_file = directory / "ranks" / f"rank-{self.rank:05d}.pt"
+            if rank_file.is_file():
+                restore_rng(torch.load(rank_file, weights_only=False))
         return state
 
 

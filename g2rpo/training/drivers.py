@@ -7,30 +7,37 @@ A driver owns the optimiser (and, under DeepSpeed, the engine around the policy)
   ZeRO-3's gather hooks run);
 - ``backward(loss, boundary)`` — back-propagate one loss term; ``boundary`` closes the accumulation;
 - ``step() -> grad norm`` — clip and step the optimiser;
-- ``learning_rate``, ``save(dir)`` / ``load(dir)`` (checkpoints), ``full_state_dict()`` (export).
+- ``learning_rate``, ``save(dir)`` / ``load(dir, saved)`` (checkpoints; ``saved`` is the checkpoint's
+  :class:`~g2rpo.training.checkpoint.TrainerState`), ``full_state_dict()`` (export).
 
 :class:`TorchDriver` is plain ``torch.optim.AdamW`` + ``clip_grad_norm_`` on one process, fp32.
 :class:`DeepSpeedDriver` is a DeepSpeed engine (ZeRO 0–3, bf16 with fp32 master weights) whose
 gradient accumulation boundaries come from the strategy's terms; the loss is not rescaled, since the
-strategy already divides by |M|. :func:`apply_lora` adds peft LoRA adapters (base frozen, seeded
+strategy already divides by |M|. A DeepSpeed checkpoint made at another world size is loaded
+through DeepSpeed's *universal checkpoint* (see :meth:`DeepSpeedDriver.load`). :func:`apply_lora` adds peft LoRA adapters (base frozen, seeded
 initial values); :class:`EMA` keeps a float32 moving average of the trainable tensors.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import difflib
 import os
+import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.training.checkpoint import TrainerState
 from g2rpo.training.deepspeed_config import build_deepspeed_config, validate_deepspeed_config
 from g2rpo.training.distributed import DistContext
 from g2rpo.training.run_config import LoraSection, RunConfig
 
-__all__ = ["TorchDriver", "DeepSpeedDriver", "apply_lora", "EMA"]
+__all__ = ["TorchDriver", "DeepSpeedDriver", "to_universal", "apply_lora", "EMA"]
 
 
 # --------------------------------------------------------------------------- drivers
@@ -80,7 +87,8 @@ class TorchDriver:
         torch.save(self.trainable_state(), directory / "torch" / "model.pt")
         torch.save(self.optimizer.state_dict(), directory / "torch" / "optimizer.pt")
 
-    def load(self, directory: Path) -> None:
+    def load(self, directory: Path, saved: TrainerState) -> None:
+        # One process always: a plain checkpoint holds whole tensors, whatever saved it.
         weights = torch.load(directory / "torch" / "model.pt", weights_only=True)
         current = self.trainable_state()
         if set(weights) != set(current):
@@ -136,6 +144,7 @@ class DeepSpeedDriver:
         )
         self.module = self.engine.module
         self.zero_stage = config.deepspeed.zero_stage
+        self.ctx = ctx
 
     @property
     def policy(self) -> Any:
@@ -171,18 +180,82 @@ class DeepSpeedDriver:
     def save(self, directory: Path) -> None:
         self.engine.save_checkpoint(str(directory / "deepspeed"), tag="state", save_latest=False)
 
-    def load(self, directory: Path) -> None:
+    def load(self, directory: Path, saved: TrainerState) -> None:
+        """Restore weights and optimiser state from the checkpoint ``directory`` (collective).
+
+        At the world size it was saved with, DeepSpeed reads its own shards. At another one (a
+        16-rank run resumed on 8) ZeRO's flat shards do not fit the new partitioning, so rank 0
+        first converts them with DeepSpeed's ``ds_to_universal`` into the *universal* layout — per
+        parameter name its fp32 master weights, ``exp_avg``, ``exp_avg_sq`` and step — in a scratch
+        folder ``iter-NNNNNN.universal`` beside the checkpoint (the checkpoint itself, complete and
+        digested, is never written to); every rank then loads its new partition from it, and the
+        scratch folder is removed. ZeRO stage 0 does not shard: its one ``mp_rank_00_model_states.pt``
+        holds the whole optimiser state, and any world size loads it directly.
+        """
+        if saved.zero_stage is not None and saved.zero_stage != self.zero_stage:
+            # Each stage keeps its own file layout; DeepSpeed's loaders read only their own.
+            raise G2RPOError(
+                problem(
+                    "deepspeed.zero_stage",
+                    self.zero_stage,
+                    f"checkpoint {directory} was written under ZeRO stage {saved.zero_stage}: resume with "
+                    f"deepspeed.zero_stage={saved.zero_stage} (the world size may change; the stage may not)",
+                )
+            )
+        source = directory / "deepspeed"
+        if saved.world_size == self.ctx.world_size or self.zero_stage == 0:
+            self._load_from(source)
+            return
+        scratch = directory.with_name(f"{directory.name}.universal")
+        if self.ctx.is_main:
+            if scratch.exists():  # left by a resume killed mid-way: redo it
+                shutil.rmtree(scratch)
+            to_universal(source / "state", scratch / "state")
+        self.ctx.barrier()
+        # DeepSpeed reads the flag from its config only inside load_checkpoint; the engine stays
+        # built for its own world size, and later saves write ordinary shards again.
+        self.engine._config.load_universal_checkpoint = True
+        try:
+            self._load_from(scratch)
+        finally:
+            self.engine._config.load_universal_checkpoint = False
+        self.ctx.barrier()
+        if self.ctx.is_main:
+            shutil.rmtree(scratch)
+
+    def _load_from(self, folder: Path) -> None:
         path, _ = self.engine.load_checkpoint(
-            str(directory / "deepspeed"), tag="state", load_optimizer_states=True, load_lr_scheduler_states=True
+            str(folder), tag="state", load_optimizer_states=True, load_lr_scheduler_states=True
         )
         if path is None:
-            raise G2RPOError(f"DeepSpeed found no checkpoint in {directory / 'deepspeed'}: the checkpoint is damaged")
+            raise G2RPOError(f"DeepSpeed found no checkpoint in {folder}: the checkpoint is damaged")
 
     def full_state_dict(self) -> dict[str, torch.Tensor] | None:
         """ZeRO-3: the consolidated 16-bit weights (rank 0; collective call). Else None."""
         if self.zero_stage != 3:
             return None
         return self.engine._zero3_consolidated_16bit_state_dict()
+
+
+def to_universal(source: Path, target: Path) -> None:
+    """Convert the ZeRO checkpoint folder ``source`` (one tag's shards) into DeepSpeed's universal
+    layout in ``target`` with DeepSpeed's own converter, in this process (its worker pools would
+    fork a process that holds the process group) and with its progress output on stderr."""
+    from deepspeed.checkpoint.ds_to_universal import main as convert  # heavy, and only for a resize
+
+    options = argparse.Namespace(
+        input_folder=str(source),
+        output_folder=str(target),
+        num_extract_workers=1,
+        num_merge_workers=1,
+        keep_temp_folder=False,
+        strict=True,
+        # Our checkpoints do not carry the version record the converter asks for (it only
+        # describes tensor-parallel slicing, which a pure data-parallel run has none of).
+        inject_missing_state=True,
+    )
+    with contextlib.redirect_stdout(sys.stderr):
+        convert(options)
 
 
 # --------------------------------------------------------------------------- LoRA, EMA

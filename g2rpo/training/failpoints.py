@@ -26,6 +26,8 @@ import signal
 from pathlib import Path
 from typing import Literal, Protocol
 
+from g2rpo.training.checkpoint import TrainerState
+
 __all__ = ["FAIL_POINT_ENV", "FailAfterSave", "fail_point"]
 
 FAIL_POINT_ENV = "G2RPO_FAULT_KILL_AT"
@@ -42,7 +44,7 @@ def fail_point(point: FailPoint, iteration: int) -> None:
 class _SavesAndLoads(Protocol):
     def save(self, directory: Path) -> None: ...
 
-    def load(self, directory: Path) -> None: ...
+    def load(self, directory: Path, saved: TrainerState) -> None: ...
 
 
 class FailAfterSave:
@@ -56,5 +58,5 @@ class FailAfterSave:
         self._driver.save(directory)
         fail_point("checkpoint", self._iteration)
 
-    def load(self, directory: Path) -> None:
-        self._driver.load(directory)
+    def load(self, directory: Path, saved: TrainerState) -> None:
+        self._driver.load(directory, saved)

@@ -2,7 +2,7 @@
 
 The trainer (rank 0) appends one JSON object per line: an **iteration record** per iteration
 (``{"iteration": i, ...}``, :meth:`g2rpo.training.trainer.IterationRecord.as_json`, NaN/inf written
-as null) and **event records** (``{"event": "resumed" | "restarted", ...}``). The file is only
+as null) and **event records** (``{"event": "resumed" | "restarted" | "prompts" | ...}``). The file is only
 appended to, so after a resume the iterations after the checkpoint appear twice; the later record
 of an iteration is the one the resumed run trained, and the one to read.
 """

@@ -2,7 +2,8 @@
 
 ``RunConfig`` composes ``algorithm`` (:class:`~g2rpo.strategies.config.AlgorithmConfig`),
 ``model``, ``data``, ``rewards`` (:class:`~g2rpo.rewards.config.RewardsConfig`), ``train``, ``deepspeed``
-(:class:`~g2rpo.training.deepspeed_config.DeepSpeedSection`) and ``output``. Load it with
+(:class:`~g2rpo.training.deepspeed_config.DeepSpeedSection`), ``output`` and ``observability``
+(Prometheus metrics, off by default). Load it with
 :func:`load_run_config` (YAML + ``key=value`` overrides; every problem reported at once), print
 it with ``g2rpo config show``, list every field with ``g2rpo config describe``.
 
@@ -38,6 +39,7 @@ __all__ = [
     "EmaSection",
     "TrainSection",
     "OutputSection",
+    "ObservabilitySection",
     "RunConfig",
     "load_run_config",
     "resume_hash",
@@ -200,6 +202,20 @@ class OutputSection(Section):
     export_ema: bool = Field(False, description="export the EMA weights instead of the raw ones (needs train.ema)")
 
 
+class ObservabilitySection(Section):
+    """Prometheus metrics of the run (docs/observability.md); off unless ``metrics_port`` is set."""
+
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="rank 0 serves Prometheus /metrics on this port while training; null = off"
+    )
+    metrics_address: str = Field("0.0.0.0", description="interface /metrics listens on (127.0.0.1: this machine only)")
+    linger_seconds: float = Field(
+        15.0, ge=0, description="keep /metrics up this long after training, so a last scrape sees the final values"
+    )
+    pipeline: str = Field("local", description="the `pipeline` label of every series (the pipeline's name)")
+    run_id: str = Field("", description="the `run_id` label of every series; empty = the name of output.dir")
+
+
 class RunConfig(Section):
     """A complete training run."""
 
@@ -210,6 +226,9 @@ class RunConfig(Section):
     train: TrainSection = Field(default_factory=TrainSection, description="optimisation loop")
     deepspeed: DeepSpeedSection = Field(default_factory=DeepSpeedSection, description="DeepSpeed ZeRO")
     output: OutputSection = Field(default_factory=OutputSection, description="outputs")
+    observability: ObservabilitySection = Field(
+        default_factory=ObservabilitySection, description="Prometheus metrics (/metrics on rank 0)"
+    )
 
     @property
     def learning_rate(self) -> float:

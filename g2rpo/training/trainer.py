@@ -21,12 +21,15 @@ batch slot, k, branch): the slot is the prompt's position in the iteration's glo
 even when a small prompt set repeats a prompt within an iteration), so the draws do not depend on
 the number of ranks or on a resume.
 
-Outputs under ``output.dir``: ``config.yaml`` (every default written out), ``metrics.jsonl`` (one
-record per iteration: the step stats, rewards per model and stride, grad norm, lr, seconds per
-phase), ``checkpoints/`` (see :mod:`g2rpo.training.checkpoint`) and ``export/``. ``metrics.jsonl`` is
-appended to; after a resume the iterations after the checkpoint are written again, and a record
-``{"event": "resumed", ...}`` marks where (:func:`g2rpo.training.metrics.read_iteration_records`
-keeps the last record of each iteration).
+Outputs under ``output.dir``, which holds nothing else (:mod:`g2rpo.training.run_dir`: the marker
+``.g2rpo-run.json`` is written first, and a folder holding other files is refused): ``config.yaml``
+(every default written out), ``metrics.jsonl`` (one record per iteration: the step stats, rewards
+per model and stride, grad norm, lr, seconds per phase), ``checkpoints/`` (see
+:mod:`g2rpo.training.checkpoint`) and ``export/``. ``metrics.jsonl`` is appended to; after a resume
+the iterations after the checkpoint are written again, and a record ``{"event": "resumed", ...}``
+marks where (:func:`g2rpo.training.metrics.read_iteration_records` keeps the last record of each
+iteration). Duplicate prompts, dropped at set-up, are reported on stderr and as
+``{"event": "prompts", "read", "unique", "duplicates", ...}``.
 
 Callbacks (:class:`TrainerCallback`, passed as ``Trainer(config, callbacks=[...])``) see each
 iteration's record and each checkpoint, on every rank. The resume tests kill a real run at the
@@ -72,6 +75,7 @@ from g2rpo.training.drivers import EMA, DeepSpeedDriver, TorchDriver, apply_lora
 from g2rpo.training.failpoints import FailAfterSave, fail_point
 from g2rpo.training.memory import is_out_of_memory, out_of_memory_message
 from g2rpo.training.run_config import RunConfig, resume_hash, run_problems
+from g2rpo.training.run_dir import check_run_dir, claim_run_dir
 
 __all__ = ["Trainer", "IterationRecord", "TrainerCallback", "train_from_config"]
 
@@ -162,6 +166,11 @@ class Trainer:
                 )
             )
         self.out = Path(cfg.output.dir)
+        # Before any work: a folder holding files that are not a run's is refused; one that exists is
+        # marked as the run's before anything is written there (a new one when the run writes its config).
+        check_run_dir(self.out)
+        if self.ctx.is_main and self.out.exists():
+            claim_run_dir(self.out, self.hash)
         self.checkpoints = CheckpointManager(
             self.out / "checkpoints",
             config_hash=self.hash,
@@ -198,10 +207,11 @@ class Trainer:
             if self.ctx.is_main:  # the resumed run's config, next to the original (never overwritten)
                 (self.out / f"config-resumed-iter-{state.iteration:06d}.yaml").write_text(to_yaml(cfg))
         elif self.ctx.is_main:
-            self.out.mkdir(parents=True, exist_ok=True)
+            claim_run_dir(self.out, self.hash)  # makes the folder and writes the marker first
             (self.out / "config.yaml").write_text(to_yaml(cfg))
             if (self.out / "metrics.jsonl").exists():  # a run killed before its first checkpoint
                 self._log_event({"event": "restarted", "iteration": 0})
+        self._report_prompts()
         self.ctx.barrier()
         self._is_setup = True
         return self
@@ -284,8 +294,9 @@ class Trainer:
         data = self.config.data
         if data.embeddings:
             cache = EmbeddingCache(data.embeddings)
+            dropped = 0  # a cache holds unique prompts (`g2rpo data prep` reported its duplicates)
             if data.prompts:
-                wanted, _ = dedupe_prompts(read_prompt_location(data.prompts))
+                wanted, dropped = dedupe_prompts(read_prompt_location(data.prompts))
                 if wanted != cache.prompts:
                     raise G2RPOError(
                         problem(
@@ -296,15 +307,37 @@ class Trainer:
                         )
                     )
             self.prompts = list(cache.prompts)
+            self.prompt_counts = {
+                "read": len(self.prompts) + dropped,
+                "unique": len(self.prompts),
+                "duplicates": dropped,
+            }
             self._conditioning_of = cache.get
             return
-        self.prompts, _ = dedupe_prompts(read_prompt_location(data.prompts))
+        self.prompts, dropped = dedupe_prompts(read_prompt_location(data.prompts))
+        self.prompt_counts = {"read": len(self.prompts) + dropped, "unique": len(self.prompts), "duplicates": dropped}
         dtype = "bfloat16" if self.config.train.precision == "bf16" else "float32"
         encoder = load_text_encoder(self.config.model.path, dtype=dtype, max_sequence_length=data.max_sequence_length)
         parts = [encoder.encode(self.prompts[i : i + 16]) for i in range(0, len(self.prompts), 16)]
         del encoder  # training holds only the transformer and the VAE
         table = FluxConditioning.cat(parts)
         self._conditioning_of = lambda indices: table[torch.as_tensor(list(indices), dtype=torch.long)]
+
+    def _report_prompts(self) -> None:
+        """Say that duplicate prompts were dropped, if any: one line on stderr and a ``prompts`` event
+        in metrics.jsonl (a prompt set without duplicates adds nothing; the summary has the counts)."""
+        counts = self.prompt_counts
+        if not counts["duplicates"]:
+            return
+        source = self.config.data.prompts or self.config.data.embeddings
+        if self.ctx.is_main:
+            print(
+                f"g2rpo train: {counts['duplicates']} duplicate prompt(s) in {source} dropped; training on "
+                f"{counts['unique']} unique prompt(s) of {counts['read']}",
+                file=sys.stderr,
+                flush=True,
+            )
+        self._log_event({"event": "prompts", "source": source, **counts})
 
     def _check_conditioning_fits(self) -> None:
         """The text embeddings' widths must be the transformer's (an embedding cache built with
@@ -491,6 +524,7 @@ class Trainer:
             "export": None if export_dir is None else str(export_dir),
             "world_size": self.ctx.world_size,
             "backend": self.driver.backend,
+            "prompts": dict(self.prompt_counts),  # read, unique, duplicates (dropped)
         }
 
     def save_checkpoint(self) -> Path:

@@ -726,3 +726,16 @@ def test_config_show_round_trips_for_each_strategy(strategy, tmp_path, capsys):
     assert recorded["strategy"] == name == ("g2rpo" if strategy == "g2rpo_no_mgai" else strategy)
     assert set(recorded) & set(STRATEGIES) == {name}  # only the chosen strategy's section is written
     assert type(build_strategy(again.algorithm)) is STRATEGIES[name]
+
+
+def test_step_stats_reward_std_by_hand():
+    model, cond, _ = toy(num_prompts=2)
+    strategy = build_strategy(config(num_steps=4, group_size=3, g2rpo={"granularities": [1]}))
+    rollout = strategy.rollout(model, cond, Draws(0, 0, (0, 1)), LATENT)
+    # 1 reward × P=2 × K=2 × J=1 × G=3 = 12 rewards: 0, 1, …, 10 and one NaN (left out).
+    rewards = torch.arange(12, dtype=torch.float32).reshape(rollout.reward_layout(1))
+    rewards.view(-1)[11] = float("nan")
+    stats = summarize_step(rollout, rewards, strategy.advantages(rollout, rewards), [])
+    # 11 consecutive integers 0…10: mean 5, population variance (11² − 1)/12 = 10, std √10.
+    assert stats.reward_mean == [[pytest.approx(5.0)]]
+    assert stats.reward_std == [[pytest.approx(math.sqrt(10.0))]]

@@ -172,7 +172,7 @@ class _FileDriver:
         (directory / "torch").mkdir()
         (directory / "torch" / "model.pt").write_bytes(b"weights")
 
-    def load(self, directory: Path) -> None:
+    def load(self, directory: Path, saved: TrainerState) -> None:
         pass
 
 

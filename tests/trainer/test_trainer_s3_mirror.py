@@ -85,7 +85,7 @@ class _FileDriver:
         (directory / "torch").mkdir()
         (directory / "torch" / "model.pt").write_bytes(self.payload)
 
-    def load(self, directory: Path) -> None:
+    def load(self, directory: Path, saved: TrainerState) -> None:
         pass
 
 
