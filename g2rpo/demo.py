@@ -232,7 +232,7 @@ def run_demo(
     echo(f"[8/8] summary ({time.perf_counter() - started:.0f} s)")
     echo(
         f"  ran: {algo.strategy}, T={algo.num_steps}, G={algo.group_size}, {_strategy_settings(algo)}, "
-        f"η={algo.eta}, ε={algo.ratio_clip}, lr={config.train.learning_rate}, {trained.summary['iterations']} "
+        f"η={algo.eta}, ε={algo.ratio_clip}, lr={config.learning_rate}, {trained.summary['iterations']} "
         f"iterations × {config.train.prompts_per_iteration} prompts, {config.model.height}×{config.model.width}, "
         f"reward {name}"
     )
@@ -284,7 +284,7 @@ def _departures(config: Any) -> str:
         "algorithm.g2rpo.granularities": config.algorithm.g2rpo.granularities,
         "algorithm.ratio_clip": config.algorithm.ratio_clip,
         "model.height": config.model.height,
-        "train.learning_rate": config.train.learning_rate,
+        "train.learning_rate": config.learning_rate,
         "train.precision": config.train.precision,
         "rewards": " + ".join(spec.name for spec in config.rewards.models),
     }

@@ -1,9 +1,12 @@
-"""``g2rpo model``: make the tiny Flux pipeline, check a model directory."""
+"""``g2rpo model``: make the tiny Flux pipeline, pretrain it on the shapes task, check a model directory."""
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
+
+from g2rpo.errors import G2RPOError, problem
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -29,6 +32,29 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     init.add_argument("--overwrite", action="store_true", help="write into a non-empty directory")
     init.set_defaults(handler=_init_tiny)
 
+    shapes = sub.add_parser(
+        "pretrain-shapes",
+        help="pretrain the tiny FluxPipeline on the shapes task (CPU, minutes) and save it",
+        description=(
+            "Pretrain the tiny FluxPipeline (real classes, VAE included) on the 360 scenes of the shapes task "
+            "(g2rpo.tasks.shapes): the VAE as an autoencoder, then the transformer by flow matching, seeded by "
+            "--seed so the same settings give the same weights; save it with save_pretrained. Its prompts are "
+            "the task's ('a small red circle at the top left on a black background'), scored exactly by the "
+            "shapes_* rewards. See docs/models.md."
+        ),
+    )
+    shapes.add_argument("--output", required=True, metavar="DIR", help="directory to write (must be new or empty)")
+    shapes.add_argument("--seed", type=int, default=0, help="seed of the weights and of every draw (default 0)")
+    shapes.add_argument(
+        "--vae-steps", type=int, default=None, help="VAE optimiser steps (default: the shipped model's)"
+    )
+    shapes.add_argument(
+        "--flow-steps", type=int, default=None, help="flow-matching steps (default: the shipped model's)"
+    )
+    shapes.add_argument("--prompts", metavar="FILE", help="also write the task's 360 prompts to FILE, one a line")
+    shapes.add_argument("--overwrite", action="store_true", help="write into a non-empty directory")
+    shapes.set_defaults(handler=_pretrain_shapes)
+
     check = sub.add_parser(
         "check",
         help="check that a model location holds a complete FluxPipeline",
@@ -52,6 +78,24 @@ def _init_tiny(args: argparse.Namespace) -> int:
 
     out = save_tiny_flux(args.output, seed=args.seed, overwrite=args.overwrite)
     print(f"wrote tiny FluxPipeline (seed {args.seed}) to {out}")
+    return 0
+
+
+def _pretrain_shapes(args: argparse.Namespace) -> int:
+    from g2rpo.models.shapes import ShapesPretraining, pretrain_shapes
+    from g2rpo.tasks.shapes import write_prompts
+
+    settings = ShapesPretraining(seed=args.seed)
+    for flag, field in (("--vae-steps", "vae_steps"), ("--flow-steps", "flow_steps")):
+        value = getattr(args, field)
+        if value is not None:
+            if value < 1:
+                raise G2RPOError(problem(flag, value, "use at least 1 step"))
+            settings = replace(settings, **{field: value})
+    out = pretrain_shapes(args.output, settings, overwrite=args.overwrite, log=print)
+    print(f"wrote the shapes FluxPipeline (seed {args.seed}) to {out}")
+    if args.prompts:
+        print(f"wrote the task's prompts to {write_prompts(args.prompts)}")
     return 0
 
 

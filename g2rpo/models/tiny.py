@@ -33,6 +33,7 @@ from __future__ import annotations
 import gzip
 import json
 import string
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +82,9 @@ def tiny_clip_tokenizer(num_merges: int = TINY_CLIP_MERGES, model_max_length: in
     return CLIPTokenizer(vocab=vocab, merges=merges, model_max_length=model_max_length)
 
 
-def tiny_t5_tokenizer(model_max_length: int = TINY_T5_MAX_LENGTH) -> Any:
-    """A ``T5TokenizerFast`` (unigram) over ASCII characters and a few words; ``<pad>``=0, ``</s>``=1, ``<unk>``=2."""
+def tiny_t5_tokenizer(model_max_length: int = TINY_T5_MAX_LENGTH, extra_words: Sequence[str] = ()) -> Any:
+    """A ``T5TokenizerFast`` (unigram) over ASCII characters and a few words (and ``extra_words``, one
+    token each); ``<pad>``=0, ``</s>``=1, ``<unk>``=2."""
     from transformers import T5TokenizerFast
 
     pieces: list[tuple[str, float]] = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -3.0)]
@@ -90,18 +92,21 @@ def tiny_t5_tokenizer(model_max_length: int = TINY_T5_MAX_LENGTH) -> Any:
     pieces += [(c, -5.0) for c in chars]
     pieces += [("▁" + c, -4.5) for c in chars]
     # Whole words score higher than their characters, so common words become one token.
-    pieces += [("▁" + w, -2.0) for w in dict.fromkeys(_T5_WORDS)]
+    pieces += [("▁" + w, -2.0) for w in dict.fromkeys([*_T5_WORDS, *extra_words])]
     return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=model_max_length)
 
 
-def build_tiny_flux_pipeline(seed: int = 0) -> Any:
-    """The tiny ``FluxPipeline`` in memory (float32, CPU), weights seeded by ``seed``."""
+def build_tiny_flux_pipeline(seed: int = 0, extra_words: Sequence[str] = (), num_attention_heads: int = 2) -> Any:
+    """The tiny ``FluxPipeline`` in memory (float32, CPU), weights seeded by ``seed``.
+
+    ``extra_words`` become single T5 tokens (a task's vocabulary); ``num_attention_heads`` × 16 is
+    the transformer's width."""
     import torch
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
     tokenizer = tiny_clip_tokenizer()
-    tokenizer_2 = tiny_t5_tokenizer()
+    tokenizer_2 = tiny_t5_tokenizer(extra_words=extra_words)
 
     torch.manual_seed(seed)
     text_encoder = CLIPTextModel(
@@ -143,7 +148,7 @@ def build_tiny_flux_pipeline(seed: int = 0) -> Any:
         num_layers=2,
         num_single_layers=2,
         attention_head_dim=16,
-        num_attention_heads=2,
+        num_attention_heads=num_attention_heads,
         joint_attention_dim=32,
         pooled_projection_dim=32,
         guidance_embeds=True,

@@ -26,6 +26,7 @@ import torch
 
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.rewards.base import RewardModel
+from g2rpo.rewards.shapes import ShapesReward
 
 __all__ = ["RewardSpec", "REWARDS", "reward_names", "get_spec", "build_reward", "resolve_location"]
 
@@ -214,6 +215,10 @@ def _build_sharpness(cfg, device, dtype, cache_dir):
     return Sharpness()
 
 
+def _build_shapes(name: str) -> Callable[..., RewardModel]:
+    return lambda cfg, device, dtype, cache_dir: ShapesReward(name)
+
+
 def _build_total_variation(cfg, device, dtype, cache_dir):
     from g2rpo.rewards.quality import TotalVariation
 
@@ -304,6 +309,42 @@ REWARDS: dict[str, RewardSpec] = {
             (),
             "−1 to 0; 0 for flat images",
             _build_total_variation,
+        ),
+        RewardSpec(
+            "shapes_colour",
+            "shapes task: colour of the non-background pixels vs the prompt's (exact)",
+            "nothing (weight-free); prompts of g2rpo.tasks.shapes",
+            (),
+            (),
+            "0–1",
+            _build_shapes("shapes_colour"),
+        ),
+        RewardSpec(
+            "shapes_shape",
+            "shapes task: IoU of the foreground with the prompt's shape at its centroid (exact)",
+            "nothing (weight-free); prompts of g2rpo.tasks.shapes",
+            (),
+            (),
+            "0–1",
+            _build_shapes("shapes_shape"),
+        ),
+        RewardSpec(
+            "shapes_position",
+            "shapes task: foreground centroid vs the prompt's position (exact)",
+            "nothing (weight-free); prompts of g2rpo.tasks.shapes",
+            (),
+            (),
+            "0–1",
+            _build_shapes("shapes_position"),
+        ),
+        RewardSpec(
+            "shapes_background",
+            "shapes task: background colour fidelity away from the shape (exact)",
+            "nothing (weight-free); prompts of g2rpo.tasks.shapes",
+            (),
+            (),
+            "0–1",
+            _build_shapes("shapes_background"),
         ),
     ]
 }

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from g2rpo import core
+from g2rpo.errors import problem
 from g2rpo.seeding import Draws
 from g2rpo.strategies.base import (
     Advantages,
@@ -24,6 +25,31 @@ from g2rpo.strategies.base import (
 
 if TYPE_CHECKING:  # the config imports the strategy modules, which import this one
     from g2rpo.strategies.config import AlgorithmConfig
+
+
+def trajectory_stepping_problems(strategy: str, per_step: int | None, config: AlgorithmConfig) -> list[str]:
+    """A whole-trajectory strategy steps per ``per_step`` trajectories or per trained step, not both."""
+    if per_step is not None and config.optimizer_step == "per_step":
+        return [
+            problem(
+                "optimizer_step",
+                config.optimizer_step,
+                f"{strategy} steps the optimiser every {strategy}.trajectories_per_step = {per_step} trajectories: "
+                f"use per_iteration, or set {strategy}.trajectories_per_step: null",
+            )
+        ]
+    return []
+
+
+def trajectory_multi_step_setting(
+    strategy: str, per_step: int | None, config: AlgorithmConfig
+) -> tuple[str, object] | None:
+    """What makes a whole-trajectory strategy step more than once per iteration (see StrategySettings)."""
+    if per_step is not None and per_step < config.group_size:
+        return (f"{strategy}.trajectories_per_step", per_step)
+    if config.optimizer_step != "per_iteration":
+        return ("optimizer_step", config.optimizer_step)
+    return None
 
 
 def make_grid(config: AlgorithmConfig, image_seq_len: int) -> torch.Tensor:
@@ -96,11 +122,13 @@ def trajectory_rollout(
     trained_steps: torch.Tensor,
     group: int,
     window: list[int] | None = None,
+    scored: torch.Tensor | None = None,
 ) -> Rollout:
     """The rollout record of a whole-trajectory strategy from its per-step states and log-probs.
 
     ``states``: T+1 tensors ``[P·G, L, C]``; ``log_probs``: T tensors ``[P·G]`` (NaN where a step was
-    an ODE step); ``trained_steps`` ``[P, G, S]``. Rewards come back as ``[R, P, G]``.
+    an ODE step); ``trained_steps`` ``[P, G, S]``. ``scored`` ``[P·G, L, C]``: the latents the rewards
+    score (default the last state). Rewards come back as ``[R, P, G]``.
     """
     num_prompts = len(cond)
     t_steps = len(log_probs)
@@ -110,7 +138,7 @@ def trajectory_rollout(
         sigmas=sigmas,
         cond=cond,
         draws=draws,
-        final_latents=states[-1],
+        final_latents=states[-1] if scored is None else scored,
         reward_shape=(num_prompts, group),
         reward_dims=("prompt", "branch"),
         final_prompt=torch.arange(num_prompts).repeat_interleave(group),
@@ -201,11 +229,20 @@ def trajectory_loss_terms(
     model: VelocityModel,
     rollout: Rollout,
     advantages: Advantages,
+    trajectories_per_step: int | None = None,
 ) -> Iterator[LossTerm]:
     """Loss terms of whole-trajectory strategies: for each trained slot s, one forward per
     trajectory at its trained step ``trained[p, g, s]`` (rows at different σ are batched), the
-    trajectory's advantage broadcast to that step. Each term is scaled so their sum is
-    ``mean over valid trajectories and trained slots`` of the surrogate."""
+    trajectory's advantage broadcast to that step.
+
+    ``trajectories_per_step`` None: one accumulation over the whole iteration, each term scaled so
+    that their sum is the mean surrogate over valid trajectories and trained slots (the optimiser
+    steps after the last term, or after each slot with ``optimizer_step: per_step``).
+    ``trajectories_per_step`` a: the published scripts' gradient accumulation — branches
+    ``[c·a, (c+1)·a)`` of every valid prompt form accumulation c (the last one may be smaller), its
+    terms scaled so that they sum to the mean surrogate over that accumulation's trajectories and
+    slots, and the optimiser steps after each: ``ceil(G / a)`` steps per iteration.
+    """
     st = rollout.states
     states, lp_old, trained = st.latents, st.log_prob_old, st.trained_steps  # [P,G,T+1,L,C] [P,G,T] [P,G,S]
     sigmas = rollout.sigmas
@@ -213,29 +250,34 @@ def trajectory_loss_terms(
     valid_p = advantages.valid.nonzero().flatten()  # prompts kept
     if valid_p.numel() == 0:
         return
-    rows_p = valid_p.repeat_interleave(group)  # [V·G]
-    rows_g = torch.arange(group).repeat(valid_p.numel())  # [V·G]
-    total = rows_p.numel() * num_slots
-    chunk = config.train_micro_batch or rows_p.numel()
-    work = [(s, start) for s in range(num_slots) for start in range(0, rows_p.numel(), chunk)]
-    for n, (s, start) in enumerate(work):
-        device = states.device
-        p, g = rows_p[start : start + chunk].to(device), rows_g[start : start + chunk].to(device)
-        i = trained[p, g, s]  # [n] grid index per row
-        x = states[p, g, i]  # [n, L, C]
-        sig, sig_next = sigmas[i], sigmas[i + 1]  # [n]
-        v = model(x, model_sigma(config, sig), rollout.cond[p.cpu()]).float()
-        mean, std = core.sde_mean_std(x, v, sig, sig_next, config.eta, sigmas[1], config.sde_noise)
-        lp_new = core.gaussian_log_prob(states[p, g, i + 1].to(device), mean, std, config.log_prob_reduce)  # [n]
-        last_of_slot = n + 1 == len(work) or work[n + 1][0] != s
-        step = (n + 1 == len(work)) if config.optimizer_step == "per_iteration" else last_of_slot
-        yield surrogate_term(
-            config,
-            lp_new,
-            lp_old[p, g, i],
-            advantages.values[p.cpu(), g.cpu()],
-            scale=p.numel() / total,
-            forwards=p.numel(),
-            step_optimizer=step,
-            step_index=None,
-        )
+    per_step = trajectories_per_step or group
+    accumulations = []  # (rows p [n], rows g [n]) of each optimiser step
+    for first in range(0, group, per_step):
+        branches = torch.arange(first, min(first + per_step, group))
+        accumulations.append((valid_p.repeat_interleave(branches.numel()), branches.repeat(valid_p.numel())))
+    chunk = config.train_micro_batch or valid_p.numel() * group
+    per_slot = trajectories_per_step is None and config.optimizer_step == "per_step"
+    for acc_p, acc_g in accumulations:
+        total = acc_p.numel() * num_slots
+        work = [(s, start) for s in range(num_slots) for start in range(0, acc_p.numel(), chunk)]
+        for n, (s, start) in enumerate(work):
+            device = states.device
+            p, g = acc_p[start : start + chunk].to(device), acc_g[start : start + chunk].to(device)
+            i = trained[p, g, s]  # [n] grid index per row
+            x = states[p, g, i]  # [n, L, C]
+            sig, sig_next = sigmas[i], sigmas[i + 1]  # [n]
+            v = model(x, model_sigma(config, sig), rollout.cond[p.cpu()]).float()
+            mean, std = core.sde_mean_std(x, v, sig, sig_next, config.eta, sigmas[1], config.sde_noise)
+            lp_new = core.gaussian_log_prob(states[p, g, i + 1].to(device), mean, std, config.log_prob_reduce)  # [n]
+            last = n + 1 == len(work)
+            step = last or (per_slot and work[n + 1][0] != s)
+            yield surrogate_term(
+                config,
+                lp_new,
+                lp_old[p, g, i],
+                advantages.values[p.cpu(), g.cpu()],
+                scale=p.numel() / total,
+                forwards=p.numel(),
+                step_optimizer=step,
+                step_index=None,
+            )

@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 import torch
+from pydantic import Field
 
 from g2rpo.config import Section
 from g2rpo.seeding import Draws
@@ -260,16 +261,31 @@ class StepStats:
 class StrategySettings(Section):
     """Base of a strategy's own settings section (``algorithm.<strategy>``), defined next to its class.
 
-    The section checks itself; checks that need the shared settings (e.g. a step index against
-    ``num_steps``) go in :meth:`cross_checks`, which the ``algorithm`` section runs for the chosen
-    strategy.
+    Every strategy has its own learning rate (its paper's or published script's), used unless
+    ``train.learning_rate`` sets one for all. The section checks itself; checks that need the shared
+    settings (e.g. a step index against ``num_steps``) go in :meth:`cross_checks`, which the
+    ``algorithm`` section runs for the chosen strategy.
     """
 
     strategy: ClassVar[str]  # the strategy's registry name, which is also the section's key
 
+    learning_rate: float = Field(
+        2e-6,
+        gt=0.0,
+        allow_inf_nan=False,
+        description="AdamW learning rate, constant, when train.learning_rate is null (G²RPO paper 2e-6)",
+    )
+
     def cross_checks(self, config: AlgorithmConfig) -> list[str]:
         """Problems (``field=value: fix``, fields named from the ``algorithm`` section) with the shared settings."""
         return []
+
+    def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
+        """The setting (key under ``algorithm``, value) that makes the strategy step the optimiser more
+        than once per iteration, or None when it steps once."""
+        if config.optimizer_step != "per_iteration":
+            return ("optimizer_step", config.optimizer_step)
+        return None
 
     @classmethod
     def unknown_key_fix(cls, key: str, path: str) -> str | None:

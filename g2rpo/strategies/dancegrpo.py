@@ -1,23 +1,30 @@
-"""DanceGRPO (Flow-GRPO style) baseline: SDE at every step, terminal advantage broadcast (spec §9).
+"""DanceGRPO baseline: SDE at every step, terminal advantage broadcast (spec §9), after the published
+code (``XueZeyue/DanceGRPO``, ``fastvideo/train_grpo_flux.py``; docs/core.md lists where this differs).
 
 Rollout for P prompts: G trajectories per prompt, from one shared initial noise per prompt
 (DanceGRPO's ``init_same_noise``; ``dancegrpo.shared_noise: false`` draws one per trajectory,
 Flow-GRPO style). Every step is an SDE step (the same step as G²RPO's, spec §1, so a comparison
-isolates credit assignment; ``sde_noise: dancegrpo`` gives DanceGRPO's own noise form, s_σ = η). All P·G trajectories
-advance together, ``micro_batch`` rows per model call. Sampling forwards per prompt: G·T.
+isolates credit assignment; ``sde_noise: dancegrpo`` gives DanceGRPO's own noise form, s_σ = η). All
+P·G trajectories advance together, ``micro_batch`` rows per model call. Sampling forwards per
+prompt: G·T.
+
+Scored latent: the x₀-prediction of the last step, x̂₀ = x[T−1] − σ[T−1]·v (DanceGRPO decodes
+``pred_original``, not the last noisy sample x[T]).
 
 Advantages: rewards ``[R, P, G]`` → per reward model group-normalised over G → weighted sum →
 clip ±``advantage_clip`` → ``[P, G]``, broadcast to every step of the trajectory.
 
-Loss: each trajectory trains a random subset of S = max(1, round(f·T)) of its T steps
-(f = ``dancegrpo.train_fraction`` = 0.6, DanceGRPO's ``timestep_fraction``; drawn per trajectory,
-seeded). Slot s ∈ 0..S−1 is one loss term with one forward per trajectory at its s-th trained
-step (rows at different σ are batched): training forwards per prompt = G·S (G=12, T=16: 120). Each
-term is scaled by 1/S (and by the share of kept trajectories it covers), so the sum of the
-backward passes is the mean surrogate over kept trajectories and trained steps.
+Loss: the last step is never trained (DanceGRPO slices it off); each trajectory trains a random
+subset of S = max(1, int(f·(T−1))) of the first T−1 steps (f = ``dancegrpo.train_fraction`` = 0.6,
+``timestep_fraction``; T = 16: 9 steps; drawn per trajectory, seeded). Slot s ∈ 0..S−1 is one loss
+term with one forward per trajectory at its s-th trained step (rows at different σ are batched):
+training forwards per prompt = G·S (G = 12, T = 16: 108).
 
-DanceGRPO's reference code uses ``int`` for S on a T+1-long schedule; rounding f·T gives the
-"~115 per prompt" count of spec §8 most closely (12·round(9.6) = 120).
+Optimiser steps: ``dancegrpo.trajectories_per_step`` = a (the script's gradient accumulation, 4)
+trajectories per step — branches ``[c·a, (c+1)·a)`` of every prompt form step c, so G = 12 steps the
+optimiser 3 times per iteration, each on the mean surrogate over its trajectories and trained
+steps; null steps once per iteration on the mean over all. Learning rate 1e-5 (the script's)
+unless ``train.learning_rate`` is set.
 
 Rollout ``states`` (:class:`~g2rpo.strategies.base.TrajectoryStates`): ``latents``
 ``[P, G, T+1, L, C]``, ``log_prob_old`` ``[P, G, T]``, ``trained_steps`` ``[P, G, S]`` long.
@@ -37,8 +44,10 @@ from g2rpo.strategies._shared import (
     sample_velocity,
     terminal_advantages,
     trajectory_loss_terms,
+    trajectory_multi_step_setting,
     trajectory_rollout,
     trajectory_sde_step,
+    trajectory_stepping_problems,
 )
 from g2rpo.strategies.base import (
     Advantages,
@@ -57,7 +66,7 @@ __all__ = ["DanceGRPO", "DanceGRPOSettings"]
 
 
 class DanceGRPOSettings(StrategySettings):
-    """DanceGRPO's own settings: which steps train and whether the group shares its initial noise."""
+    """DanceGRPO's own settings: which steps train, the noise of the group, optimiser stepping, learning rate."""
 
     strategy: ClassVar[str] = "dancegrpo"
 
@@ -66,15 +75,36 @@ class DanceGRPOSettings(StrategySettings):
         gt=0.0,
         le=1.0,
         allow_inf_nan=False,
-        description="fraction of the T steps trained, drawn at random per trajectory (DanceGRPO: 0.6)",
+        description="f, each trajectory trains int(f·(T−1)) of the first T−1 steps, drawn at random (DanceGRPO: 0.6)",
     )
     shared_noise: bool = Field(
         True, description="one initial noise for the whole group (false = independent, Flow-GRPO style)"
     )
+    trajectories_per_step: int | None = Field(
+        4,
+        ge=1,
+        description=(
+            "trajectories per prompt accumulated into each optimiser step (DanceGRPO script: 4, i.e. 3 steps "
+            "per iteration at G = 12); null = one step per iteration"
+        ),
+    )
+    learning_rate: float = Field(
+        1e-5,
+        gt=0.0,
+        allow_inf_nan=False,
+        description="AdamW learning rate, constant, when train.learning_rate is null (DanceGRPO script: 1e-5)",
+    )
+
+    def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
+        return trajectory_multi_step_setting(self.strategy, self.trajectories_per_step, config)
+
+    def cross_checks(self, config: AlgorithmConfig) -> list[str]:
+        return trajectory_stepping_problems(self.strategy, self.trajectories_per_step, config)
 
 
 class DanceGRPO:
-    """SDE on every step; the terminal advantage trains a random 60 % of the steps."""
+    """SDE on every step; the x₀-prediction is scored; the terminal advantage trains a random 60 % of
+    the first T−1 steps."""
 
     name = "dancegrpo"
     Settings = DanceGRPOSettings
@@ -84,8 +114,13 @@ class DanceGRPO:
         self.settings: DanceGRPOSettings = config.dancegrpo
 
     @property
+    def trainable_steps(self) -> int:
+        """The steps a trajectory may train: all but the last (T−1)."""
+        return self.config.num_steps - 1
+
+    @property
     def trained_per_trajectory(self) -> int:
-        return max(1, round(self.settings.train_fraction * self.config.num_steps))
+        return max(1, int(self.settings.train_fraction * self.trainable_steps))
 
     @torch.no_grad()
     def rollout(
@@ -120,6 +155,7 @@ class DanceGRPO:
         log_probs = []
         for i in range(t_steps):
             v = sample_velocity(model, cfg, x, sigmas[i].expand(x.shape[0]), row_cond, nfe)
+            predicted_x0 = x - sigmas[i] * v  # scored after the last step
             x, log_prob = trajectory_sde_step(cfg, draws, x, v, sigmas, i, group)
             log_probs.append(log_prob)  # [P*G]
             states.append(x)
@@ -127,14 +163,16 @@ class DanceGRPO:
             [
                 torch.stack(
                     [
-                        draws.permutation(t_steps, "trained-steps", p, g)[: self.trained_per_trajectory]
+                        draws.permutation(self.trainable_steps, "trained-steps", p, g)[: self.trained_per_trajectory]
                         for g in range(group)
                     ]
                 )
                 for p in range(num_prompts)
             ]
         )  # [P, G, S]
-        return trajectory_rollout(self.name, sigmas, cond, draws, nfe, states, log_probs, trained.to(device), group)
+        return trajectory_rollout(
+            self.name, sigmas, cond, draws, nfe, states, log_probs, trained.to(device), group, scored=predicted_x0
+        )
 
     def advantages(
         self, rollout: Rollout, rewards: torch.Tensor, reward_weights: Sequence[float] | None = None
@@ -142,4 +180,4 @@ class DanceGRPO:
         return terminal_advantages(self.config, rollout, rewards, reward_weights)
 
     def loss_terms(self, model: VelocityModel, rollout: Rollout, advantages: Advantages) -> Iterator[LossTerm]:
-        return trajectory_loss_terms(self.config, model, rollout, advantages)
+        return trajectory_loss_terms(self.config, model, rollout, advantages, self.settings.trajectories_per_step)

@@ -14,11 +14,16 @@ The window is a pure function of the iteration (:func:`window_steps`), so a resu
 window an uninterrupted one would: with n = iteration // τ and positions 0, s, 2s, … ≤ T − 3,
 the window starts at l = (n mod #positions)·s and is ``range(l, min(l + W, T − 2))``.
 
-Departures: the SDE step is G²RPO's (spec §1), not MixGRPO's DPM-Solver++ ODE acceleration after
-the window; the ODE prefix before the window is deterministic from the shared noise, so it is
-computed once per prompt, not G times. Sampling forwards per prompt: l + G·(T − l); training
+The SDE step is G²RPO's (spec §1), which is also the MixGRPO script's (``--flow_grpo_sampling``);
+the script runs no DPM-Solver (``dpm_algorithm_type="null"``; MixGRPO-Flash does). The ODE prefix
+before the window is deterministic from the shared noise, so it is computed once per prompt, not G
+times (same values). Sampling forwards per prompt: l + G·(T − l); training
 forwards: G·|window|. Advantages and loss as DanceGRPO (terminal advantage broadcast to the
-window steps; one term per window step).
+window steps; one term per window step), but the last sample x[T] is scored (the script's
+``--drop_last_sample`` is off; the steps after the window are ODE steps, so x[T] carries no
+sampling noise). Optimiser steps: ``mixgrpo.trajectories_per_step`` = 3 trajectories per prompt
+(the script's gradient accumulation; G = 12 → 4 steps per iteration), learning rate 1e-5 unless
+``train.learning_rate`` is set. docs/core.md lists every remaining difference.
 
 Rollout ``states`` (:class:`~g2rpo.strategies.base.TrajectoryStates`): ``latents``
 ``[P, G, T+1, L, C]``, ``log_prob_old`` ``[P, G, T]`` (NaN outside the window), ``trained_steps``
@@ -41,8 +46,10 @@ from g2rpo.strategies._shared import (
     sample_velocity,
     terminal_advantages,
     trajectory_loss_terms,
+    trajectory_multi_step_setting,
     trajectory_rollout,
     trajectory_sde_step,
+    trajectory_stepping_problems,
 )
 from g2rpo.strategies.base import (
     Advantages,
@@ -68,13 +75,31 @@ class MixGRPOSettings(StrategySettings):
     window_size: int = Field(4, ge=1, description="W, SDE steps in the sliding window (MixGRPO code: 4)")
     window_shift: int = Field(1, ge=1, description="steps the window advances each time (code: 1)")
     iters_per_shift: int = Field(25, ge=1, description="iterations between advances (code: 25)")
+    trajectories_per_step: int | None = Field(
+        3,
+        ge=1,
+        description=(
+            "trajectories per prompt accumulated into each optimiser step (MixGRPO script: 3, i.e. 4 steps per "
+            "iteration at G = 12); null = one step per iteration"
+        ),
+    )
+    learning_rate: float = Field(
+        1e-5,
+        gt=0.0,
+        allow_inf_nan=False,
+        description="AdamW learning rate, constant, when train.learning_rate is null (MixGRPO script: 1e-5)",
+    )
+
+    def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
+        return trajectory_multi_step_setting(self.strategy, self.trajectories_per_step, config)
 
     def cross_checks(self, config: AlgorithmConfig) -> list[str]:
+        problems = trajectory_stepping_problems(self.strategy, self.trajectories_per_step, config)
         if config.num_steps < 3:
-            return [
+            problems.append(
                 problem("num_steps", config.num_steps, "MixGRPO keeps its window below step T − 2: use num_steps ≥ 3")
-            ]
-        return []
+            )
+        return problems
 
 
 def window_steps(
@@ -152,4 +177,4 @@ class MixGRPO:
         return terminal_advantages(self.config, rollout, rewards, reward_weights)
 
     def loss_terms(self, model: VelocityModel, rollout: Rollout, advantages: Advantages) -> Iterator[LossTerm]:
-        return trajectory_loss_terms(self.config, model, rollout, advantages)
+        return trajectory_loss_terms(self.config, model, rollout, advantages, self.settings.trajectories_per_step)

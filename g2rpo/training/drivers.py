@@ -55,7 +55,7 @@ class TorchDriver:
         self.max_grad_norm = train.max_grad_norm
         self.optimizer = torch.optim.AdamW(
             params,
-            lr=train.learning_rate,
+            lr=config.learning_rate,
             betas=tuple(train.adam_betas),
             eps=train.adam_eps,
             weight_decay=train.weight_decay,
@@ -126,7 +126,7 @@ class DeepSpeedDriver:
         validate_deepspeed_config(self.ds_config, ctx.world_size)
         optimizer = torch.optim.AdamW(
             params,
-            lr=train.learning_rate,
+            lr=config.learning_rate,
             betas=tuple(train.adam_betas),
             eps=train.adam_eps,
             weight_decay=train.weight_decay,

@@ -160,7 +160,14 @@ class TrainSection(Section):
         16, ge=1, description="groups per iteration over all ranks (paper: 16 GPUs × 1); a multiple of the world size"
     )
     seed: int = Field(0, ge=0, description="run seed: every draw derives from (seed, iteration, prompt, k, branch)")
-    learning_rate: float = Field(2e-6, gt=0, description="AdamW learning rate, constant (paper 2e-6)")
+    learning_rate: float | None = Field(
+        None,
+        gt=0,
+        description=(
+            "AdamW learning rate, constant, for every strategy; null = the chosen strategy's own "
+            "(algorithm.<strategy>.learning_rate: G²RPO 2e-6 as the paper, DanceGRPO and MixGRPO 1e-5 as their scripts)"
+        ),
+    )
     weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay (paper 1e-4)")
     adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
     adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
@@ -222,6 +229,13 @@ class RunConfig(Section):
     observability: ObservabilitySection = Field(
         default_factory=ObservabilitySection, description="Prometheus metrics (/metrics on rank 0)"
     )
+
+    @property
+    def learning_rate(self) -> float:
+        """The learning rate the run trains at: ``train.learning_rate``, else the strategy's own."""
+        if self.train.learning_rate is not None:
+            return self.train.learning_rate
+        return self.algorithm.settings.learning_rate
 
     @model_validator(mode="after")
     def _cross_checks(self) -> RunConfig:

@@ -154,13 +154,15 @@ class Trainer:
         if problems:
             raise ConfigError(problems, source="run config")
         self.per_rank = prompts_per_rank(cfg.train.prompts_per_iteration, self.ctx.world_size)
-        if self.ctx.distributed and cfg.algorithm.optimizer_step != "per_iteration":  # see _optimise
+        multi_step = cfg.algorithm.settings.multi_step_setting(cfg.algorithm)
+        if self.ctx.distributed and multi_step is not None:  # see _optimise
             raise G2RPOError(
                 problem(
-                    "algorithm.optimizer_step",
-                    cfg.algorithm.optimizer_step,
+                    f"algorithm.{multi_step[0]}",
+                    multi_step[1],
                     "with several ranks the trainer steps once per iteration (ranks may yield different numbers of "
-                    "terms when groups are dropped): use per_iteration, or train on one process",
+                    "terms when groups are dropped): set optimizer_step per_iteration and the strategy's "
+                    "trajectories_per_step null, or train on one process",
                 )
             )
         self.out = Path(cfg.output.dir)

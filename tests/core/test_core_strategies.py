@@ -121,9 +121,9 @@ def test_baseline_forward_counts():
         advantages = strategy.advantages(rollout, rewards_of(rollout, reward))
         terms = [t.detached() for t in strategy.loss_terms(model, rollout, advantages)]
         nfe[name] = (rollout.nfe.sampling_forwards, sum(t.stats.forwards for t in terms))
-    # DanceGRPO: SDE at all 16 steps for 12 trajectories = 192; trains round(0.6·16) = 10 steps each = 120.
+    # DanceGRPO: SDE at all 16 steps for 12 trajectories = 192; trains int(0.6·15) = 9 of the first 15 steps = 108.
     # MixGRPO at iteration 0: window [0, 1, 2, 3] so no shared ODE prefix: 12·16 = 192; trains 12·4 = 48.
-    assert nfe == {"g2rpo_no_mgai": (1112, 8), "dancegrpo": (192, 120), "mixgrpo": (192, 48)}
+    assert nfe == {"g2rpo_no_mgai": (1112, 8), "dancegrpo": (192, 108), "mixgrpo": (192, 48)}
 
 
 # --------------------------------------------------------------------------- the loss
@@ -286,8 +286,8 @@ def test_baselines_drop_a_prompt_with_a_nan_or_inf_reward(name):
     assert advantages.valid.tolist() == [True, False, True] and advantages.dropped_groups == 1
     assert torch.equal(advantages.values[1], torch.zeros(4)) and torch.isfinite(advantages.values).all()
     terms = [t.detached() for t in strategy.loss_terms(model, rollout, advantages)]
-    trained = rollout.states.trained_steps.shape[-1]  # DanceGRPO round(0.6·6) = 4 steps; MixGRPO window of 2
-    assert trained == {"dancegrpo": 4, "mixgrpo": 2}[name]
+    trained = rollout.states.trained_steps.shape[-1]  # DanceGRPO int(0.6·5) = 3 steps; MixGRPO window of 2
+    assert trained == {"dancegrpo": 3, "mixgrpo": 2}[name]
     assert sum(t.stats.forwards for t in terms) == 2 * 4 * trained  # the 2 kept prompts × G × trained steps
     assert all(math.isfinite(t.stats.loss) for t in terms)
 
@@ -456,9 +456,10 @@ def test_dancegrpo_sde_every_step_shared_noise_and_trained_fraction():
     assert torch.equal(states[:, :1, 0].expand(-1, 4, -1, -1), states[:, :, 0])  # one initial noise per group
     assert not torch.equal(states[:, 0, 1], states[:, 1, 1])  # SDE from the first step on
     assert torch.isfinite(rollout.states.log_prob_old).all()
-    trained = rollout.states.trained_steps  # [P, G, S], S = round(0.6·10) = 6
-    assert trained.shape == (2, 4, 6)
-    assert all(len(set(row)) == 6 for row in trained.reshape(-1, 6).tolist())
+    trained = rollout.states.trained_steps  # [P, G, S], S = int(0.6·(10 − 1)) = 5 of the first 9 steps
+    assert trained.shape == (2, 4, 5)
+    assert all(len(set(row)) == 5 for row in trained.reshape(-1, 5).tolist())
+    assert int(trained.max()) <= 8  # the last step (index 9) is never trained
     independent = build_strategy(
         config(strategy="dancegrpo", num_steps=10, group_size=4, dancegrpo={"shared_noise": False})
     )
@@ -626,12 +627,22 @@ def test_registry_lists_each_strategy_with_its_section():
     [
         (
             G2RPOSettings,
-            "branch_steps, branch_steps_per_iteration, granularities, stride_schedule, stride_weights",
+            "branch_steps, branch_steps_per_iteration, granularities, learning_rate, stride_schedule, stride_weights",
             "window_size",
             "mixgrpo",
         ),
-        (DanceGRPOSettings, "shared_noise, train_fraction", "granularities", "g2rpo"),
-        (MixGRPOSettings, "iters_per_shift, window_shift, window_size", "train_fraction", "dancegrpo"),
+        (
+            DanceGRPOSettings,
+            "learning_rate, shared_noise, train_fraction, trajectories_per_step",
+            "granularities",
+            "g2rpo",
+        ),
+        (
+            MixGRPOSettings,
+            "iters_per_shift, learning_rate, trajectories_per_step, window_shift, window_size",
+            "train_fraction",
+            "dancegrpo",
+        ),
     ],
 )
 def test_each_strategy_section_validates_alone(settings, valid, misplaced, owner):

@@ -121,7 +121,7 @@ def test_config_hash_covers_model_algorithm_data_only():
 def test_describe_and_show(capsys):
     assert main(["config", "describe"]) == 0
     text = capsys.readouterr().out
-    assert "train.learning_rate (float, default 2e-06)" in text and "deepspeed.zero_stage" in text
+    assert "algorithm.g2rpo.learning_rate (float, default 2e-06)" in text and "deepspeed.zero_stage" in text
     assert main(["config", "show", "--config", str(TINY), "train.iterations=5"]) == 0
     shown = capsys.readouterr().out
     assert "iterations: 5" in shown and "zero_stage: 2" in shown
@@ -130,7 +130,7 @@ def test_describe_and_show(capsys):
 def test_example_configs_are_valid():
     h200 = load_config(RunConfig, REPO / "configs" / "flux-dev-h200.yaml")
     assert h200.deepspeed.enabled and h200.train.precision == "bf16"
-    assert h200.train.learning_rate == 2e-6 and h200.algorithm.group_size == 12 and h200.algorithm.num_steps == 16
+    assert h200.learning_rate == 2e-6 and h200.algorithm.group_size == 12 and h200.algorithm.num_steps == 16
 
 
 def test_gpu_benchmark_parses_arguments_here():

@@ -1,0 +1,1 @@
+"""Small tasks with exact rewards (the shapes task)."""
