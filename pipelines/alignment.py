@@ -52,7 +52,7 @@ DEFAULTS = {
         {"name": "clip", "weight": 1.0, "weights": "s3://g2rpo/models/rewards/DFN5B-CLIP-ViT-H-14"},
     ],
     "iterations": 300,
-    "learning_rate": 2e-6,
+    "learning_rate": 0.0,  # 0: the strategy's own (G²RPO 2e-6, DanceGRPO/MixGRPO 1e-5)
     "overrides": [],
     "test_size": 400,
     "split_seed": 0,

@@ -71,6 +71,10 @@ def resolve_config_path(config_uri: str) -> Path:
     raise G2RPOError(problem("config_uri", config_uri, "no such config file; e.g. configs/flux-dev-h200.yaml"))
 
 
+# Parameters whose value 0 leaves the key to the strategy section (see run_config_for).
+STRATEGY_DEFAULT_WHEN_ZERO = frozenset({"learning_rate"})
+
+
 def run_config_for(
     config_uri: str,
     choices: dict[str, Any],
@@ -85,7 +89,13 @@ def run_config_for(
     unknown = sorted(set(choices) - set(PARAMETER_KEYS))
     if unknown:
         raise G2RPOError(problem("choices", unknown, f"unknown; valid: {', '.join(PARAMETER_KEYS)}"))
-    items = [f"{PARAMETER_KEYS[name]}={json.dumps(value)}" for name, value in choices.items()]
+    # A KFP parameter has no null: learning_rate 0 (never a valid rate) means "the strategy's own"
+    # (G²RPO 2e-6, DanceGRPO and MixGRPO 1e-5: algorithm.<strategy>.learning_rate).
+    items = [
+        f"{PARAMETER_KEYS[name]}={json.dumps(value)}"
+        for name, value in choices.items()
+        if not (name in STRATEGY_DEFAULT_WHEN_ZERO and value == 0)
+    ]
     items += list(overrides)
     items += [
         f"model.path={json.dumps(base_model_uri)}",

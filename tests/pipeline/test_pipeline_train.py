@@ -158,3 +158,26 @@ def test_more_than_one_node_needs_a_trainjob_and_is_refused_before_training(tmp_
     with pytest.raises(G2RPOError, match="more than one node trains as a Kubeflow TrainJob"):
         _task(tmp_path / "tiny-flux", tmp_path, (tmp_path / "store").as_uri(), 1, nodes=2, checkpoint_uri="s3://b/c")
     assert not (tmp_path / "tiny-flux").exists() and not (tmp_path / "store").exists()
+
+
+def test_the_pipelines_learning_rate_zero_leaves_the_strategys_own(tmp_path):
+    # configs/flux-dev-h200.yaml (the pipeline's default config) sets no learning rate of its own.
+    from g2rpo.steps.train_task import run_config_for
+
+    base = {"strategy": "dancegrpo", "learning_rate": 0.0}
+    config = run_config_for(
+        "configs/flux-dev-h200.yaml",
+        base,
+        base_model_uri=str(tmp_path / "m"),
+        prompts="p.txt",
+        output_dir=tmp_path / "o",
+    )
+    assert config.train.learning_rate is None and config.learning_rate == 1e-5  # DanceGRPO's published rate
+    config = run_config_for(
+        "configs/flux-dev-h200.yaml",
+        {**base, "learning_rate": 3e-6},
+        base_model_uri=str(tmp_path / "m"),
+        prompts="p.txt",
+        output_dir=tmp_path / "o",
+    )
+    assert config.train.learning_rate == 3e-6 and config.learning_rate == 3e-6
