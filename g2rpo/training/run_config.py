@@ -371,18 +371,27 @@ def run_problems(config: Any, world_size: int = 1) -> list[str]:
     return problems
 
 
+FLUX_PACKED_CHANNELS = 64  # Flux: 16 latent channels × a 2×2 patch
+
+
+def _packed_latent_channels(model: ModelSection) -> int:
+    """The transformer's ``in_channels`` when a local model folder states it, else Flux's. A folder
+    whose config cannot be read falls back to Flux's too: check_model_dir reports that folder."""
+    if not model.path or "://" in model.path:
+        return FLUX_PACKED_CHANNELS
+    transformer_config = Path(model.path) / "transformer" / "config.json"
+    try:
+        return int(json.loads(transformer_config.read_text(encoding="utf-8")).get("in_channels", FLUX_PACKED_CHANNELS))
+    except (ValueError, OSError):
+        return FLUX_PACKED_CHANNELS
+
+
 def rollout_memory_problem(
     algorithm: AlgorithmConfig, model: ModelSection, train: TrainSection, world_size: int
 ) -> str | None:
     """The rollout of one iteration cannot fit in the memory this machine shows (:mod:`g2rpo.training.memory`)."""
     tokens = (model.height // 16) * (model.width // 16)  # packed 2×2 patches of the 8× VAE latent
-    channels = 64  # Flux: 16 latent channels × 2×2 patch
-    transformer_config = Path(model.path) / "transformer" / "config.json" if model.path else None
-    if transformer_config is not None and "://" not in model.path and transformer_config.is_file():
-        try:
-            channels = int(json.loads(transformer_config.read_text(encoding="utf-8")).get("in_channels", channels))
-        except (ValueError, OSError):
-            pass  # a damaged model folder is reported by check_model_dir
+    channels = _packed_latent_channels(model)
     trajectory = algorithm.strategy != "g2rpo"
     settings = algorithm.g2rpo
     trained = settings.branch_steps_per_iteration or len(settings.all_branch_steps(algorithm.num_steps))
