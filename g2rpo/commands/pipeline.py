@@ -10,8 +10,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
+
+import g2rpo
+from g2rpo.errors import G2RPOError, problem
 
 _PARAMS_HELP = (
     "pipeline parameters as name=value (values are YAML: iterations=100, granularities=[1,2], "
@@ -97,7 +101,25 @@ def _cluster_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("parameters", nargs="*", metavar="NAME=VALUE", help=_PARAMS_HELP)
 
 
+def _use_source_tree() -> None:
+    """``components/`` and ``pipelines/`` are loaded from the g2rpo checkout, never installed as
+    top-level packages (README, "Architecture"): put the checkout that holds this g2rpo on the path."""
+    root = Path(g2rpo.__file__).resolve().parents[1]
+    if not (root / "pipelines" / "__init__.py").is_file() or not (root / "components" / "__init__.py").is_file():
+        raise G2RPOError(
+            problem(
+                "g2rpo",
+                str(root),
+                "the pipeline verbs need g2rpo installed from its source checkout (pip install -e <checkout>), "
+                "which holds components/ and pipelines/",
+            )
+        )
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+
+
 def _compile(args: argparse.Namespace) -> int:
+    _use_source_tree()
     from pipelines.alignment import compile_pipeline
 
     print(f"wrote {compile_pipeline(args.output, args.profile)}")
@@ -105,6 +127,7 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _submit(args: argparse.Namespace) -> int:
+    _use_source_tree()
     from pipelines.placement import load_profile
     from pipelines.submit import parse_arguments, submit
 
@@ -123,6 +146,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 
 def _schedule(args: argparse.Namespace) -> int:
+    _use_source_tree()
     from pipelines.placement import load_profile
     from pipelines.submit import check_cron, parse_arguments, schedule
 
@@ -143,6 +167,7 @@ def _schedule(args: argparse.Namespace) -> int:
 
 
 def _run_local(args: argparse.Namespace) -> int:
+    _use_source_tree()
     from g2rpo.errors import G2RPOError, problem
     from pipelines.local import run_local
     from pipelines.submit import parse_arguments

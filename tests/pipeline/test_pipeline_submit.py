@@ -134,3 +134,21 @@ def test_compile_command_writes_the_committed_yaml(tmp_path):
     assert main(["pipeline", "compile", "--output", str(out)]) == 0
     first, _ = yaml.safe_load_all(out.read_text())
     assert first["pipelineInfo"]["name"] == "g2rpo-alignment"
+
+
+def test_the_installed_command_finds_pipelines_outside_the_checkout(tmp_path):
+    # `make demo` runs the console script from the checkout, where the interpreter's path holds the
+    # venv, not the checkout: pipelines/ and components/ must be found through g2rpo's own location.
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = tmp_path / "p.yaml"
+    done = subprocess.run(
+        [sys.executable, "-c", "import sys; from g2rpo.cli import main; sys.exit(main())", "pipeline", "compile",
+         "--output", str(out)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=False, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert yaml.safe_load_all(out.read_text()).__next__()["pipelineInfo"]["name"] == "g2rpo-alignment"
