@@ -155,7 +155,7 @@ def load_baseline(uri: str, settings: S3Settings | None = None, cache_dir: str |
         )
         images[(row["steps"], int(row["prompt_id"][1:]), row["seed"])] = row["image"]
     if not by_steps:  # an evaluation from before scores.jsonl: scores.json at its num_steps
-        steps = int(json.loads((root / "manifest.json").read_text())["metadata"]["config"]["num_steps"])
+        steps = int(json.loads((root / "manifest.json").read_text(encoding="utf-8"))["metadata"]["config"]["num_steps"])
         by_steps[steps] = list(scores.items)
         images.update(
             {(steps, int(i.prompt_id[1:]), i.seed): image_name(int(i.prompt_id[1:]), i.seed) for i in scores.items}

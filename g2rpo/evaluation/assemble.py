@@ -78,7 +78,9 @@ def assemble(
         ]
     scores = by_steps[num_steps]
     _write_json(root / "scores.json", scores.model_dump(mode="json"))
-    (root / "scores.jsonl").write_text("".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines))
+    (root / "scores.jsonl").write_text(
+        "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines), encoding="utf-8"
+    )
     _write_json(
         root / "prompts.json",
         {

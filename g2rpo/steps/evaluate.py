@@ -156,7 +156,7 @@ def _result(output_uri: str, config: EvaluationConfig, generated: int, settings:
     root = fetch_to_cache(output_uri, cache_dir=config.cache_dir, settings=settings)
     scores = EvalScores.model_validate_json((root / "scores.json").read_text(encoding="utf-8"))
     document = json.loads((root / "metrics.json").read_text(encoding="utf-8"))
-    prompts = [entry["prompt"] for entry in json.loads((root / "prompts.json").read_text())["prompts"]]
+    prompts = [entry["prompt"] for entry in json.loads((root / "prompts.json").read_text(encoding="utf-8"))["prompts"]]
     by_steps = {int(steps): table for steps, table in document["by_steps"].items()}
     primary = by_steps[config.num_steps]
     return EvaluateResult(
