@@ -19,6 +19,9 @@ of such a run mean nothing). What it does:
    ``--size``² (default 720², the paper's: 2025 packed tokens) with 512 text tokens; best of
    ``--sample-repeats`` after a one-call warm-up. Reports images/s, forwards (rows)/s, and from
    the latter the time one paper-settings G²RPO rollout (1892 forwards per prompt) would take.
+   The same G images are also sampled one per call (the reference code's way): the ratio of the
+   two is what batching buys per forward at this size, and times the forward-count ratio
+   2188/1892 it predicts the rollout ratio that ``benchmarks/rollout.py`` measures on the CPU.
 4. **The G²RPO training term** (spec §3, §5): for P groups, **one** forward of the policy at the
    shared state x[k] (P rows, not P·G: the shared-velocity trick), the SDE transition mean, the
    Gaussian log-probability of the G stored branches under it, the clipped surrogate with random
@@ -43,8 +46,8 @@ https://www.nvidia.com/en-us/data-center/h200/: "BFLOAT16 Tensor Core 1,979 TFLO
 datasheet, 1,979 with sparsity), A100 312 (A100 datasheet, dense).
 
 Defaults: P = 1 group of G = 12, 16 sampling steps, gradient checkpointing on; sized to finish
-in well under 8 minutes on one H200 (model init well under a minute; 2 × 192 image forwards of
-about 66 TFLOP each; a few training steps of about a second). Writes
+in well under 8 minutes on one H200 (model init well under a minute; 4 × 192 image forwards of
+37 TFLOP each — 2 repeats, batched and one per call; a few training steps of about a second). Writes
 ``benchmarks/results/gpu_flux_step.json``.
 
 Usage: ``python -m benchmarks.gpu_flux_step [--size 720] [--text-tokens 512] [--groups 1]
@@ -93,6 +96,7 @@ SIZES = {  # defaults of the size flags: full (FLUX.1-dev at the paper's 720²) 
 }
 CHECKPOINTED_BLOCK = re.compile(r"\.(single_)?transformer_blocks\.\d+$")  # FlopCounterMode's module names
 PAPER_ROLLOUT_FORWARDS = 1892  # sampling forwards per prompt at T=16, G=12, |M|=8, Λ={1,2,3}
+REFERENCE_ROLLOUT_FORWARDS = 2188  # the reference code's loop at the same settings (benchmarks/rollout.py)
 
 
 def datasheet_bf16_dense_tflops(device_name: str) -> float | None:
@@ -218,14 +222,15 @@ def measure_sampling(torch, velocity, cond, args: argparse.Namespace, peak: floa
         flops_per_image_forward = counter.get_total_flops()
         rows = cond[torch.zeros(g, dtype=torch.long)]
         velocity(torch.zeros(g, length, channels, device=device), torch.full((g,), 0.5, device=device), rows)
-        times = []
+        times = {g: [], 1: []}  # rows per call: the batch of G, and one image per call (the reference's way)
         for _ in range(args.sample_repeats):
-            _sync(torch, device)
-            start = time.perf_counter()
-            ode_sample(velocity, cond, seeds, sigmas, micro_batch=g)
-            _sync(torch, device)
-            times.append(time.perf_counter() - start)
-    best = min(times)
+            for rows_per_call in times:
+                _sync(torch, device)
+                start = time.perf_counter()
+                ode_sample(velocity, cond, seeds, sigmas, micro_batch=rows_per_call)
+                _sync(torch, device)
+                times[rows_per_call].append(time.perf_counter() - start)
+    best, best_1 = min(times[g]), min(times[1])
     forwards_per_s = g * steps / best
     tflops = flops_per_image_forward * g * steps / best / 1e12
     return {
@@ -234,7 +239,7 @@ def measure_sampling(torch, velocity, cond, args: argparse.Namespace, peak: floa
         "group_size": g,
         "rows_per_call": g,
         "steps": steps,
-        "seconds": times,
+        "seconds": times[g],
         "images_per_s": g / best,
         "forwards_per_s": forwards_per_s,
         "flops_per_image_forward": flops_per_image_forward,
@@ -244,6 +249,12 @@ def measure_sampling(torch, velocity, cond, args: argparse.Namespace, peak: floa
         # at the measured rows/s (calls of G rows; the rollout's calls hold micro_batch rows)
         "paper_rollout_forwards_per_prompt": PAPER_ROLLOUT_FORWARDS,
         "estimated_paper_rollout_seconds_per_prompt": PAPER_ROLLOUT_FORWARDS / forwards_per_s,
+        # the same G images one per call: what batching buys per forward at this size, and with the
+        # forward-count ratio the rollout ratio against the reference loop (benchmarks/rollout.py)
+        "batch_1_seconds": times[1],
+        "batch_1_images_per_s": g / best_1,
+        "per_forward_ratio_batch_1_vs_batched": best_1 / best,
+        "predicted_ratio_vs_reference_loop": REFERENCE_ROLLOUT_FORWARDS / PAPER_ROLLOUT_FORWARDS * best_1 / best,
     }
 
 
@@ -384,7 +395,9 @@ def main(argv: list[str] | None = None) -> dict:
         f"sampling: {g} images {args.size}² × {args.sample_steps} steps in one batch: "
         f"{sampling['images_per_s']:.4g} images/s, {sampling['forwards_per_s']:.4g} forwards/s, "
         f"{sampling['achieved_tflops']:.4g} TFLOP/s; a paper-settings G²RPO rollout ≈ "
-        f"{sampling['estimated_paper_rollout_seconds_per_prompt']:.4g} s per prompt"
+        f"{sampling['estimated_paper_rollout_seconds_per_prompt']:.4g} s per prompt; one image per call "
+        f"{sampling['batch_1_images_per_s']:.4g} images/s ({sampling['per_forward_ratio_batch_1_vs_batched']:.3g}× "
+        f"per forward → {sampling['predicted_ratio_vs_reference_loop']:.3g}× against the reference loop)"
     )
     print(f"{'training step (G²RPO term)':<32} value")
     for key in (

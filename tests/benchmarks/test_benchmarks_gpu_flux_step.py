@@ -42,6 +42,9 @@ def test_tiny_cpu_mode_runs_every_phase_and_counts_consistently(tmp_path, capsys
     assert sampling["group_size"] == 12 and sampling["steps"] == 2 and sampling["images_per_s"] > 0
     assert sampling["forwards_per_s"] == pytest.approx(sampling["images_per_s"] * sampling["steps"])
     assert sampling["estimated_paper_rollout_seconds_per_prompt"] == pytest.approx(1892 / sampling["forwards_per_s"])
+    assert sampling["batch_1_images_per_s"] > 0 and len(sampling["batch_1_seconds"]) == len(sampling["seconds"]) == 1
+    ratio = sampling["per_forward_ratio_batch_1_vs_batched"]
+    assert sampling["predicted_ratio_vs_reference_loop"] == pytest.approx(2188 / 1892 * ratio)
     training = result["training"]
     # checkpointing recomputes the blocks' forward: executed = model FLOPs + that recompute
     assert result["gradient_checkpointing"]
