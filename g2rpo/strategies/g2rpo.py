@@ -15,7 +15,16 @@ Rollout for P prompts (all model calls batched, ``micro_batch`` rows per call):
 
 Sampling forwards per prompt (:func:`sampling_forwards`; tested for G=12, T=16, |M|=8, Λ={1,2,3}):
 
-    (max M + 1) + G · Σ_{k∈M} [k+1 < T] · (1 + Σ_λ (ceil((T−k−1)/λ) − 1))
+    (max M + 1) + G · Σ_{k∈M} [k+1 < T] · (1 + Σ_λ (n_λ(k) − 1)),   n_λ(k) = min(ceil((T−k−1)/λ), n_max)
+
+with M the steps drawn this iteration and n_max = ``finish_steps`` (∞ by default).
+
+Compute-efficient options (beyond the paper; each off by default): ``branch_steps_per_iteration``
+trains a random subset of M per prompt and iteration (its finishes and, when the subset stops
+earlier, the anchor's tail are not computed); ``finish_steps`` caps each stride's finish at n_max
+steps (:func:`g2rpo.core.thin_schedule`); ``finish_solver: dpmpp_2m`` finishes with
+DPM-Solver++(2M) (:func:`g2rpo.core.dpmpp_2m_step`; same forwards per step, second order, so a
+capped finish stays closer to the ODE solution); coarser strides only are ``granularities`` without 1.
 
 Loss. For each k, **one** forward at x[k] for the whole group: μ_θ is the same for all G branches
 (they share x[k]), so the G log-probs come from one mean. Training forwards per prompt = |M|
@@ -28,8 +37,8 @@ Advantages. Rewards ``[R, P, |M|, J, G]`` → per (reward model, stride) group-n
 is dropped (advantage 0, no loss term rows) and counted.
 
 Settings (:class:`G2RPOSettings`, the ``algorithm.g2rpo`` section): M (``branch_steps``,
-``branch_steps_per_iteration``), Λ (``granularities``), the finishing schedule and α
-(``stride_weights``). "G²RPO without MGAI" is this strategy with Λ = {1}: the preset
+``branch_steps_per_iteration``), Λ (``granularities``), the finishing schedule, solver and cap
+(``stride_schedule``, ``finish_solver``, ``finish_steps``) and α (``stride_weights``). "G²RPO without MGAI" is this strategy with Λ = {1}: the preset
 ``strategy: g2rpo_no_mgai`` (:data:`g2rpo.strategies.PRESETS`) sets ``granularities: [1]``.
 
 Rollout ``states`` (:class:`~g2rpo.strategies.base.G2RPOStates`): ``steps`` ``[P, K]`` long (the k
@@ -106,6 +115,20 @@ class G2RPOSettings(StrategySettings):
     stride_weights: list[float] | None = Field(
         None, description="α_j ≥ 0, one weight per granularity for the advantage sum (not all 0); null = all 1"
     )
+    finish_solver: Literal["euler", "dpmpp_2m"] = Field(
+        "euler",
+        description=(
+            "ODE solver of the branch finish: euler (paper, reference) or dpmpp_2m (DPM-Solver++(2M), second order, "
+            "same forwards per step; pair it with finish_steps to spend fewer forwards)"
+        ),
+    )
+    finish_steps: Annotated[int, Field(ge=1)] | None = Field(
+        None,
+        description=(
+            "at most this many finishing steps per stride (its schedule thinned evenly, first and last σ kept); "
+            "null = every point of the stride schedule (paper)"
+        ),
+    )
 
     @field_validator("granularities")
     @classmethod
@@ -178,6 +201,7 @@ class G2RPOSettings(StrategySettings):
                     f"steps {outside} are outside the grid: each k must be in 0..{t - 1} (num_steps is {t})",
                 )
             )
+        problems += self._duplicate_finish_problems(t)
         m = len(self.all_branch_steps(t))
         if self.branch_steps_per_iteration is not None and self.branch_steps_per_iteration > m:
             problems.append(
@@ -188,6 +212,34 @@ class G2RPOSettings(StrategySettings):
                 )
             )
         return problems
+
+    def _duplicate_finish_problems(self, num_steps: int) -> list[str]:
+        """A ``finish_steps`` cap that gives two strides the same σ points at every k makes their rewards
+        duplicates (the advantage would count one granularity twice): refuse it."""
+        if self.finish_steps is None or any(k >= num_steps for k in self.branch_steps or []):
+            return []
+        steps = self.all_branch_steps(num_steps)
+        schedules = {
+            lam: [core.stride_indices(num_steps, k, lam, self.stride_schedule, self.finish_steps) for k in steps]
+            for lam in self.granularities
+        }
+        same = [
+            (a, b)
+            for i, a in enumerate(self.granularities)
+            for b in self.granularities[i + 1 :]
+            if schedules[a] == schedules[b]
+        ]
+        if not same:
+            return []
+        pairs = ", ".join(f"{a} and {b}" for a, b in same)
+        return [
+            problem(
+                "g2rpo.finish_steps",
+                self.finish_steps,
+                f"strides {pairs} then visit the same σ at every branch step, so their rewards are duplicates: "
+                "raise finish_steps, drop a stride from granularities, or set finish_steps: null",
+            )
+        ]
 
     def all_branch_steps(self, num_steps: int) -> list[int]:
         """M on a grid of ``num_steps``: the configured branch steps, or the noisiest half ``0 … ceil(T/2) − 1``."""
@@ -202,11 +254,17 @@ class G2RPOSettings(StrategySettings):
 
 
 def sampling_forwards(
-    num_steps: int, group_size: int, steps: Sequence[int], strides: Sequence[int], mode: str = "to_zero"
+    num_steps: int,
+    group_size: int,
+    steps: Sequence[int],
+    strides: Sequence[int],
+    mode: str = "to_zero",
+    max_steps: int | None = None,
 ) -> int:
-    """Sampling forwards for one prompt (the formula in the module docstring)."""
+    """Sampling forwards for one prompt whose branch steps this iteration are ``steps`` (the formula
+    in the module docstring; ``max_steps`` is ``finish_steps``)."""
     anchor = max(steps) + 1
-    return anchor + group_size * sum(core.finish_forwards(num_steps, k, list(strides), mode) for k in steps)
+    return anchor + group_size * sum(core.finish_forwards(num_steps, k, list(strides), mode, max_steps) for k in steps)
 
 
 class G2RPO:
@@ -328,7 +386,9 @@ class G2RPO:
         for p in range(num_prompts):
             for s in range(num_slots):
                 for lam in strides:
-                    idx = core.stride_indices(t_steps, int(steps[p, s]), lam, self.settings.stride_schedule)
+                    idx = core.stride_indices(
+                        t_steps, int(steps[p, s]), lam, self.settings.stride_schedule, self.settings.finish_steps
+                    )
                     schedules += [idx] * group
         longest = max(len(idx) for idx in schedules)
         sched = torch.tensor([idx + [t_steps] * (longest - len(idx)) for idx in schedules], device=device)  # [N, S]
@@ -352,6 +412,8 @@ class G2RPO:
 
         x = per_row(branch_flat).clone()  # [N, L, C]
         v_first = per_row(v0)
+        second_order = self.settings.finish_solver == "dpmpp_2m"
+        x0_prev = torch.empty_like(x) if second_order else None  # [N, L, C] the previous step's x̂₀
         for r in range(longest - 1):
             active = (num_moves > r).nonzero().flatten()
             if active.numel() == 0:
@@ -361,7 +423,15 @@ class G2RPO:
                 v = v_first[active]
             else:
                 v = sample_velocity(model, cfg, x[active], sig, cond[row_prompt[active]], nfe)
-            x[active] = core.ode_step(x[active], v, sig, sig_next)
+            if not second_order:
+                x[active] = core.ode_step(x[active], v, sig, sig_next)
+            elif r == 0:  # DPM-Solver++(2M)'s first step is first order: exactly Euler
+                x0_prev[active] = core.data_prediction(x[active], v, sig)
+                x[active] = core.ode_step(x[active], v, sig, sig_next)
+            else:
+                x[active], x0_prev[active] = core.dpmpp_2m_step(
+                    x[active], v, sig, sig_next, x0_prev[active], sigmas[sched[active, r - 1]]
+                )
         return x
 
     # ------------------------------------------------------------------ advantages and loss

@@ -627,7 +627,8 @@ def test_registry_lists_each_strategy_with_its_section():
     [
         (
             G2RPOSettings,
-            "branch_steps, branch_steps_per_iteration, granularities, learning_rate, stride_schedule, stride_weights",
+            "branch_steps, branch_steps_per_iteration, finish_solver, finish_steps, granularities, learning_rate, "
+            "stride_schedule, stride_weights",
             "window_size",
             "mixgrpo",
         ),
