@@ -41,6 +41,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from g2rpo.core import take_rows
 from g2rpo.errors import G2RPOError, problem
 
 __all__ = [
@@ -78,6 +79,12 @@ class FluxConditioning:
     (Flux: P = 768). Implements the core's ``Conditioning`` protocol: ``len``, indexing along the
     batch (LongTensor with repeats, slice, or int — an int keeps the batch axis) and
     ``repeat_interleave``.
+
+    Indexing and ``repeat_interleave`` go through :func:`g2rpo.core.take_rows`: rows that all name
+    one prompt are that prompt's embeddings broadcast (``expand``, no copy), consecutive rows a
+    slice; only a gather over several prompts copies. A sampler that conditions hundreds of rows on
+    one prompt therefore holds its embeddings once. The results share storage with this batch:
+    read them, do not write into them.
     """
 
     prompt_embeds: torch.Tensor  # [B, S, D]
@@ -110,16 +117,11 @@ class FluxConditioning:
             index = slice(index, index + 1) if index != -1 else slice(-1, None)
         elif not isinstance(index, (slice, torch.Tensor)):
             index = torch.as_tensor(list(index), dtype=torch.long)
-        if isinstance(index, torch.Tensor):
-            index = index.to(self.prompt_embeds.device)
-        return FluxConditioning(self.prompt_embeds[index], self.pooled_prompt_embeds[index])
+        return FluxConditioning(take_rows(self.prompt_embeds, index), take_rows(self.pooled_prompt_embeds, index))
 
     def repeat_interleave(self, repeats: int) -> FluxConditioning:
-        """Each row ``repeats`` times in place: ``[a, b] → [a, a, b, b]`` for 2."""
-        return FluxConditioning(
-            self.prompt_embeds.repeat_interleave(repeats, dim=0),
-            self.pooled_prompt_embeds.repeat_interleave(repeats, dim=0),
-        )
+        """Each row ``repeats`` times in place: ``[a, b] → [a, a, b, b]`` for 2 (one row: a broadcast view)."""
+        return self[torch.arange(len(self)).repeat_interleave(repeats)]
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> FluxConditioning:
         return FluxConditioning(
