@@ -445,14 +445,16 @@ def decode_latents(
     height: int,
     width: int,
     *,
-    micro_batch: int = 4,
+    micro_batch: int = 16,
 ) -> torch.Tensor:
     """Packed latents ``[B, L, C]`` → images ``[B, 3, H, W]`` float32 in [0, 1].
 
     ``z = latents / scaling_factor + shift_factor`` (Flux's VAE: 0.3611, 0.1159), decoded in
     micro-batches of ``micro_batch`` images in the VAE's dtype, then ``(y + 1) / 2`` clamped to
     [0, 1] (``VaeImageProcessor.denormalize``). No gradient flows (rewards score, they are not
-    back-propagated in GRPO).
+    back-propagated in GRPO). The default ``micro_batch`` (``train.decode_micro_batch``'s) comes
+    from ``benchmarks/decode.py``: time per image against images per call, and the decode memory
+    per image at FLUX.1-dev size.
     """
     if micro_batch < 1:
         raise G2RPOError(problem("micro_batch", micro_batch, "decode at least one image at a time"))
