@@ -181,6 +181,7 @@ def test_memory_benchmark_runs_and_views_do_not_raise_the_peak(tmp_path):
     assert before["peak_bytes"] >= before["copied_bytes_largest"]
 
 
+@pytest.mark.slow  # ~40 s: two subprocesses build FLUX.1-dev's VAE architecture
 @pytest.mark.integration
 def test_decode_benchmark_runs_and_writes_its_fields(tmp_path):
     from benchmarks import decode
