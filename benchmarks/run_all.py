@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks import bench_rewards, bench_storage, bench_train, rollout
+from benchmarks import bench_rewards, bench_storage, bench_train, decode, memory, rollout
 
 CPU_BENCHMARKS = {
     "G²RPO rollout (project vs reference-structured loop: time, forwards, calls)": rollout.main,
     "reward heads (batched vs per-image PIL)": bench_rewards.main,
     "training iteration (seconds per phase, NFE)": bench_train.main,
     "storage (publish/fetch throughput, conditional-write race probe)": bench_storage.main,
+    "rollout peak memory at FLUX.1-dev shapes (conditioning copied vs broadcast)": memory.main,
+    "VAE decode time vs images per call, decode memory at Flux size": decode.main,
 }
 
 
