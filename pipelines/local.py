@@ -316,9 +316,7 @@ def _iteration_line(record: dict[str, Any], iterations: int) -> str:
     """``train 3/30: colour 0.812 · shape 0.640 · … (1.2 s)``: the iteration's rollout mean of each reward
     and its time."""
     means = [sum(row) / len(row) for row in record["reward_mean"]]
-    rewards = " · ".join(
-        f"{name.removeprefix('shapes_')} {mean:.3f}" for name, mean in zip(record["reward_names"], means, strict=True)
-    )
+    rewards = " · ".join(f"{_short(name)} {mean:.3f}" for name, mean in zip(record["reward_names"], means, strict=True))
     seconds = sum(record.get("seconds", {}).values())
     return f"train {record['iteration'] + 1}/{iterations}: {rewards} ({seconds:.1f} s)"
 
@@ -365,7 +363,12 @@ def _gates_with_floors(gates_uri: str, base: dict[str, float], path: Path) -> Pa
 
 
 def _means_line(means: dict[str, float]) -> str:
-    return " · ".join(f"{name.removeprefix('shapes_')} {value:.4f}" for name, value in means.items())
+    return " · ".join(f"{_short(name)} {value:.4f}" for name, value in means.items())
+
+
+def _short(metric: str) -> str:
+    """``shapes_colour`` → ``colour``, ``jpeg_compressibility`` → ``jpeg``: the console's metric names."""
+    return metric.removeprefix("shapes_").removesuffix("_compressibility")
 
 
 def _collect(run_dir: Path, root: Path, arguments: dict[str, Any], log: Path, base_means: dict[str, float]) -> LocalRun:

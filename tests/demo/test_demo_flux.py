@@ -221,9 +221,10 @@ def shapes_model(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seed", [0, 1])
-def test_demo_default_run_raises_the_trained_rewards(tmp_path, shapes_model, seed):
-    # Measured (docs/demo.md): the default 30 iterations raise both in-domain means on the fixed set.
-    result = run_demo(out_root=tmp_path, seed=seed, progress=False, echo=lambda *_: None, model=shapes_model)
-    for name in IN_DOMAIN:
-        assert result.after_means[name] > result.before_means[name], (name, result.before_means, result.after_means)
+def test_demo_default_run_raises_the_shape_reward_and_the_gates_see_the_background_fall(tmp_path, shapes_model):
+    # Measured (docs/demo.md, train seed 0): shape 0.324 → 0.533, background 0.986 → 0.852 (the
+    # shape reward hacked through a lighter background); the gates refuse it.
+    result = run_demo(out_root=tmp_path, progress=False, echo=lambda *_: None, model=shapes_model)
+    assert result.after_means["shapes_shape"] > result.before_means["shapes_shape"] + 0.05
+    fell = result.after_means["shapes_background"] < result.before_means["shapes_background"] - 0.05
+    assert not (fell and result.decision.passed)
