@@ -178,6 +178,7 @@ def pretrain_shapes(
         "vae_loss": vae_loss,
         "flow_loss": flow_loss,
         "seconds": round(seconds, 1),
+        "torch_threads": torch.get_num_threads(),  # the sums' order, hence the last bits, depend on it
         "transformer_parameters": sum(p.numel() for p in pipe.transformer.parameters()),
         "licence": "weights made by g2rpo (Apache-2.0) from procedurally drawn scenes; not derived from FLUX.1-dev",
     }
