@@ -353,8 +353,14 @@ def summarize_step(
     rewards: torch.Tensor,
     advantages: Advantages,
     terms: Sequence[LossTerm],
+    reward_weights: Sequence[float] | None = None,
 ) -> StepStats:
-    """Fold a rollout, its rewards, its advantages and the (detached) terms into a StepStats."""
+    """Fold a rollout, its rewards, its advantages and the (detached) terms into a StepStats.
+
+    ``reward_weights`` (one per reward model) marks the rewards that train: ``reward_mean_all``
+    averages only those with a non-zero weight, so a metric scored at weight 0 to watch it (another
+    scale, e.g. JPEG bits) does not move the number a progress bar shows as "the reward".
+    """
     rewards = rewards.detach().float().cpu()
     r = rewards.shape[0]
     # Put the stride axis (if any) right after R and flatten the rest.
@@ -371,8 +377,14 @@ def summarize_step(
     reward_mean = mean.tolist()
     squared = torch.where(finite, (by_stride - mean.unsqueeze(-1)) ** 2, torch.zeros_like(by_stride))
     reward_std = (squared.sum(-1) / counts).sqrt().tolist()  # [R][J]
-    all_finite = torch.isfinite(rewards)
-    reward_mean_all = float(torch.where(all_finite, rewards, 0).sum() / all_finite.sum().clamp_min(1))
+    trained = rewards
+    if reward_weights is not None:
+        if len(reward_weights) != r:
+            raise ValueError(f"reward_weights has {len(reward_weights)} weights for {r} reward models")
+        keep = [i for i, w in enumerate(reward_weights) if w != 0] or list(range(r))
+        trained = rewards[keep]
+    all_finite = torch.isfinite(trained)
+    reward_mean_all = float(torch.where(all_finite, trained, 0).sum() / all_finite.sum().clamp_min(1))
 
     valid = advantages.valid
     adv = advantages.values[valid] if valid.any() else advantages.values.new_zeros(0)

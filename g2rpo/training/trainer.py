@@ -412,7 +412,7 @@ class Trainer:
         fail_point("iteration", self.iteration)
         with _timed(seconds, "training"):
             terms, grad_norm = self._optimise(rollout, advantages)
-        stats = summarize_step(rollout, rewards, advantages, terms)
+        stats = summarize_step(rollout, rewards, advantages, terms, self.reward_weights)
         record = IterationRecord(
             iteration=self.iteration,
             stats=stats,

@@ -870,3 +870,20 @@ def test_step_stats_reward_std_by_hand():
     # 11 consecutive integers 0…10: mean 5, population variance (11² − 1)/12 = 10, std √10.
     assert stats.reward_mean == [[pytest.approx(5.0)]]
     assert stats.reward_std == [[pytest.approx(math.sqrt(10.0))]]
+
+
+def test_reward_mean_all_averages_the_rewards_that_train():
+    # two reward models on one prompt, T = 4, G = 2, DanceGRPO (layout [R, P, G]): the trained one
+    # scores 0.2 and 0.4, the watched one (weight 0, another scale) −3 and −5
+    model, cond, _ = toy(num_prompts=1)
+    strategy = build_strategy(config(strategy="dancegrpo", num_steps=4, group_size=2))
+    rollout = strategy.rollout(model, cond, Draws(0, 0, (0,)), LATENT)
+    rewards = torch.tensor([[[0.2, 0.4]], [[-3.0, -5.0]]])  # [R, P, G]
+    advantages = strategy.advantages(rollout, rewards, reward_weights=[1.0, 0.0])
+    assert summarize_step(rollout, rewards, advantages, [], reward_weights=[1.0, 0.0]).reward_mean_all == (
+        pytest.approx(0.3)
+    )
+    # without weights (or all zero) every reward counts: (0.2 + 0.4 − 3 − 5)/4
+    assert summarize_step(rollout, rewards, advantages, []).reward_mean_all == pytest.approx(-1.85)
+    with pytest.raises(ValueError, match="2 reward models"):
+        summarize_step(rollout, rewards, advantages, [], reward_weights=[1.0])
