@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks import bench_core_rollout, bench_rewards, bench_storage, bench_train, decode, memory
+from benchmarks import bench_rewards, bench_storage, bench_train, decode, memory, rollout
 
 CPU_BENCHMARKS = {
-    "core rollout (batched vs batch-1, forward counts)": bench_core_rollout.main,
+    "G²RPO rollout (project vs reference-structured loop: time, forwards, calls)": rollout.main,
     "reward heads (batched vs per-image PIL)": bench_rewards.main,
     "training iteration (seconds per phase, NFE)": bench_train.main,
     "storage (publish/fetch throughput, conditional-write race probe)": bench_storage.main,
