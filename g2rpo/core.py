@@ -27,12 +27,15 @@ __all__ = [
     "flux_sigmas",
     "static_shift_sigmas",
     "ode_step",
+    "data_prediction",
+    "dpmpp_2m_step",
     "sde_noise_scale",
     "sde_mean_std",
     "sde_step",
     "gaussian_log_prob",
     "stride_indices",
     "stride_schedule",
+    "thin_schedule",
     "finish_forwards",
     "group_advantages",
     "mix_advantages",
@@ -108,6 +111,52 @@ def _rows(value: Sigma, like: torch.Tensor) -> torch.Tensor:
 def ode_step(x: torch.Tensor, v: torch.Tensor, sigma: Sigma, sigma_next: Sigma) -> torch.Tensor:
     """Euler step of the probability-flow ODE: x' = x + (σ' − σ)·v.  ``[B, ...]`` → ``[B, ...]``."""
     return x + (_rows(sigma_next, x) - _rows(sigma, x)) * v
+
+
+def data_prediction(x: torch.Tensor, v: torch.Tensor, sigma: Sigma) -> torch.Tensor:
+    """The x₀-prediction of a velocity: x̂₀ = x − σ·v (exact for x = (1 − σ)·x₀ + σ·ε, v = ε − x₀).  ``[B, ...]``."""
+    return x - _rows(sigma, x) * v
+
+
+def _half_log_snr(sigma: torch.Tensor) -> torch.Tensor:
+    """λ(σ) = log((1 − σ)/σ), DPM-Solver's time variable for x_σ = (1 − σ)·x₀ + σ·ε (−inf at σ = 1, inf at 0)."""
+    return torch.log(1 - sigma) - torch.log(sigma)
+
+
+def dpmpp_2m_step(
+    x: torch.Tensor,
+    v: torch.Tensor,
+    sigma: Sigma,
+    sigma_next: Sigma,
+    x0_prev: torch.Tensor | None = None,
+    sigma_prev: Sigma | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step of DPM-Solver++(2M) (multistep, data prediction) for the flow-matching ODE.
+
+    With α = 1 − σ, λ = log(α/σ), h = λ(σ') − λ(σ), h₋ = λ(σ) − λ(σ₋) and x̂₀ = x − σ·v::
+
+        D  = x̂₀ + h/(2·h₋) · (x̂₀ − x̂₀₋)        (second order: x̂₀₋ from the previous step at σ₋)
+        x' = (σ'/σ)·x + (1 − σ'/σ)·D             (= (σ'/σ)·x − α'·(e^{−h} − 1)·D)
+
+    Without a previous step (``x0_prev`` None) and on a step to σ' = 0 (λ' = ∞; diffusers'
+    ``lower_order_final``) D = x̂₀, which makes the step exactly Euler: x' = x + (σ' − σ)·v.
+    ``x``, ``v``, ``x0_prev`` ``[B, ...]``; σ, σ', σ₋ scalars or ``[B]``. Returns ``(x', x̂₀)``;
+    pass that x̂₀ (and σ) as ``x0_prev`` (and ``sigma_prev``) to the next step.
+    """
+    x0 = data_prediction(x, v, sigma)  # [B, ...]
+    sig, sig_next = _rows(sigma, x), _rows(sigma_next, x)
+    if x0_prev is None:
+        d = x0
+    else:
+        if sigma_prev is None:
+            raise ValueError("dpmpp_2m_step with x0_prev needs sigma_prev, the σ x0_prev was predicted at")
+        sig_prev = _rows(sigma_prev, x)
+        final = sig_next == 0
+        # λ(0) = ∞ would make h/h₋ ∞ on a final step, whose coefficient is 0 anyway: evaluate λ elsewhere.
+        lam, lam_next = _half_log_snr(sig), _half_log_snr(torch.where(final, sig, sig_next))
+        ratio = torch.where(final, torch.zeros_like(lam), (lam_next - lam) / (2 * (lam - _half_log_snr(sig_prev))))
+        d = x0 + ratio * (x0 - x0_prev)
+    return sig_next / sig * x + (1 - sig_next / sig) * d, x0
 
 
 def sde_noise_scale(
@@ -221,7 +270,9 @@ def gaussian_log_prob(
 # --------------------------------------------------------------------------- strides
 
 
-def stride_indices(num_steps: int, k: int, stride: int, mode: str = "to_zero") -> list[int]:
+def stride_indices(
+    num_steps: int, k: int, stride: int, mode: str = "to_zero", max_steps: int | None = None
+) -> list[int]:
     """Grid indices a stride-λ finish visits after branching at step k (spec §4).
 
     ``mode="to_zero"`` (default): ``k+1, k+1+λ, k+1+2λ, …`` (all < T) and then T.
@@ -232,37 +283,63 @@ def stride_indices(num_steps: int, k: int, stride: int, mode: str = "to_zero") -
     but one, which is exactly an Euler step to σ = 0 from there, so the indices are the reference
     points with the last one replaced by T. E.g. T=16, k=0, λ=3: reference points 1, 2, 5, 8, 11, 14,
     x₀ scored from 11 → [1, 2, 5, 8, 11, 16].
+
+    ``max_steps`` n (compute-efficient finishing, beyond the paper): a schedule of more than n steps
+    is thinned to n by :func:`thin_schedule` (first and last point kept).
     """
     if stride < 1:
         raise ValueError(f"stride must be ≥ 1, got {stride}")
     if not 0 <= k < num_steps:
         raise ValueError(f"k must be in 0..{num_steps - 1}, got {k}")
     if mode == "to_zero":
-        return list(range(k + 1, num_steps, stride)) + [num_steps]
-    if mode == "reference":
+        points = list(range(k + 1, num_steps, stride)) + [num_steps]
+    elif mode == "reference":
         points = [k + 1] + list(range(k + 2, num_steps + 1, stride))
-        return points[:-1] + [num_steps]
-    raise ValueError(f"mode must be 'to_zero' or 'reference', got {mode!r}")
+        points = points[:-1] + [num_steps]
+    else:
+        raise ValueError(f"mode must be 'to_zero' or 'reference', got {mode!r}")
+    return points if max_steps is None else thin_schedule(points, max_steps)
 
 
-def stride_schedule(sigmas: torch.Tensor, k: int, stride: int, mode: str = "to_zero") -> torch.Tensor:
-    """σ values of the stride-λ finish from step k: ``sigmas[stride_indices(T, k, λ, mode)]``.
+def thin_schedule(points: list[int], max_steps: int) -> list[int]:
+    """At most ``max_steps`` steps along ``points`` (n + 1 grid indices for n steps): keep positions
+    ``round(j·n / max_steps)``, j = 0 … max_steps (halves rounded up), so the first and the last
+    point stay and the kept steps are as even as the points allow. Fewer steps are returned as is.
+
+    E.g. the stride-1 finish from k = 0 on T = 16, [1, 2, …, 16] (n = 15), thinned to 4 steps:
+    positions round(0, 3.75, 7.5, 11.25, 15) = 0, 4, 8, 11, 15 → [1, 5, 9, 12, 16].
+    """
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be ≥ 1, got {max_steps}")
+    n = len(points) - 1
+    if n <= max_steps:
+        return list(points)
+    return [points[(2 * j * n + max_steps) // (2 * max_steps)] for j in range(max_steps + 1)]
+
+
+def stride_schedule(
+    sigmas: torch.Tensor, k: int, stride: int, mode: str = "to_zero", max_steps: int | None = None
+) -> torch.Tensor:
+    """σ values of the stride-λ finish from step k: ``sigmas[stride_indices(T, k, λ, mode, max_steps)]``.
 
     Starts at σ[k+1] (where the branch sits), ends at σ[T] = 0. ``[n + 1]`` for n finishing steps.
     """
-    return sigmas[stride_indices(sigmas.shape[0] - 1, k, stride, mode)]
+    return sigmas[stride_indices(sigmas.shape[0] - 1, k, stride, mode, max_steps)]
 
 
-def finish_forwards(num_steps: int, k: int, strides: list[int], mode: str = "to_zero") -> int:
+def finish_forwards(
+    num_steps: int, k: int, strides: list[int], mode: str = "to_zero", max_steps: int | None = None
+) -> int:
     """Model forwards to finish one branch from step k at every stride, sharing the first forward.
 
     A stride-λ finish takes n_λ steps (``len(stride_indices) − 1``; ceil((T − k − 1)/λ) in the
-    default mode); all strides start from the same state at σ[k+1], so their first velocity is
-    computed once: 1 + Σ_λ (n_λ − 1) (0 when k + 1 = T).
+    default mode, at most ``max_steps``); all strides start from the same state at σ[k+1], so their
+    first velocity is computed once: 1 + Σ_λ (n_λ − 1) (0 when k + 1 = T). The solver does not
+    change the count: DPM-Solver++(2M) reuses the previous step's x₀-prediction.
     """
     if k + 1 == num_steps:
         return 0
-    return 1 + sum(len(stride_indices(num_steps, k, lam, mode)) - 2 for lam in strides)
+    return 1 + sum(len(stride_indices(num_steps, k, lam, mode, max_steps)) - 2 for lam in strides)
 
 
 # --------------------------------------------------------------------------- advantages and loss

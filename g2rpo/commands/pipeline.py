@@ -191,7 +191,7 @@ def _run_local(args: argparse.Namespace) -> int:
             print(f"    {reason}")
     evaluation = run.outputs.get("evaluate/evaluation")
     if evaluation is not None and (evaluation / "record.json").is_file():
-        record = json.loads((evaluation / "record.json").read_text())
+        record = json.loads((evaluation / "record.json").read_text(encoding="utf-8"))
         where = record["challenger_eval_uri"]
         print(f"  challenger images      {where}/images  (grid {where}/grid.png, metrics {where}/metrics.json)")
     print(f"  champion               {'none' if run.champion is None else f'v{run.champion}'}")

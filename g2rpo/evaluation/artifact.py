@@ -58,6 +58,7 @@ __all__ = [
     "load_png",
     "save_score_grid",
     "load_evaluation",
+    "eval_result_from",
 ]
 
 
@@ -154,7 +155,7 @@ def load_baseline(uri: str, settings: S3Settings | None = None, cache_dir: str |
         )
         images[(row["steps"], int(row["prompt_id"][1:]), row["seed"])] = row["image"]
     if not by_steps:  # an evaluation from before scores.jsonl: scores.json at its num_steps
-        steps = int(json.loads((root / "manifest.json").read_text())["metadata"]["config"]["num_steps"])
+        steps = int(json.loads((root / "manifest.json").read_text(encoding="utf-8"))["metadata"]["config"]["num_steps"])
         by_steps[steps] = list(scores.items)
         images.update(
             {(steps, int(i.prompt_id[1:]), i.seed): image_name(int(i.prompt_id[1:]), i.seed) for i in scores.items}
@@ -285,6 +286,18 @@ def load_evaluation(output_uri: str, settings: S3Settings | None = None, cache_d
         ]
     )  # [P, S, 3, H, W]
     return EvalResult(prompts=prompts, seeds=list(scores.seeds), images=images, scores=table)
+
+
+def eval_result_from(root: Path, prompts: list[str], seeds: list[int], scores: EvalScores, uri: str) -> EvalResult:
+    """num_steps's images as published (8-bit) and score tables ``[P, S]``."""
+    images = torch.stack(
+        [torch.stack([load_png(root / image_name(p, seed), uri) for seed in seeds]) for p in range(len(prompts))]
+    )  # [P, S, 3, H, W]
+    table = {
+        metric: torch.tensor([[scores.keyed(metric)[(f"p{p}", seed)] for seed in seeds] for p in range(len(prompts))])
+        for metric in scores.metric_names()
+    }
+    return EvalResult(prompts=list(prompts), seeds=list(seeds), images=images, scores=table)
 
 
 def _read_json(path: Path, uri: str) -> Any:

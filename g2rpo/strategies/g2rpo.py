@@ -15,7 +15,16 @@ Rollout for P prompts (all model calls batched, ``micro_batch`` rows per call):
 
 Sampling forwards per prompt (:func:`sampling_forwards`; tested for G=12, T=16, |M|=8, Λ={1,2,3}):
 
-    (max M + 1) + G · Σ_{k∈M} [k+1 < T] · (1 + Σ_λ (ceil((T−k−1)/λ) − 1))
+    (max M + 1) + G · Σ_{k∈M} [k+1 < T] · (1 + Σ_λ (n_λ(k) − 1)),   n_λ(k) = min(ceil((T−k−1)/λ), n_max)
+
+with M the steps drawn this iteration and n_max = ``finish_steps`` (∞ by default).
+
+Compute-efficient options (beyond the paper; each off by default): ``branch_steps_per_iteration``
+trains a random subset of M per prompt and iteration (its finishes and, when the subset stops
+earlier, the anchor's tail are not computed); ``finish_steps`` caps each stride's finish at n_max
+steps (:func:`g2rpo.core.thin_schedule`); ``finish_solver: dpmpp_2m`` finishes with
+DPM-Solver++(2M) (:func:`g2rpo.core.dpmpp_2m_step`; same forwards per step, second order, so a
+capped finish stays closer to the ODE solution); coarser strides only are ``granularities`` without 1.
 
 Loss. For each k, **one** forward at x[k] for the whole group: μ_θ is the same for all G branches
 (they share x[k]), so the G log-probs come from one mean. Training forwards per prompt = |M|
@@ -28,8 +37,8 @@ Advantages. Rewards ``[R, P, |M|, J, G]`` → per (reward model, stride) group-n
 is dropped (advantage 0, no loss term rows) and counted.
 
 Settings (:class:`G2RPOSettings`, the ``algorithm.g2rpo`` section): M (``branch_steps``,
-``branch_steps_per_iteration``), Λ (``granularities``), the finishing schedule and α
-(``stride_weights``). "G²RPO without MGAI" is this strategy with Λ = {1}: the preset
+``branch_steps_per_iteration``), Λ (``granularities``), the finishing schedule, solver and cap
+(``stride_schedule``, ``finish_solver``, ``finish_steps``) and α (``stride_weights``). "G²RPO without MGAI" is this strategy with Λ = {1}: the preset
 ``strategy: g2rpo_no_mgai`` (:data:`g2rpo.strategies.PRESETS`) sets ``granularities: [1]``.
 
 Rollout ``states`` (:class:`~g2rpo.strategies.base.G2RPOStates`): ``steps`` ``[P, K]`` long (the k
@@ -39,6 +48,7 @@ of each slot; with ``branch_steps_per_iteration`` each prompt draws its own subs
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
@@ -72,7 +82,7 @@ from g2rpo.strategies.base import (
 if TYPE_CHECKING:  # the config imports this module for G2RPOSettings
     from g2rpo.strategies.config import AlgorithmConfig
 
-__all__ = ["G2RPO", "G2RPOSettings", "sampling_forwards"]
+__all__ = ["G2RPO", "G2RPOSettings", "pack_calls", "sampling_forwards"]
 
 
 class G2RPOSettings(StrategySettings):
@@ -105,6 +115,20 @@ class G2RPOSettings(StrategySettings):
     )
     stride_weights: list[float] | None = Field(
         None, description="α_j ≥ 0, one weight per granularity for the advantage sum (not all 0); null = all 1"
+    )
+    finish_solver: Literal["euler", "dpmpp_2m"] = Field(
+        "euler",
+        description=(
+            "ODE solver of the branch finish: euler (paper, reference) or dpmpp_2m (DPM-Solver++(2M), second order, "
+            "same forwards per step; pair it with finish_steps to spend fewer forwards)"
+        ),
+    )
+    finish_steps: Annotated[int, Field(ge=1)] | None = Field(
+        None,
+        description=(
+            "at most this many finishing steps per stride (its schedule thinned evenly, first and last σ kept); "
+            "null = every point of the stride schedule (paper)"
+        ),
     )
 
     @field_validator("granularities")
@@ -178,6 +202,7 @@ class G2RPOSettings(StrategySettings):
                     f"steps {outside} are outside the grid: each k must be in 0..{t - 1} (num_steps is {t})",
                 )
             )
+        problems += self._duplicate_finish_problems(t)
         m = len(self.all_branch_steps(t))
         if self.branch_steps_per_iteration is not None and self.branch_steps_per_iteration > m:
             problems.append(
@@ -188,6 +213,34 @@ class G2RPOSettings(StrategySettings):
                 )
             )
         return problems
+
+    def _duplicate_finish_problems(self, num_steps: int) -> list[str]:
+        """A ``finish_steps`` cap that gives two strides the same σ points at every k makes their rewards
+        duplicates (the advantage would count one granularity twice): refuse it."""
+        if self.finish_steps is None or any(k >= num_steps for k in self.branch_steps or []):
+            return []
+        steps = self.all_branch_steps(num_steps)
+        schedules = {
+            lam: [core.stride_indices(num_steps, k, lam, self.stride_schedule, self.finish_steps) for k in steps]
+            for lam in self.granularities
+        }
+        same = [
+            (a, b)
+            for i, a in enumerate(self.granularities)
+            for b in self.granularities[i + 1 :]
+            if schedules[a] == schedules[b]
+        ]
+        if not same:
+            return []
+        pairs = ", ".join(f"{a} and {b}" for a, b in same)
+        return [
+            problem(
+                "g2rpo.finish_steps",
+                self.finish_steps,
+                f"strides {pairs} then visit the same σ at every branch step, so their rewards are duplicates: "
+                "raise finish_steps, drop a stride from granularities, or set finish_steps: null",
+            )
+        ]
 
     def all_branch_steps(self, num_steps: int) -> list[int]:
         """M on a grid of ``num_steps``: the configured branch steps, or the noisiest half ``0 … ceil(T/2) − 1``."""
@@ -202,11 +255,149 @@ class G2RPOSettings(StrategySettings):
 
 
 def sampling_forwards(
-    num_steps: int, group_size: int, steps: Sequence[int], strides: Sequence[int], mode: str = "to_zero"
+    num_steps: int,
+    group_size: int,
+    steps: Sequence[int],
+    strides: Sequence[int],
+    mode: str = "to_zero",
+    max_steps: int | None = None,
 ) -> int:
-    """Sampling forwards for one prompt (the formula in the module docstring)."""
+    """Sampling forwards for one prompt whose branch steps this iteration are ``steps`` (the formula
+    in the module docstring; ``max_steps`` is ``finish_steps``)."""
     anchor = max(steps) + 1
-    return anchor + group_size * sum(core.finish_forwards(num_steps, k, list(strides), mode) for k in steps)
+    return anchor + group_size * sum(core.finish_forwards(num_steps, k, list(strides), mode, max_steps) for k in steps)
+
+
+def pack_calls(parent: Sequence[int], micro_batch: int) -> list[list[int]]:
+    """Model calls for a forest of forwards: node i needs the result of ``parent[i]`` (−1: none) and
+    parents come before their children (``parent[i] < i``). Each call holds at most ``micro_batch``
+    nodes whose parents ran in earlier calls. Greedy, highest level first (Hu's rule): a call takes
+    the ready nodes with the longest chain of forwards still hanging below them (ties: lower id),
+    so the long chains start early and later calls stay full.
+
+    E.g. parent = [−1, 0, 0, 1, 1, 3] (0 → {1, 2}, 1 → {3, 4}, 3 → 5), micro_batch 2: levels
+    4, 3, 1, 2, 1, 1 → calls [0], [1, 2], [3, 4], [5].
+    """
+    if micro_batch < 1:
+        raise ValueError(f"micro_batch must be ≥ 1, got {micro_batch}")
+    children: list[list[int]] = [[] for _ in parent]
+    level = [1] * len(parent)
+    for node in range(len(parent) - 1, -1, -1):
+        up = parent[node]
+        if up >= node:
+            raise ValueError(f"node {node} has parent {up}: parents must come before their children")
+        if up >= 0:
+            children[up].append(node)
+            level[up] = max(level[up], level[node] + 1)
+    ready = [(-level[node], node) for node, up in enumerate(parent) if up < 0]
+    heapq.heapify(ready)
+    calls = []
+    while ready:
+        call = [heapq.heappop(ready)[1] for _ in range(min(micro_batch, len(ready)))]
+        for node in call:
+            for child in children[node]:
+                heapq.heappush(ready, (-level[child], child))
+        calls.append(call)
+    return calls
+
+
+class _RolloutPlan:
+    """The index tables of one rollout: which forwards exist, what each needs, where its row lives.
+
+    Nodes (one forward each): the anchor's forward at grid index i of prompt p (stage 0, row p,
+    index i); the first finishing forward of branch (p, s, g) at σ[k+1] (stage 1, row (p·K + s)·G + g;
+    absent when k + 1 = T); finishing step r ≥ 1 of row (p, s, j, g) (stage 2, row
+    ((p·K + s)·J + j)·G + g, index r).
+    """
+
+    def __init__(
+        self,
+        steps: torch.Tensor,
+        group: int,
+        strides: list[int],
+        num_steps: int,
+        settings: G2RPOSettings,
+        device: torch.device | str,
+    ):
+        num_prompts, num_slots = steps.shape
+        num_strides = len(strides)
+        self.group, self.num_strides = group, num_strides
+        schedules = [
+            core.stride_indices(num_steps, int(steps[p, s]), lam, settings.stride_schedule, settings.finish_steps)
+            for p in range(num_prompts)
+            for s in range(num_slots)
+            for lam in strides
+            for _ in range(group)
+        ]
+        longest = max(len(idx) for idx in schedules)
+        # [N, S] grid indices of each finishing row, padded with T
+        self.schedule = torch.tensor([idx + [num_steps] * (longest - len(idx)) for idx in schedules], device=device)
+        moves = [len(idx) - 1 for idx in schedules]  # [N] finishing steps per row
+        self.finish_prompt = torch.arange(num_prompts, device=device).repeat_interleave(num_slots * num_strides * group)
+        self.branch_prompt = torch.arange(num_prompts, device=device).repeat_interleave(num_slots * group)
+        self.branch_grid = (steps + 1).repeat_interleave(group, dim=1).reshape(-1).to(device)  # [P*K*G] k + 1
+        slot_of = torch.full((num_prompts, int(steps.max()) + 1), -1, dtype=torch.long)
+        for p in range(num_prompts):
+            slot_of[p, steps[p]] = torch.arange(num_slots)
+        self.slot_of = slot_of.to(device)  # [P, max M + 1] slot of a branch step, −1 elsewhere
+
+        parent, stage, row, index = [], [], [], []
+
+        def node(up: int, st: int, r: int, i: int) -> int:
+            parent.append(up), stage.append(st), row.append(r), index.append(i)
+            return len(parent) - 1
+
+        anchor_node = {}
+        for p in range(num_prompts):
+            for i in range(int(steps[p].max()) + 1):
+                anchor_node[p, i] = node(anchor_node.get((p, i - 1), -1), 0, p, i)
+        self.num_anchor_nodes = len(parent)
+        branch_node = {}
+        for p in range(num_prompts):
+            for s in range(num_slots):
+                k = int(steps[p, s])
+                for g in range(group):
+                    if k + 1 < num_steps:
+                        b = (p * num_slots + s) * group + g
+                        branch_node[b] = node(anchor_node[p, k], 1, b, 0)
+        for n, count in enumerate(moves):
+            b = (n // (num_strides * group)) * group + n % group
+            up = branch_node.get(b, -1)
+            for r in range(1, count):
+                up = node(up, 2, n, r)
+        self.parent = parent
+        self.stage = torch.tensor(stage, device=device)
+        self.row = torch.tensor(row, device=device)
+        self.index = torch.tensor(index, device=device)
+
+    def calls(self, micro_batch: int) -> list[list[int]]:
+        """The model calls: the anchor's steps first, each one call of the prompts still running
+        (as many rows as before packing, so the anchor's numbers do not change), then every finishing
+        forward packed by :func:`pack_calls`."""
+        anchors = self.num_anchor_nodes
+        by_index: dict[int, list[int]] = {}
+        for node in range(anchors):
+            by_index.setdefault(int(self.index[node]), []).append(node)
+        calls = [
+            nodes[start : start + micro_batch]
+            for _, nodes in sorted(by_index.items())
+            for start in range(0, len(nodes), micro_batch)
+        ]
+        finishing = [-1 if up < anchors else up - anchors for up in self.parent[anchors:]]
+        return calls + [[anchors + node for node in call] for call in pack_calls(finishing, micro_batch)]
+
+    def split(self, call: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The node ids of one call, by stage (anchor, branch, finishing step)."""
+        ids = torch.tensor(call, device=self.stage.device)
+        stage = self.stage[ids]
+        return ids[stage == 0], ids[stage == 1], ids[stage == 2]
+
+    def finish_rows_of_branch(self, branch_rows: torch.Tensor) -> torch.Tensor:
+        """Finishing rows ``[nb·J]`` of branch rows ``[nb]``: for each branch, its J strides in order."""
+        group, num_strides = self.group, self.num_strides
+        j = torch.arange(num_strides, device=branch_rows.device)
+        first = (branch_rows // group) * num_strides * group + branch_rows % group  # [nb] row of stride 0
+        return (first[:, None] + j[None, :] * group).reshape(-1)
 
 
 class G2RPO:
@@ -244,7 +435,7 @@ class G2RPO:
     ) -> Rollout:
         cfg = self.config
         length, channels = latent_shape
-        num_prompts, group, strides = len(cond), cfg.group_size, self.strides
+        num_prompts, group, num_strides = len(cond), cfg.group_size, len(self.strides)
         if len(draws.prompt_indices) != num_prompts:
             raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {num_prompts}")
         sigmas = make_grid(cfg, length).to(device)  # [T+1]
@@ -252,41 +443,103 @@ class G2RPO:
         steps = torch.tensor([self.branch_steps(draws, p) for p in range(num_prompts)], dtype=torch.long)  # [P, K]
         num_slots = steps.shape[1]
         steps_dev = steps.to(device)
-
-        # 1. Anchor ODE up to the last branch step, keeping x[k] and v[k] at the branch steps.
-        x = torch.stack([draws.normal(latent_shape, "initial-noise", p, device=device) for p in range(num_prompts)])
-        x_k = x.new_empty(num_prompts, num_slots, length, channels)  # [P, K, L, C]
-        v_k = torch.empty_like(x_k)
-        for i in range(int(steps.max()) + 1):
-            v = sample_velocity(model, cfg, x, sigmas[i].expand(num_prompts), cond, nfe)  # [P, L, C]
-            p_idx, slot_idx = (steps == i).nonzero(as_tuple=True)
-            x_k[p_idx, slot_idx] = x[p_idx]
-            v_k[p_idx, slot_idx] = v[p_idx]
-            x = core.ode_step(x, v, sigmas[i], sigmas[i + 1])
-
-        # 2. G SDE branches per (prompt, k) from the anchor's v[k].
         keys = [(p, int(steps[p, s]), g) for p in range(num_prompts) for s in range(num_slots) for g in range(group)]
         noise = torch.stack([draws.normal(latent_shape, "branch-noise", p, k, g) for p, k, g in keys])
         noise = noise.reshape(num_prompts, num_slots, group, length, channels).to(device)  # [P, K, G, L, C]
-        mean, std = self._transition(x_k, v_k, steps_dev, sigmas)  # [P, K, 1, L, C], [P, K, 1, 1, 1]
-        branches = mean + std * noise  # [P, K, G, L, C]
-        log_prob_old = core.gaussian_log_prob(branches, mean, std, cfg.log_prob_reduce, batch_dims=3)  # [P, K, G]
+        plan = _RolloutPlan(steps, group, self.strides, cfg.num_steps, self.settings, device)
 
-        # 3. Finish every branch at every stride; rows ordered [P, K, J, G].
-        final = self._finish(model, cond, branches, steps_dev, sigmas, nfe)  # [P*K*J*G, L, C]
-        reward_shape = (num_prompts, num_slots, len(strides), group)
+        # States. Anchor: x [P, L, C], kept at the branch steps as x[k], v[k]. Branches y [P, K, G, L, C]
+        # with their SDE mean/std. Finishing rows, ordered [P, K, J, G]: x [N, L, C] (and x̂₀ of the
+        # previous step for DPM-Solver++(2M)).
+        anchor = torch.stack(
+            [draws.normal(latent_shape, "initial-noise", p, device=device) for p in range(num_prompts)]
+        )
+        x_k = anchor.new_empty(num_prompts, num_slots, length, channels)  # [P, K, L, C]
+        v_k = torch.empty_like(x_k)
+        mean = anchor.new_empty(num_prompts, num_slots, 1, length, channels)  # [P, K, 1, L, C]
+        std = anchor.new_empty(num_prompts, num_slots, 1, 1, 1)  # [P, K, 1, 1, 1]
+        branches = anchor.new_empty(num_prompts, num_slots, group, length, channels)  # [P, K, G, L, C]
+        finish = anchor.new_empty(num_prompts, num_slots, num_strides, group, length, channels)  # [P, K, J, G, L, C]
+        second_order = self.settings.finish_solver == "dpmpp_2m"
+        x0_prev = torch.empty_like(finish).flatten(0, 3) if second_order else None  # [N, L, C]
+        x = finish.view(-1, length, channels)  # [N, L, C]
+        branch_flat = branches.view(-1, length, channels)  # [P*K*G, L, C]
+
+        # Every forward is one node of a forest (anchor step i → branch's first finishing forward →
+        # each stride's later forwards); the calls pack ready nodes of every stage together
+        # (:func:`pack_calls`). A row's computation does not depend on which rows share its call.
+        for call in plan.calls(cfg.micro_batch):
+            a, b, f = plan.split(call)  # node ids per stage
+            a_p, a_i = plan.row[a], plan.index[a]  # anchor: prompt, grid index
+            b_row = plan.row[b]  # branch rows (p, s, g)
+            f_row, f_r = plan.row[f], plan.index[f]  # finishing rows (p, s, j, g), their step r ≥ 1
+            v = sample_velocity(
+                model,
+                cfg,
+                torch.cat([anchor[a_p], branch_flat[b_row], x[f_row]]),
+                torch.cat([sigmas[a_i], sigmas[plan.branch_grid[b_row]], sigmas[plan.schedule[f_row, f_r]]]),
+                cond[torch.cat([a_p, plan.branch_prompt[b_row], plan.finish_prompt[f_row]])],
+                nfe,
+            )
+            v_a, v_b, v_f = v.split([a.numel(), b.numel(), f.numel()])
+
+            # 1. Anchor: keep x[k], v[k]; branch there (G SDE steps from the anchor's v[k], no extra
+            #    forward); then the ODE step.
+            slot = plan.slot_of[a_p, a_i]  # [n] the slot of a branch step, −1 elsewhere
+            hit = (slot >= 0).nonzero().flatten()
+            if hit.numel():
+                p, s = a_p[hit], slot[hit]
+                x_k[p, s], v_k[p, s] = anchor[p], v_a[hit]
+                mean[p, s], std[p, s] = self._transition(x_k[p, s], v_k[p, s], steps_dev[p, s], sigmas)
+                branches[p, s] = mean[p, s] + std[p, s] * noise[p, s]
+                finish[p, s] = branches[p, s].unsqueeze(1)  # every stride starts at the branch
+            anchor[a_p] = core.ode_step(anchor[a_p], v_a, sigmas[a_i], sigmas[a_i + 1])
+
+            # 2. A branch's first finishing forward, shared by its strides: step 0 of each.
+            rows = plan.finish_rows_of_branch(b_row)  # [nb·J]
+            self._finish_step(x, x0_prev, v_b.repeat_interleave(num_strides, dim=0), rows, 0, plan, sigmas)
+            # 3. The later finishing steps.
+            self._finish_step(x, x0_prev, v_f, f_row, f_r, plan, sigmas)
+
+        log_prob_old = core.gaussian_log_prob(branches, mean, std, cfg.log_prob_reduce, batch_dims=3)  # [P, K, G]
+        reward_shape = (num_prompts, num_slots, num_strides, group)
         return Rollout(
             strategy=self.name,
             sigmas=sigmas,
             cond=cond,
             draws=draws,
-            final_latents=final,
+            final_latents=x,
             reward_shape=reward_shape,
             reward_dims=("prompt", "step", "stride", "branch"),
-            final_prompt=torch.arange(num_prompts).repeat_interleave(num_slots * len(strides) * group),
+            final_prompt=torch.arange(num_prompts).repeat_interleave(num_slots * num_strides * group),
             nfe=nfe,
             states=G2RPOStates(steps=steps, x_k=x_k, branches=branches, log_prob_old=log_prob_old),
         )
+
+    def _finish_step(
+        self,
+        x: torch.Tensor,
+        x0_prev: torch.Tensor | None,
+        v: torch.Tensor,
+        rows: torch.Tensor,
+        r: torch.Tensor | int,
+        plan: _RolloutPlan,
+        sigmas: torch.Tensor,
+    ) -> None:
+        """Step r of finishing rows ``rows`` ``[n]`` with their velocities ``v`` ``[n, L, C]``, in place:
+        Euler, or DPM-Solver++(2M) (whose first step is Euler and records x̂₀ for the next)."""
+        if rows.numel() == 0:
+            return
+        here, nxt = plan.schedule[rows, r], plan.schedule[rows, r + 1]
+        sig, sig_next = sigmas[here], sigmas[nxt]  # [n]
+        if x0_prev is None:
+            x[rows] = core.ode_step(x[rows], v, sig, sig_next)
+        elif isinstance(r, int) and r == 0:
+            x0_prev[rows] = core.data_prediction(x[rows], v, sig)
+            x[rows] = core.ode_step(x[rows], v, sig, sig_next)
+        else:
+            sig_prev = sigmas[plan.schedule[rows, r - 1]]
+            x[rows], x0_prev[rows] = core.dpmpp_2m_step(x[rows], v, sig, sig_next, x0_prev[rows], sig_prev)
 
     def _transition(
         self, x_k: torch.Tensor, v_k: torch.Tensor, steps: torch.Tensor, sigmas: torch.Tensor
@@ -308,61 +561,6 @@ class G2RPO:
             self.config.sde_noise,
         )  # [N, L, C], [N, 1, 1]
         return mean.reshape(*lead, 1, *x_k.shape[-2:]), std.reshape(*lead, 1, 1, 1)
-
-    def _finish(
-        self,
-        model: VelocityModel,
-        cond: Conditioning,
-        branches: torch.Tensor,
-        steps: torch.Tensor,
-        sigmas: torch.Tensor,
-        nfe: NFECounters,
-    ) -> torch.Tensor:
-        cfg = self.config
-        num_prompts, num_slots, group, length, channels = branches.shape
-        strides, t_steps = self.strides, cfg.num_steps
-        num_strides = len(strides)
-        device = branches.device
-        # Row r = ((p·K + s)·J + j)·G + g; per row its grid-index schedule, padded with T.
-        schedules = []
-        for p in range(num_prompts):
-            for s in range(num_slots):
-                for lam in strides:
-                    idx = core.stride_indices(t_steps, int(steps[p, s]), lam, self.settings.stride_schedule)
-                    schedules += [idx] * group
-        longest = max(len(idx) for idx in schedules)
-        sched = torch.tensor([idx + [t_steps] * (longest - len(idx)) for idx in schedules], device=device)  # [N, S]
-        num_moves = torch.tensor([len(idx) - 1 for idx in schedules], device=device)  # [N]
-        row_prompt = torch.arange(num_prompts, device=device).repeat_interleave(num_slots * num_strides * group)
-
-        # Shared first forward: one per branch at σ[k+1] (if it is not already 0).
-        branch_flat = branches.reshape(-1, length, channels)  # [P*K*G, L, C]
-        branch_sigma = sigmas[(steps + 1)].repeat_interleave(group, dim=1).reshape(-1)  # [P*K*G]
-        branch_prompt = torch.arange(num_prompts, device=device).repeat_interleave(num_slots * group)
-        needs = (branch_sigma > 0).nonzero().flatten()
-        v0 = torch.zeros_like(branch_flat)
-        if needs.numel():
-            v0[needs] = sample_velocity(
-                model, cfg, branch_flat[needs], branch_sigma[needs], cond[branch_prompt[needs]], nfe
-            )
-
-        def per_row(t: torch.Tensor) -> torch.Tensor:  # [P*K*G, ...] → rows [P*K*J*G, ...]
-            t = t.reshape(num_prompts, num_slots, 1, group, *t.shape[1:])
-            return t.expand(num_prompts, num_slots, num_strides, group, *t.shape[4:]).reshape(-1, *t.shape[4:])
-
-        x = per_row(branch_flat).clone()  # [N, L, C]
-        v_first = per_row(v0)
-        for r in range(longest - 1):
-            active = (num_moves > r).nonzero().flatten()
-            if active.numel() == 0:
-                break
-            sig, sig_next = sigmas[sched[active, r]], sigmas[sched[active, r + 1]]
-            if r == 0:
-                v = v_first[active]
-            else:
-                v = sample_velocity(model, cfg, x[active], sig, cond[row_prompt[active]], nfe)
-            x[active] = core.ode_step(x[active], v, sig, sig_next)
-        return x
 
     # ------------------------------------------------------------------ advantages and loss
 

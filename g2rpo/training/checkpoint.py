@@ -311,7 +311,9 @@ class CheckpointManager:
         if self.rank == 0:
             if ema is not None:
                 torch.save(ema.state_dict(), target / "ema.pt")
-            (target / "trainer_state.json").write_text(json.dumps(asdict(state), indent=1, sort_keys=True))
+            (target / "trainer_state.json").write_text(
+                json.dumps(asdict(state), indent=1, sort_keys=True), encoding="utf-8"
+            )
         self._barrier()  # every rank's files are on disk before the manifest says so
         if self.rank == 0:
             write_dir_manifest(
@@ -345,7 +347,7 @@ class CheckpointManager:
                 f"checkpoint {directory} is incomplete (no manifest, or a listed file is missing or truncated): "
                 f"resume from a complete one (complete here: {[str(p) for _, p in self.complete()] or 'none'})"
             )
-        state = TrainerState(**json.loads((directory / "trainer_state.json").read_text()))
+        state = TrainerState(**json.loads((directory / "trainer_state.json").read_text(encoding="utf-8")))
         if state.config_hash != self.config_hash:
             raise G2RPOError(
                 f"checkpoint {directory} was made with config hash {state.config_hash}, this run's config hash is "
@@ -445,7 +447,7 @@ def export_model(
         ),
         **(extra or {}),
     }
-    (directory / "base_model.json").write_text(json.dumps(info, indent=1, sort_keys=True))
+    (directory / "base_model.json").write_text(json.dumps(info, indent=1, sort_keys=True), encoding="utf-8")
     metadata = {"kind": f"export-{kind}", **{k: v for k, v in (extra or {}).items() if k in ("iterations", "ema")}}
     write_dir_manifest(
         directory, producer=f"g2rpo.training.trainer.export {__version__}", config_hash=config_hash, metadata=metadata

@@ -205,10 +205,12 @@ class Trainer:
             self.iteration = state.iteration
             self._log_event({"event": "resumed", "from": str(resume_from), "iteration": state.iteration})
             if self.ctx.is_main:  # the resumed run's config, next to the original (never overwritten)
-                (self.out / f"config-resumed-iter-{state.iteration:06d}.yaml").write_text(to_yaml(cfg))
+                (self.out / f"config-resumed-iter-{state.iteration:06d}.yaml").write_text(
+                    to_yaml(cfg), encoding="utf-8"
+                )
         elif self.ctx.is_main:
             claim_run_dir(self.out, self.hash)  # makes the folder and writes the marker first
-            (self.out / "config.yaml").write_text(to_yaml(cfg))
+            (self.out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
             if (self.out / "metrics.jsonl").exists():  # a run killed before its first checkpoint
                 self._log_event({"event": "restarted", "iteration": 0})
         self._report_prompts()
@@ -248,7 +250,7 @@ class Trainer:
                 )
             )
         if (self.out / "config.yaml").exists() and self.ctx.is_main:
-            previous = (self.out / "config.yaml").read_text()
+            previous = (self.out / "config.yaml").read_text(encoding="utf-8")
             if previous != to_yaml(self.config) and (self.out / "metrics.jsonl").exists():
                 raise G2RPOError(
                     problem(

@@ -59,6 +59,90 @@ def test_ode_step_hand_value_and_per_row_sigma():
     assert out.flatten().tolist() == pytest.approx([0.875, 2.3])
 
 
+def test_dpmpp_2m_step_hand_values():
+    # σ₋ = 0.8, σ = 0.5, σ' = 0.2: λ = log((1 − σ)/σ) = −log 4, 0, log 4, so h = h₋ = log 4 and
+    # h/(2h₋) = ½. x = 1, v = 0.4: x̂₀ = 1 − 0.5·0.4 = 0.8; with x̂₀₋ = 0.6:
+    # D = 0.8 + ½·(0.8 − 0.6) = 0.9; x' = (0.2/0.5)·1 + (1 − 0.4)·0.9 = 0.4 + 0.54 = 0.94
+    # (Euler: 1 + (0.2 − 0.5)·0.4 = 0.88).
+    x, v = torch.tensor([[1.0]]), torch.tensor([[0.4]])
+    x_next, x0 = core.dpmpp_2m_step(x, v, 0.5, 0.2, torch.tensor([[0.6]]), 0.8)
+    assert x_next.item() == pytest.approx(0.94) and x0.item() == pytest.approx(0.8)
+    # No previous step: D = x̂₀, x' = 0.4·1 + 0.6·0.8 = 0.88 = Euler.
+    assert core.dpmpp_2m_step(x, v, 0.5, 0.2)[0].item() == pytest.approx(0.88)
+    # A step to σ' = 0 is first order (λ' = ∞): x' = D = x̂₀ = 0.8 whatever x̂₀₋ is, and finite.
+    final, _ = core.dpmpp_2m_step(x, v, 0.5, 0.0, torch.tensor([[-7.0]]), 0.8)
+    assert final.item() == pytest.approx(0.8)
+    # Per-row σ: row 1 repeats the hand case, row 0 (σ' = 0) is x̂₀ = 2 − 0.25·1 = 1.75.
+    rows, _ = core.dpmpp_2m_step(
+        torch.tensor([[2.0], [1.0]]),
+        torch.tensor([[1.0], [0.4]]),
+        torch.tensor([0.25, 0.5]),
+        torch.tensor([0.0, 0.2]),
+        torch.tensor([[5.0], [0.6]]),
+        torch.tensor([0.5, 0.8]),
+    )
+    assert rows.flatten().tolist() == pytest.approx([1.75, 0.94])
+    with pytest.raises(ValueError, match="needs sigma_prev"):
+        core.dpmpp_2m_step(x, v, 0.5, 0.2, torch.tensor([[0.6]]))
+
+
+def _gaussian_data_flow(mean: float, std: float):
+    """Data x₀ ~ N(m, s²) per element: the marginal velocity is linear in x and its ODE is exact.
+
+    x_σ = (1 − σ)·x₀ + σ·ε has variance V(σ) = (1 − σ)²s² + σ², and E[ε − x₀ | x_σ] gives
+    v(x, σ) = −m + (σ − (1 − σ)s²)/V(σ) · (x − (1 − σ)m). The flow keeps the standardised
+    z = (x − (1 − σ)m)/sqrt(V) constant (d/dσ of (1 − σ)m + sqrt(V)·z is exactly v), so the
+    exact solution from σ_a to σ_b is x_b = (1 − σ_b)m + sqrt(V_b/V_a)·(x_a − (1 − σ_a)m).
+    """
+
+    def variance(sigma):
+        return (1 - sigma) ** 2 * std**2 + sigma**2
+
+    def velocity(x, sigma):
+        return -mean + (sigma - (1 - sigma) * std**2) / variance(sigma) * (x - (1 - sigma) * mean)
+
+    def exact(x, sigma_a, sigma_b):
+        return (1 - sigma_b) * mean + (variance(sigma_b) / variance(sigma_a)) ** 0.5 * (x - (1 - sigma_a) * mean)
+
+    return velocity, exact
+
+
+def _solve(velocity, x, sigmas, solver):
+    previous = (None, None)
+    for i in range(sigmas.shape[0] - 1):
+        v = velocity(x, sigmas[i])
+        if solver == "euler":
+            x = core.ode_step(x, v, sigmas[i], sigmas[i + 1])
+        else:
+            x, x0 = core.dpmpp_2m_step(x, v, sigmas[i], sigmas[i + 1], *previous)
+            previous = (x0, sigmas[i])
+    return x
+
+
+def test_dpmpp_2m_is_second_order_on_a_linear_velocity_field():
+    velocity, exact = _gaussian_data_flow(mean=0.7, std=0.3)
+    x = torch.tensor([[1.3], [-0.4], [0.05]], dtype=torch.float64)
+
+    def error(sigmas, solver):
+        return float((_solve(velocity, x, sigmas, solver) - exact(x, sigmas[0], sigmas[-1])).abs().max())
+
+    # Order: from σ = 0.9 to 0.1 with steps uniform in λ = log((1 − σ)/σ) (where DPM-Solver's
+    # analysis holds), doubling the steps halves Euler's error and quarters DPM-Solver++(2M)'s
+    # (the asymptotic regime; below ~16 steps its error changes sign).
+    def lambda_grid(n):
+        lam = torch.linspace(math.log(0.1 / 0.9), math.log(0.9 / 0.1), n + 1, dtype=torch.float64)
+        return torch.sigmoid(-lam)  # σ = 1/(1 + e^λ)
+
+    for n in (32, 64):
+        assert 1.8 < error(lambda_grid(n), "euler") / error(lambda_grid(2 * n), "euler") < 2.2
+        assert error(lambda_grid(n), "dpmpp_2m") / error(lambda_grid(2 * n), "dpmpp_2m") > 3
+    # In use: the whole finish from σ = 1 to 0 on Flux's grid, the last step (to σ = 0) first order.
+    # At the same number of steps (= forwards) the second-order solver is measurably closer.
+    flux_16, flux_32 = core.flux_sigmas(16, 256).double(), core.flux_sigmas(32, 256).double()
+    assert error(flux_16, "dpmpp_2m") < 0.5 * error(flux_16, "euler")
+    assert error(flux_32, "dpmpp_2m") < 0.1 * error(flux_32, "euler")
+
+
 def test_sde_mean_matches_spec_formula_on_hand_picked_numbers():
     # x = 1, v = 0.5, σ = 0.5, σ' = 0.25, η = 0.7:
     #   s = 0.7·sqrt(0.5/0.5) = 0.7, s² = 0.49, h = 0.25
@@ -213,6 +297,25 @@ def test_stride_schedule_returns_the_grid_sigmas_and_rejects_bad_values():
         core.stride_indices(16, 0, 1, mode="nearest")
 
 
+def test_thin_schedule_and_capped_stride_indices_hand_values():
+    # n = 15 steps [1 … 16] thinned to 4: positions round(j·15/4) = round(0, 3.75, 7.5, 11.25, 15)
+    # = 0, 4, 8, 11, 15 (halves up) → [1, 5, 9, 12, 16]
+    assert core.thin_schedule(list(range(1, 17)), 4) == [1, 5, 9, 12, 16]
+    assert core.stride_indices(16, 0, 1, max_steps=4) == [1, 5, 9, 12, 16]
+    # λ = 2 from k = 0: [1, 3, …, 15, 16] (n = 8) → positions 0, 2, 4, 6, 8 → [1, 5, 9, 13, 16]
+    assert core.stride_indices(16, 0, 2, max_steps=4) == [1, 5, 9, 13, 16]
+    # λ = 3 from k = 7: [8, 11, 14, 16] has 3 ≤ 4 steps: unchanged; a cap of 1 leaves [8, 16]
+    assert core.stride_indices(16, 7, 3, max_steps=4) == [8, 11, 14, 16]
+    assert core.stride_indices(16, 7, 3, max_steps=1) == [8, 16]
+    # reference mode is thinned the same way: [1, 2, 5, 8, 11, 16] (n = 5) to 2 → positions 0, 3 (2.5 up), 5
+    assert core.stride_indices(16, 0, 3, mode="reference", max_steps=2) == [1, 8, 16]
+    assert core.stride_schedule(core.static_shift_sigmas(16), 0, 1, max_steps=4).tolist() == (
+        core.static_shift_sigmas(16)[[1, 5, 9, 12, 16]].tolist()
+    )
+    with pytest.raises(ValueError, match="max_steps must be ≥ 1"):
+        core.thin_schedule([1, 2, 3], 0)
+
+
 def test_finish_forwards_shares_the_first_forward():
     # T = 16, k = 0, Λ = {1, 2, 3}: n = 15, 8, 5 steps; first forward shared → 1 + 14 + 7 + 4 = 26
     assert core.finish_forwards(16, 0, [1, 2, 3]) == 26
@@ -223,6 +326,9 @@ def test_finish_forwards_shares_the_first_forward():
     assert core.finish_forwards(16, 0, [1, 2, 3], mode="reference") == 26
     # reference mode, k = 13, λ = 3: [14, 16] → 1 step; λ = 1: [14, 15, 16] → 2; 1 + 1 + 0 = 2
     assert core.finish_forwards(16, 13, [1, 3], mode="reference") == 2
+    # capped at 4 steps, k = 0: n = 4, 4, 4 → 1 + 3·3 = 10; k = 7: n = 4, 4, 3 → 1 + 3 + 3 + 2 = 9
+    assert core.finish_forwards(16, 0, [1, 2, 3], max_steps=4) == 10
+    assert core.finish_forwards(16, 7, [1, 2, 3], max_steps=4) == 9
 
 
 # --------------------------------------------------------------------------- advantages

@@ -22,7 +22,7 @@ from g2rpo.strategies import PRESETS, STRATEGIES, build_strategy
 from g2rpo.strategies.base import Conditioning, G2RPOStates, Strategy, TrajectoryStates, VelocityModel, summarize_step
 from g2rpo.strategies.config import AlgorithmConfig
 from g2rpo.strategies.dancegrpo import DanceGRPO, DanceGRPOSettings
-from g2rpo.strategies.g2rpo import G2RPO, G2RPOSettings, sampling_forwards
+from g2rpo.strategies.g2rpo import G2RPO, G2RPOSettings, pack_calls, sampling_forwards
 from g2rpo.strategies.mixgrpo import MixGRPO, MixGRPOSettings, window_steps
 from g2rpo.toy import make_toy_problem
 from g2rpo.training.run_config import RunConfig
@@ -41,11 +41,13 @@ class CountingModel(torch.nn.Module):
         self.calls = 0
         self.grad_rows = 0
         self.largest_call = 0
+        self.call_sizes = []
 
     def forward(self, x, sigma, cond):
         self.rows += x.shape[0]
         self.calls += 1
         self.largest_call = max(self.largest_call, x.shape[0])
+        self.call_sizes.append(x.shape[0])
         if torch.is_grad_enabled():
             self.grad_rows += x.shape[0]
         return self.inner(x, sigma, cond)
@@ -89,15 +91,12 @@ def test_g2rpo_forward_counts_follow_the_documented_formula():
     rollout = strategy.rollout(model, cond, Draws(0, 0, (0, 1)), LATENT)
     assert rollout.nfe.sampling_forwards == 2 * 1892 == model.rows
     assert rollout.nfe.model_calls == model.calls
-    # Batched, not one row per call: the anchor is one call of P = 2 rows per step (8), the shared
-    # first finishing forward is P·|M|·G = 192 rows (3 calls of ≤ 64), and finishing round r ≥ 1
-    # holds every (prompt, k, λ, branch) row whose stride-λ finish from k has more than r steps.
-    active = [
-        sum(2 * 12 for k in range(8) for lam in (1, 2, 3) if len(core.stride_indices(16, k, lam)) - 1 > r)
-        for r in range(1, 15)
-    ]
-    assert model.largest_call == 64
-    assert model.calls == 8 + 3 + sum(math.ceil(a / 64) for a in active if a)
+    # The anchor runs first, one call of P = 2 rows per step (8 calls: the rows it always had, so its
+    # numbers do not change); then every finishing forward is packed across stages (a branch's first
+    # forward next to other rows' later steps), every call full but the last:
+    # 8 + ceil((3784 − 16)/64) = 8 + 59 = 67 calls (stage by stage it was 73: 3 calls for the 192
+    # first forwards, then ceil(rows/64) for each finishing round, 62 calls for the finish).
+    assert model.call_sizes[:8] == [2] * 8 and set(model.call_sizes[8:-1]) == {64} and model.calls == 67
     assert rollout.reward_shape == (2, 8, 3, 12) and rollout.final_latents.shape == (2 * 8 * 3 * 12, *LATENT)
     model.rows = 0
     advantages = strategy.advantages(rollout, rewards_of(rollout, reward))
@@ -108,6 +107,96 @@ def test_g2rpo_forward_counts_follow_the_documented_formula():
     stats = summarize_step(rollout, rewards_of(rollout, reward), advantages, terms)
     assert stats.training_forwards == stats.training_backwards == 2 * 8 == model.grad_rows
     assert stats.sampling_forwards == 2 * 1892
+
+
+@pytest.mark.parametrize(
+    ("settings", "per_prompt"),
+    [
+        # finish_steps 4: n_λ(k) = min(ceil((15 − k)/λ), 4); k = 0…5: (4, 4, 4) → 1 + 3·3 = 10 each;
+        # k = 6: (9, 5, 3) → (4, 4, 3) → 1 + 3 + 3 + 2 = 9; k = 7: (8, 4, 3) → 9. 8 + 12·(60 + 18) = 944
+        ({"finish_steps": 4}, 944),
+        # the solver does not change the count: DPM-Solver++(2M) reuses the previous step's x̂₀
+        ({"finish_solver": "dpmpp_2m"}, 1892),
+        ({"finish_solver": "dpmpp_2m", "finish_steps": 4}, 944),
+        # coarser strides only, Λ = {2, 3}: 1 + (ceil((15−k)/2) − 1) + (ceil((15−k)/3) − 1) per branch,
+        # k = 0…7: 12, 11, 11, 9, 9, 8, 7, 6 = 73 → 8 + 12·73 = 884
+        ({"granularities": [2, 3]}, 884),
+    ],
+)
+def test_compute_efficient_options_forward_counts_at_paper_settings(settings, per_prompt):
+    cfg = config(num_steps=16, group_size=12, micro_batch=64, g2rpo=settings)
+    model, cond, _ = toy(num_prompts=1)
+    strategy = build_strategy(cfg)
+    rollout = strategy.rollout(model, cond, Draws(0, 0, (0,)), LATENT)
+    s = cfg.g2rpo
+    formula = sampling_forwards(16, 12, strategy.trained_steps, strategy.strides, max_steps=s.finish_steps)
+    assert formula == per_prompt == rollout.nfe.sampling_forwards == model.rows
+    assert rollout.nfe.model_calls == model.calls and torch.isfinite(rollout.final_latents).all()
+
+
+def test_branch_step_subsets_cost_only_the_drawn_steps():
+    # Each prompt draws 2 of M = {0, 1, 2, 3} (T = 8); its anchor stops at its own last drawn step
+    # and only the drawn steps are finished and trained: per prompt exactly the formula for its
+    # drawn steps. With all of M: per branch 1 + (n_1 − 1) + (n_2 − 1), n_1 = 7 − k, n_2 = ceil((7 − k)/2):
+    # k = 0…3: 1 + 6 + 3 = 10, 1 + 5 + 2 = 8, 1 + 4 + 2 = 7, 1 + 3 + 1 = 5 → 4 + 3·30 = 94.
+    cfg = config(num_steps=8, group_size=3, g2rpo={"granularities": [1, 2], "branch_steps_per_iteration": 2})
+    model, cond, reward = toy(num_prompts=3)
+    strategy = build_strategy(cfg)
+    assert sampling_forwards(8, 3, [0, 1, 2, 3], [1, 2]) == 4 + 3 * (10 + 8 + 7 + 5) == 94
+    rollout = strategy.rollout(model, cond, Draws(0, 2, (0, 1, 2)), LATENT)
+    drawn = rollout.states.steps.tolist()
+    assert len({tuple(row) for row in drawn}) > 1  # the prompts drew different subsets
+    expected = sum(sampling_forwards(8, 3, row, [1, 2]) for row in drawn)
+    assert rollout.nfe.sampling_forwards == expected == model.rows < 3 * 94
+    advantages = strategy.advantages(rollout, rewards_of(rollout, reward))
+    terms = [t.detached() for t in strategy.loss_terms(model, rollout, advantages)]
+    assert sum(t.stats.forwards for t in terms) == 3 * 2  # |M| per iteration → 2 training forwards per prompt
+
+
+def test_pack_calls_hand_example_and_bounds():
+    # 0 → {1, 2}, 1 → {3, 4}, 3 → 5. Levels (longest chain from a node down): 0: 4, 1: 3, 3: 2,
+    # 2, 4, 5: 1. Two per call, highest level first: [0], then 1 and 2 are ready → [1, 2], then
+    # 3 (level 2) and 4 → [3, 4], then 5.
+    assert pack_calls([-1, 0, 0, 1, 1, 3], 2) == [[0], [1, 2], [3, 4], [5]]
+    assert pack_calls([-1, 0, 0, 1, 1, 3], 1) == [[0], [1], [3], [2], [4], [5]]  # the long chain first
+    # two independent chains of 3 and 1: the long one starts at once, the short one fills its call
+    assert pack_calls([-1, 0, 1, -1], 2) == [[0, 3], [1], [2]]
+    with pytest.raises(ValueError, match="parents must come before"):
+        pack_calls([1, -1], 2)
+    with pytest.raises(ValueError, match="micro_batch must be ≥ 1"):
+        pack_calls([-1], 0)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"granularities": [1, 2, 3]},
+        {"granularities": [1, 3], "finish_solver": "dpmpp_2m", "finish_steps": 3},
+        {"granularities": [2, 3], "branch_steps_per_iteration": 2, "stride_schedule": "reference"},
+    ],
+)
+def test_packing_rows_into_calls_changes_no_row(settings):
+    # The toy model gives a row the same bits whatever else is in its call (checked first), so any
+    # difference between micro-batches would come from the rollout itself: packing must only change
+    # which rows share a call. micro_batch 1 is one row per call, nothing shared.
+    model, cond, _ = toy(num_prompts=2)
+    x = torch.randn(9, *LATENT, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        sigma, prompt = torch.linspace(0.1, 0.9, 9), torch.tensor([0, 1] * 4 + [0])
+        whole = model(x, sigma, cond[prompt])
+        assert torch.equal(whole[3:4], model(x[3:4], sigma[3:4], cond[prompt[3:4]]))
+        assert torch.equal(whole[2:7], model(x[2:7], sigma[2:7], cond[prompt[2:7]]))
+    outs = []
+    for micro in (1, 5, 16, 1000):
+        strategy = build_strategy(config(num_steps=7, group_size=3, micro_batch=micro, g2rpo=settings))
+        outs.append(strategy.rollout(model, cond, Draws(1, 0, (0, 1)), LATENT))
+    for other in outs[1:]:
+        assert torch.equal(other.final_latents, outs[0].final_latents)
+        assert torch.equal(other.states.log_prob_old, outs[0].states.log_prob_old)
+        assert torch.equal(other.states.x_k, outs[0].states.x_k)
+        assert torch.equal(other.states.branches, outs[0].states.branches)
+        assert other.nfe.sampling_forwards == outs[0].nfe.sampling_forwards
+    assert outs[1].nfe.model_calls < outs[0].nfe.model_calls
 
 
 def test_baseline_forward_counts():
@@ -352,16 +441,26 @@ def test_rollout_is_independent_of_micro_batch():
     torch.testing.assert_close(finals[0], finals[2], atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("mode", ["to_zero", "reference"])
-def test_finishes_match_a_sequential_ode_per_stride(mode):
-    # The batched finish (rows at mixed σ, shared first forward) equals running each stride's
-    # schedule with the ODE one branch at a time.
+@pytest.mark.parametrize(
+    ("mode", "solver", "cap"),
+    [
+        ("to_zero", "euler", None),
+        ("reference", "euler", None),
+        ("to_zero", "dpmpp_2m", None),
+        ("to_zero", "dpmpp_2m", 2),
+    ],
+)
+def test_finishes_match_a_sequential_solve_per_stride(mode, solver, cap):
+    # The packed finish (rows at mixed σ, shared first forward) equals running each stride's
+    # (thinned) schedule with the chosen solver one branch at a time.
     model, cond, _ = toy(num_prompts=1)
-    cfg = config(num_steps=7, group_size=2, g2rpo={"granularities": [1, 3], "stride_schedule": mode})
+    settings = {"granularities": [1, 3], "stride_schedule": mode, "finish_solver": solver, "finish_steps": cap}
+    cfg = config(num_steps=7, group_size=2, g2rpo=settings)
     strategy = build_strategy(cfg)
     rollout = strategy.rollout(model, cond, Draws(0, 0, (0,)), LATENT)
     assert strategy.trained_steps == [0, 1, 2, 3] and strategy.strides == [1, 3]  # M = noisiest half of T = 7
-    assert rollout.nfe.sampling_forwards == sampling_forwards(7, 2, [0, 1, 2, 3], [1, 3], mode) == model.rows
+    formula = sampling_forwards(7, 2, [0, 1, 2, 3], [1, 3], mode, cap)
+    assert rollout.nfe.sampling_forwards == formula == model.rows
     finals = rollout.final_latents.reshape(*rollout.reward_shape, *LATENT)  # [P, K, J, G, L, C]
     sig = rollout.sigmas
     with torch.no_grad():
@@ -369,9 +468,16 @@ def test_finishes_match_a_sequential_ode_per_stride(mode):
             for j, lam in enumerate(strategy.strides):
                 for g in range(cfg.group_size):
                     x = rollout.states.branches[0, s, g][None]
-                    idx = core.stride_indices(cfg.num_steps, k, lam, mode)
+                    idx = core.stride_indices(cfg.num_steps, k, lam, mode, cap)
+                    assert cap is None or len(idx) - 1 <= cap
+                    previous = (None, None)
                     for a, b in zip(idx[:-1], idx[1:]):
-                        x = core.ode_step(x, model(x, sig[a].reshape(1), cond[torch.tensor([0])]), sig[a], sig[b])
+                        v = model(x, sig[a].reshape(1), cond[torch.tensor([0])])
+                        if solver == "euler":
+                            x = core.ode_step(x, v, sig[a], sig[b])
+                        else:
+                            x, x0 = core.dpmpp_2m_step(x, v, sig[a], sig[b], *previous)
+                            previous = (x0, sig[a])
                     torch.testing.assert_close(finals[0, s, j, g], x[0], atol=1e-6, rtol=1e-5)
 
 
@@ -529,6 +635,30 @@ def test_config_reports_every_bad_value_at_once():
         load_config(AlgorithmConfig, overrides=["g2rpo.stride_weights=[1, 2]"])
 
 
+def test_config_refuses_bad_finish_options():
+    with pytest.raises(ConfigError) as err:
+        load_config(AlgorithmConfig, overrides=["g2rpo.finish_steps=0", "g2rpo.finish_solver=rk4"])
+    text = str(err.value)
+    assert "g2rpo.finish_steps=0: Input should be greater than or equal to 1" in text
+    assert "g2rpo.finish_solver='rk4': Input should be 'euler' or 'dpmpp_2m'" in text
+    # One finishing step from σ[k+1] to 0 is the same for every stride: the rewards would repeat.
+    with pytest.raises(ConfigError) as err:
+        load_config(AlgorithmConfig, overrides=["g2rpo.finish_steps=1", "g2rpo.granularities=[1, 3]"])
+    assert err.value.problems == [
+        "g2rpo.finish_steps=1: strides 1 and 3 then visit the same σ at every branch step, so their rewards are "
+        "duplicates: raise finish_steps, drop a stride from granularities, or set finish_steps: null"
+    ]
+    # With M = {7} (T = 16) a cap of 4 thins λ = 1's [8, 9, …, 16] (8 steps) at positions 0, 2, 4, 6, 8
+    # to [8, 10, 12, 14, 16], which is λ = 2's own schedule; λ = 3's [8, 11, 14, 16] stays apart.
+    with pytest.raises(ConfigError) as err:
+        load_config(AlgorithmConfig, overrides=["g2rpo.finish_steps=4", "g2rpo.branch_steps=[7]"])
+    assert err.value.problems[0].startswith("g2rpo.finish_steps=4: strides 1 and 2 then visit the same σ")
+    ok = load_config(AlgorithmConfig, overrides=["g2rpo.finish_steps=4", "g2rpo.finish_solver=dpmpp_2m"]).g2rpo
+    assert (ok.finish_steps, ok.finish_solver) == (4, "dpmpp_2m")
+    default = load_config(AlgorithmConfig).g2rpo
+    assert (default.finish_steps, default.finish_solver, default.branch_steps_per_iteration) == (None, "euler", None)
+
+
 def test_config_rejects_zero_eta_and_non_finite_numbers():
     # η = 0 is the ODE: the G branches coincide and the Gaussian log-prob has std 0 (NaN ratios that
     # would silently turn the weights into NaN); inf/NaN settings would silently drop or zero every
@@ -627,7 +757,8 @@ def test_registry_lists_each_strategy_with_its_section():
     [
         (
             G2RPOSettings,
-            "branch_steps, branch_steps_per_iteration, granularities, learning_rate, stride_schedule, stride_weights",
+            "branch_steps, branch_steps_per_iteration, finish_solver, finish_steps, granularities, learning_rate, "
+            "stride_schedule, stride_weights",
             "window_size",
             "mixgrpo",
         ),
