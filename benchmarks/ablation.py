@@ -1,7 +1,9 @@
 """The paper's ablation on the shapes task, at equal iterations *and* at equal compute.
 
-DanceGRPO, MixGRPO, G²RPO without MGAI and G²RPO (plus the compute-saving G²RPO options of
-:mod:`g2rpo.strategies.g2rpo`) are trained from the same pretrained shapes model
+DanceGRPO, MixGRPO, G²RPO without MGAI and G²RPO, and two compute-saving G²RPO variants
+(:mod:`g2rpo.strategies.g2rpo`, docs/core.md) — ``g2rpo_dpm4``: branches finished by DPM-Solver++(2M)
+in at most 4 steps per stride; ``g2rpo_half_m``: half of M drawn per prompt each iteration; each about
+half of G²RPO's sampling forwards — are trained from the same pretrained shapes model
 (:mod:`g2rpo.models.shapes`, made on first use) with the real :class:`~g2rpo.training.trainer.Trainer`,
 under two reward settings:
 
@@ -70,6 +72,9 @@ METHODS: dict[str, dict[str, Any]] = {
     "mixgrpo": {"strategy": "mixgrpo"},
     "g2rpo_no_mgai": {"strategy": "g2rpo_no_mgai"},
     "g2rpo": {"strategy": "g2rpo"},
+    # Compute-saving G²RPO (off by default in the library; docs/core.md): about half the sampling forwards.
+    "g2rpo_dpm4": {"strategy": "g2rpo", "g2rpo": {"finish_solver": "dpmpp_2m", "finish_steps": 4}},
+    "g2rpo_half_m": {"strategy": "g2rpo", "g2rpo": {"branch_steps_per_iteration": "half"}},  # |M|/2 drawn
 }
 # The paper's sampler (spec §6): T = 16, G = 12; G²RPO's M = the noisiest half, Λ = {1, 2, 3}.
 SHARED_ALGORITHM = {"num_steps": 16, "group_size": 12, "micro_batch": 256}
@@ -99,12 +104,23 @@ def compute_of(stats: Any) -> int:
     return int(stats.sampling_forwards) + int(stats.training_forwards) + 2 * int(stats.training_backwards)
 
 
+def method_algorithm(method: str, shared: dict[str, Any]) -> dict[str, Any]:
+    """The algorithm section of ``method``: the shared settings plus its own; ``"half"`` for
+    ``branch_steps_per_iteration`` is half of M (the noisiest half of the grid), rounded down, at least 1."""
+    section = {**shared, **METHODS[method]}
+    own = dict(section.get("g2rpo", {}))
+    if own.get("branch_steps_per_iteration") == "half":
+        own["branch_steps_per_iteration"] = max(1, math.ceil(shared["num_steps"] / 2) // 2)
+        section["g2rpo"] = own
+    return section
+
+
 def run_config(spec: RunSpec, out: Path) -> Any:
     from g2rpo.config import load_config
     from g2rpo.training.run_config import RunConfig
 
     raw = {
-        "algorithm": {**dict(spec.algorithm), **METHODS[spec.method]},
+        "algorithm": method_algorithm(spec.method, dict(spec.algorithm)),
         "model": {"path": spec.model, "create_tiny": False, "height": 64, "width": 64},
         "data": {"prompts": spec.train_prompts},
         "rewards": {"models": [{"name": n} for n in REWARD_SETTINGS[spec.rewards]], "batch_size": 512},
