@@ -52,6 +52,7 @@ import math
 import platform
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -492,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     pngs = plot(runs, args.out)
     result = {
         "benchmark": "ablation",
-        "command": "python -m benchmarks.ablation " + " ".join(argv or []),
+        "command": " ".join(["python -m benchmarks.ablation", *(sys.argv[1:] if argv is None else argv)]),
         "settings": {
             **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "algorithm": algorithm,
