@@ -18,7 +18,8 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: install demo lint test test-slow test-gpu test-all parity bench lock clean help
 
 help:
-	@echo "make demo       create .venv, install, run the whole Kubeflow pipeline here (kfp.local, tiny model)"
+	@echo "make demo       create .venv, install, run the whole Kubeflow pipeline here (kfp.local, shapes model;"
+	@echo "                the first run pretrains it on the CPU, minutes; later runs reuse runs/shapes-flux)"
 	@echo "make test       install what the tests need, check lint and import contracts, run the suite (CI)"
 	@echo "make lint       ruff (lint + format check) and the import contracts (lint-imports)"
 	@echo "make test-slow  the opt-in slow tier (full-size reward architectures, long runs)"
@@ -54,9 +55,10 @@ $(CHROMIUM_STAMP):
 # The demo needs the Python packages only; the tests also start Chromium, Prometheus and the Pushgateway.
 install: $(STAMP) $(CHROMIUM_STAMP) $(DEB_STAMP)
 
-# The whole DAG (prepare → train → evaluate → decide → promote) through kfp.local on the tiny model;
-# run it again and the new challenger is evaluated against the champion and gated. `g2rpo demo` is
-# the same job as plain step calls, without KFP.
+# The whole DAG (prepare → train → evaluate → decide → promote) through kfp.local on the shapes task:
+# the shapes model is pretrained into runs/shapes-flux on first use (minutes) and reused after; run it
+# again and the new challenger is evaluated against the champion and gated. `g2rpo demo` is the same
+# job as plain step calls, without KFP. Quiet log; `g2rpo pipeline run-local --verbose` shows all.
 demo: $(STAMP)
 	$(VENV)/bin/g2rpo pipeline run-local
 

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks import bench_core_rollout, bench_rewards, bench_storage, bench_train
+from benchmarks import bench_core_rollout, bench_rewards, bench_storage, bench_train, decode, memory
 
 CPU_BENCHMARKS = {
     "core rollout (batched vs batch-1, forward counts)": bench_core_rollout.main,
     "reward heads (batched vs per-image PIL)": bench_rewards.main,
     "training iteration (seconds per phase, NFE)": bench_train.main,
     "storage (publish/fetch throughput, conditional-write race probe)": bench_storage.main,
+    "rollout peak memory at FLUX.1-dev shapes (conditioning copied vs broadcast)": memory.main,
+    "VAE decode time vs images per call, decode memory at Flux size": decode.main,
 }
 
 

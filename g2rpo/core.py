@@ -40,6 +40,7 @@ __all__ = [
     "group_advantages",
     "mix_advantages",
     "clipped_surrogate",
+    "take_rows",
 ]
 
 Sigma = float | torch.Tensor
@@ -403,3 +404,40 @@ def clipped_surrogate(
             "ratio_max": ratio.max(),
         }
     return loss, stats
+
+
+# --------------------------------------------------------------------------- batch rows
+
+
+def take_rows(values: torch.Tensor, index: torch.Tensor | slice) -> torch.Tensor:
+    """``values[index]`` along dim 0, without a copy where one is not needed.
+
+    A conditioning gathered per model row repeats its prompt's embeddings: with one prompt, G
+    branches and several strides, ``values[index]`` would copy the same row hundreds of times (4 MiB
+    each for FLUX.1-dev's 512 × 4096 bf16 T5 embeddings). So:
+
+    - an integer ``index`` naming one row throughout → that row broadcast, ``values[i:i+1].expand``
+      (stride 0 along dim 0: no new storage);
+    - an integer ``index`` of consecutive rows ``a, a+1, …, b`` → the slice ``values[a:b+1]`` (a view);
+    - a slice → ``values[index]`` (a view); anything else (several prompts, a permutation, a bool
+      mask) → ``values[index]``, a gather that copies.
+
+    The values are those of ``values[index]`` in every case; the views share storage with
+    ``values``, so treat the result as read-only. A CUDA ``index`` is read once on the host.
+    """
+    if isinstance(index, slice):
+        return values[index]
+    index = index.to(values.device)
+    rows = values.shape[0]
+    if index.ndim != 1 or index.numel() == 0 or index.dtype in (torch.bool, torch.uint8) or index.is_floating_point():
+        return values[index]
+    first, last = int(index[0]), int(index[-1])
+    if not (-rows <= first < rows and -rows <= last < rows):
+        return values[index]  # out of range: let indexing raise its own error
+    start = first % rows
+    if bool((index == index[0]).all()):
+        return values[start : start + 1].expand(index.numel(), *values.shape[1:])
+    steps = torch.arange(index.numel(), device=index.device)
+    if first >= 0 and bool((index == first + steps).all()):
+        return values[first : first + index.numel()]
+    return values[index]

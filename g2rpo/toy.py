@@ -18,12 +18,18 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from g2rpo.core import take_rows
+
 __all__ = ["ToyConditioning", "ToyVelocityModel", "ToyReward", "make_toy_problem"]
 
 
 @dataclass
 class ToyConditioning:
-    """Prompt embeddings ``[P, D]``: indexable, repeatable, sized along the batch."""
+    """Prompt embeddings ``[P, D]``: indexable, repeatable, sized along the batch.
+
+    Rows are taken with :func:`g2rpo.core.take_rows` (one repeated prompt is a broadcast view, no
+    copy), as :class:`g2rpo.models.flux.FluxConditioning` does.
+    """
 
     embeddings: torch.Tensor  # [P, D]
 
@@ -31,12 +37,10 @@ class ToyConditioning:
         return self.embeddings.shape[0]
 
     def __getitem__(self, index: torch.Tensor | slice) -> ToyConditioning:
-        if isinstance(index, torch.Tensor):
-            index = index.to(self.embeddings.device)
-        return ToyConditioning(self.embeddings[index])
+        return ToyConditioning(take_rows(self.embeddings, index))
 
     def repeat_interleave(self, repeats: int) -> ToyConditioning:
-        return ToyConditioning(self.embeddings.repeat_interleave(repeats, dim=0))
+        return self[torch.arange(len(self)).repeat_interleave(repeats)]
 
     def to(self, device: torch.device | str) -> ToyConditioning:
         return ToyConditioning(self.embeddings.to(device))

@@ -2,32 +2,61 @@
 
 :func:`run_local` runs the compiled DAG's tasks as subprocesses of this interpreter
 (``SubprocessRunner(use_venv=False)``: kfp.local ignores the images and drops the cluster placement)
-with the tiny settings of :func:`local_arguments`: the tiny random-weight Flux (made on first use),
-``configs/tiny-cpu.yaml`` and ``configs/tiny-gates.yaml``. The run folder holds the KFP pipeline root
-(every task's outputs) and the tasks' temp files; the store (exports, evaluations), the registry and
-the tiny model are shared by every local run, so a second run evaluates its challenger against the
-first run's champion.
+on the shapes task (:mod:`g2rpo.tasks.shapes`) with the settings of :func:`local_arguments`: the
+shapes model (:mod:`g2rpo.models.shapes`, pretrained on first use into ``model`` and reused after),
+16 of the task's prompts (8 train, 8 held out), ``configs/shapes-cpu.yaml`` (trained on the two in-domain rewards, scored on
+all five) and ``configs/shapes-gates.yaml``. The run folder holds the KFP pipeline root (every task's
+outputs), the tasks' temp files and ``pipeline.log`` (everything kfp.local printed); the store
+(exports, evaluations), the registry and the prompt file are shared by every local run, so a second
+run evaluates its challenger against the first run's champion.
+
+kfp.local prints its own INFO lines, every task's executor input and outputs and the libraries'
+warnings and loading bars: unless ``verbose``, the console gets one line per task (start, end,
+status) and the lines the tasks themselves print (the decision), and the train task's progress is
+read from its ``metrics.jsonl`` while it runs; the whole log is in ``pipeline.log`` either way.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
+import re
+import sys
+import threading
 import time
+import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from kfp import local
 
+from g2rpo.artifacts.promotion import load_gates
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.models.shapes import ShapesPretraining, ensure_shapes_model
+from g2rpo.rewards.shapes import IN_DOMAIN, OUT_OF_DOMAIN
+from g2rpo.steps.evaluate import evaluate
+from g2rpo.steps.prepare import prepare_data
+from g2rpo.steps.promote import write_gates
+from g2rpo.steps.train import matching_evaluation
+from g2rpo.steps.train_task import PARAMETER_KEYS, run_config_for
+from g2rpo.tasks.shapes import sample_scenes, write_prompts
 from pipelines.alignment import build_pipeline
 from pipelines.placement import load_profile
 
-__all__ = ["LocalRun", "local_arguments", "run_local"]
+__all__ = ["LOG_FILE", "LocalRun", "local_arguments", "run_local"]
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 COMPLETE_MARKER = ".complete"  # written into the pipeline root when the run has finished
+LOG_FILE = "pipeline.log"  # in the run folder: everything kfp.local printed
+PROMPTS_FILE = "shapes-prompts.txt"  # in the shared folder, rewritten by every run
+PROMPTS = 16  # shapes scenes drawn with seed 0: 8 train, 8 held out for the evaluation
+HELD_OUT = 8
+MODEL_NAME = "g2rpo-shapes"
+TRAIN_WATCH_S = 2.0  # how often the quiet console looks for new training records
 
 
 @dataclass(frozen=True)
@@ -40,27 +69,34 @@ class LocalRun:
     outputs: dict[str, Path]  # name -> file or folder under the pipeline root
     decision: dict[str, Any]  # the decide task's record
     champion: int | None
+    log: Path  # everything kfp.local printed
+    base_means: dict[str, float]  # the base model on the evaluation's prompts and seeds; {} if not evaluated
 
 
-def local_arguments(shared: Path, iterations: int) -> dict[str, Any]:
-    """The pipeline's parameters for the tiny CPU run; ``shared`` holds the model, store and registry."""
+def local_arguments(shared: Path, iterations: int, model: Path) -> dict[str, Any]:
+    """The pipeline's parameters for the shapes run on this CPU; ``shared`` holds the prompt file, the
+    store and the registry, ``model`` the pretrained shapes model. Trained on the in-domain rewards
+    (weight 1); the out-of-domain ones have weight 0, so they are scored (every iteration and in the
+    evaluation) and gated but never trained on."""
+    rewards = [{"name": name, "weight": 1.0} for name in IN_DOMAIN]
+    rewards += [{"name": name, "weight": 0.0} for name in OUT_OF_DOMAIN]
     return {
-        "config_uri": str(CHECKOUT / "configs" / "tiny-cpu.yaml"),
-        "base_model_uri": str(shared / "tiny-flux"),
-        "prompts_uri": str(CHECKOUT / "configs" / "tiny-prompts.txt"),
+        "config_uri": str(CHECKOUT / "configs" / "shapes-cpu.yaml"),
+        "base_model_uri": str(model),
+        "prompts_uri": str(shared / PROMPTS_FILE),
         "store_uri": (shared / "store").as_uri(),
         "registry_uri": (shared / "registry").as_uri(),
-        "model_name": "g2rpo-tiny",
-        "rewards": [{"name": "jpeg_compressibility", "weight": 1.0}],
-        "num_steps": 4,
-        "group_size": 4,
+        "model_name": MODEL_NAME,
+        "rewards": rewards,
+        "num_steps": 6,
+        "group_size": 6,
         "granularities": [1, 2],
         "iterations": iterations,
-        "learning_rate": 1e-2,
+        "learning_rate": 1e-4,
         "overrides": ["train.prompts_per_iteration=4", "train.checkpoint_every=10", "train.progress=false"],
-        "test_size": 4,
+        "test_size": HELD_OUT,
         "eval_seeds": [0, 1, 2],
-        "gates_uri": str(CHECKOUT / "configs" / "tiny-gates.yaml"),
+        "gates_uri": str(CHECKOUT / "configs" / "shapes-gates.yaml"),
         "gpus_per_node": 1,
     }
 
@@ -69,12 +105,18 @@ def run_local(
     run_dir: Path,
     shared: Path,
     *,
+    model: Path,
     iterations: int = 30,
     parameters: dict[str, Any] | None = None,
+    pretraining: ShapesPretraining | None = None,
+    verbose: bool = False,
+    echo: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> LocalRun:
     """Run the pipeline into ``run_dir`` (its pipeline root must not exist yet) with :func:`local_arguments`
-    updated by ``parameters``."""
-    run_dir, shared = run_dir.resolve(), shared.resolve()
+    updated by ``parameters``; pretrain the shapes model into ``model`` first when it is not there
+    (``pretraining``'s settings, default the shipped model's; an existing one must have been made with them)."""
+    run_dir, shared, model = run_dir.resolve(), shared.resolve(), model.resolve()
+    pretraining = pretraining or ShapesPretraining()
     root = run_dir / "pipeline-root"
     if root.exists():
         finished = (root / COMPLETE_MARKER).is_file()
@@ -88,27 +130,248 @@ def run_local(
                 f"delete {root} or choose another --name",
             )
         )
+    if not model.exists():
+        echo(
+            f"pretraining the shapes model into {model} ({pretraining.vae_steps} VAE steps, "
+            f"{pretraining.flow_steps} flow-matching steps; once, reused by every later run)"
+        )
+    model, made = ensure_shapes_model(model, pretraining, log=lambda line: echo(f"  {line}"), progress=not verbose)
+    if not made:
+        echo(f"shapes model: {model} (pretrained before; its settings match)")
     tmp = run_dir / "tmp"
     tmp.mkdir(parents=True)
     shared.mkdir(parents=True, exist_ok=True)
-    arguments = {**local_arguments(shared, iterations), **(parameters or {})}
+    write_prompts(shared / PROMPTS_FILE, sample_scenes(PROMPTS, seed=0))
+    arguments = {**local_arguments(shared, iterations, model), **(parameters or {})}
+    base_means: dict[str, float] = {}
+    if "gates_uri" not in (parameters or {}):
+        base_means = _evaluate_base(run_dir / "base", arguments)
+        echo("base model on the held-out prompts: " + _means_line(base_means))
+        arguments["gates_uri"] = str(_gates_with_floors(arguments["gates_uri"], base_means, run_dir / "gates.yaml"))
+    log = run_dir / LOG_FILE
     # Each task leaves a temp file behind, and the train task its checkpoints: keep them in the run folder.
     previous_tmp = os.environ.get("TMPDIR")
     os.environ["TMPDIR"] = str(tmp)
     try:
-        local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=False)
-        pipeline = build_pipeline(load_profile())
-        pipeline(**arguments)
+        with (
+            log.open("w", encoding="utf-8") as log_file,
+            _console(log_file, verbose, tmp, int(arguments["iterations"])),
+        ):
+            local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=False)
+            pipeline = build_pipeline(load_profile())
+            pipeline(**arguments)
     finally:
         if previous_tmp is None:
             os.environ.pop("TMPDIR", None)
         else:
             os.environ["TMPDIR"] = previous_tmp
     (root / COMPLETE_MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
-    return _collect(run_dir, root, arguments)
+    return _collect(run_dir, root, arguments, log, base_means)
 
 
-def _collect(run_dir: Path, root: Path, arguments: dict[str, Any]) -> LocalRun:
+# --------------------------------------------------------------------------- the console
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_EXECUTING = re.compile(r" - INFO - Executing task '([^']+)'")
+_FINISHED = re.compile(r" - INFO - Task '([^']+)' finished with status (\w+)")
+_PIPELINE_DONE = re.compile(r" - INFO - Pipeline '([^']+)' finished with status (\w+)")
+_STREAMED = " - INFO - Streamed logs:"
+_PROGRESS_BAR = re.compile(r"\d+%\|.*\|")  # a tqdm line
+_LIBRARY_WARNING = re.compile(r"^\[[\d\-: ,]+\] \[(WARNING|INFO)\]")  # DeepSpeed's logger format
+
+
+class _QuietConsole(io.TextIOBase):
+    """A stdout for kfp.local: every line goes to the log; the console gets a line per task and what
+    the tasks print themselves (not KFP's executor lines, executor input, outputs, or loading bars)."""
+
+    def __init__(self, log: TextIO, console: TextIO):
+        self._log, self._console = log, console
+        self._pending = ""
+        self._streaming = False  # inside a task's streamed logs
+        self._in_executor_input = False
+        self._started: dict[str, float] = {}
+        self.lock = threading.Lock()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        with self.lock:
+            self._log.write(text)
+            self._pending += text
+            *lines, self._pending = self._pending.split("\n")
+            for line in lines:
+                self._line(_ANSI.sub("", line))
+        return len(text)
+
+    def flush(self) -> None:
+        self._log.flush()
+
+    def say(self, line: str) -> None:
+        """A line of our own, written to the log too."""
+        with self.lock:
+            self._log.write(line + "\n")
+            self._echo(line)
+
+    def note(self, line: str) -> None:
+        """A line for the log only."""
+        with self.lock:
+            self._log.write(line + "\n")
+
+    def _echo(self, line: str) -> None:
+        self._console.write(line + "\n")
+        self._console.flush()
+
+    def _line(self, line: str) -> None:
+        if match := _EXECUTING.search(line):
+            self._started[match.group(1)] = time.monotonic()
+            self._streaming = False
+            self._echo(f"[{time.strftime('%H:%M:%S')}] {match.group(1)} …")
+        elif match := _FINISHED.search(line):
+            self._streaming = False
+            seconds = time.monotonic() - self._started.get(match.group(1), time.monotonic())
+            self._echo(f"[{time.strftime('%H:%M:%S')}] {match.group(1)}: {match.group(2)} ({seconds:.0f} s)")
+        elif match := _PIPELINE_DONE.search(line):
+            self._streaming = False
+            self._echo(f"[{time.strftime('%H:%M:%S')}] pipeline {match.group(1)}: {match.group(2)}")
+        elif _STREAMED in line:
+            self._streaming = True
+        elif self._streaming:
+            self._task_line(line)
+
+    def _task_line(self, line: str) -> None:
+        text = line[4:] if line.startswith("    ") else line  # kfp.local indents a task's lines by 4
+        if self._in_executor_input:
+            self._in_executor_input = text != "}"  # the executor input is printed as indented JSON
+            return
+        if text.startswith("[KFP Executor"):
+            self._in_executor_input = text.endswith("Got executor_input:")
+            return
+        last = text.split("\r")[-1]  # a progress bar's updates arrive as one line
+        if last.strip() and not _PROGRESS_BAR.search(last) and not _LIBRARY_WARNING.match(last):
+            self._echo(f"    {last}")
+
+
+@contextlib.contextmanager
+def _console(log: TextIO, verbose: bool, tmp: Path, iterations: int) -> Iterator[None]:
+    """kfp.local's output (printed to stdout) into ``log`` and, unless ``verbose``, only the useful lines
+    to this stdout, kfp.local's warnings into the log, and the train task's records as they are written."""
+    if verbose:
+        tee = _Tee(sys.stdout, log)
+        with contextlib.redirect_stdout(tee):
+            yield
+        return
+    console = _QuietConsole(log, sys.stdout)  # the stdout of before the redirection
+    stop = threading.Event()
+    watcher = threading.Thread(target=_watch_training, args=(tmp, console, stop, iterations), daemon=True)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(console):
+        # kfp.local warns, per task, that the images and the cluster settings have no effect here.
+        warnings.showwarning = lambda message, category, *_: console.note(f"{category.__name__}: {message}")
+        watcher.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            watcher.join()
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, *streams: TextIO):
+        self._streams = streams
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        for stream in self._streams:
+            stream.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        for stream in self._streams:
+            stream.flush()
+
+
+def _watch_training(tmp: Path, console: _QuietConsole, stop: threading.Event, iterations: int) -> None:
+    """Print the train task's iteration records (its ``metrics.jsonl`` under the run's temp folder) as
+    they appear: the train task itself prints nothing until it ends."""
+    seen = 0
+
+    def show_new() -> int:
+        files = sorted(tmp.glob("g2rpo-train-*/metrics.jsonl"))
+        if not files:
+            return seen
+        text = files[-1].read_text(encoding="utf-8")
+        complete = text[: text.rfind("\n") + 1].splitlines()  # a record being written has no newline yet
+        for line in complete[seen:]:
+            console.say(f"    {_iteration_line(json.loads(line), iterations)}")
+        return max(seen, len(complete))
+
+    while not stop.wait(TRAIN_WATCH_S):
+        seen = show_new()
+    seen = show_new()  # the records written since the last look
+
+
+def _iteration_line(record: dict[str, Any], iterations: int) -> str:
+    """``train 3/30: colour 0.812 · shape 0.640 · … (1.2 s)``: the iteration's rollout mean of each reward
+    and its time."""
+    means = [sum(row) / len(row) for row in record["reward_mean"]]
+    rewards = " · ".join(f"{_short(name)} {mean:.3f}" for name, mean in zip(record["reward_names"], means, strict=True))
+    seconds = sum(record.get("seconds", {}).values())
+    return f"train {record['iteration'] + 1}/{iterations}: {rewards} ({seconds:.1f} s)"
+
+
+def _evaluate_base(folder: Path, arguments: dict[str, Any]) -> dict[str, float]:
+    """The base model's means on what the pipeline's evaluate task will sample: the prepare task's
+    held-out split (the same prompts, ``test_size`` and seed give the same split) × ``eval_seeds``,
+    sampled as the run config says."""
+    data = prepare_data(
+        arguments["prompts_uri"], folder / "data", test_size=arguments["test_size"], seed=arguments.get("split_seed", 0)
+    )
+    choices = {key: arguments[key] for key in PARAMETER_KEYS if key in arguments}
+    config = run_config_for(
+        arguments["config_uri"],
+        choices,
+        arguments["overrides"],
+        base_model_uri=arguments["base_model_uri"],
+        prompts=str(data.train_prompts),
+        output_dir=folder / "unused",
+    )
+    evaluation = matching_evaluation(
+        config,
+        str(data.test_prompts),
+        num_prompts=arguments.get("eval_num_prompts") or None,
+        seeds=arguments["eval_seeds"],
+    )
+    return evaluate(arguments["base_model_uri"], evaluation, (folder / "evaluation").as_uri()).means
+
+
+def _gates_with_floors(gates_uri: str, base: dict[str, float], path: Path) -> Path:
+    """``gates_uri``'s gates with floors for a first version (no champion): an in-domain reward must
+    reach the base model's mean, an out-of-domain metric may fall at most its ``max_regression`` below."""
+    gates, _ = load_gates(gates_uri)
+    metrics = {}
+    for name, gate in gates.metrics.items():
+        sign = 1 if gate.direction == "higher" else -1
+        floor = None if name not in base else base[name] - sign * (gate.max_regression or 0.0)
+        metrics[name] = gate.model_copy(update={"floor": floor})
+    comment = (
+        f"{gates_uri} with floors for a first version (no champion): the base model's means on the same\n"
+        "held-out prompts and seeds (in-domain), less the allowed regression (out-of-domain)."
+    )
+    return write_gates(gates.model_copy(update={"metrics": metrics}), path, comment=comment)[0]
+
+
+def _means_line(means: dict[str, float]) -> str:
+    return " · ".join(f"{_short(name)} {value:.4f}" for name, value in means.items())
+
+
+def _short(metric: str) -> str:
+    """``shapes_colour`` → ``colour``, ``jpeg_compressibility`` → ``jpeg``: the console's metric names."""
+    return metric.removeprefix("shapes_").removesuffix("_compressibility")
+
+
+def _collect(run_dir: Path, root: Path, arguments: dict[str, Any], log: Path, base_means: dict[str, float]) -> LocalRun:
     """Find each task's outputs under the pipeline root (``<root>/<run>/<task>/<output>``)."""
     outputs: dict[str, Path] = {}
     for path in sorted(root.glob("*/*/*")):
@@ -123,5 +386,12 @@ def _collect(run_dir: Path, root: Path, arguments: dict[str, Any]) -> LocalRun:
     )
     champion = json.loads(state_file.read_text())["aliases"].get("champion") if state_file.is_file() else None
     return LocalRun(
-        run_dir=run_dir, pipeline_root=root, state=state, outputs=outputs, decision=decision, champion=champion
+        run_dir=run_dir,
+        pipeline_root=root,
+        state=state,
+        outputs=outputs,
+        decision=decision,
+        champion=champion,
+        log=log,
+        base_means=base_means,
     )

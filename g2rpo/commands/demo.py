@@ -1,27 +1,37 @@
-"""``g2rpo demo``: the main job end to end on the tiny Flux model (what `make demo` runs); ``--toy``
-runs G²RPO on the toy velocity model instead."""
+"""``g2rpo demo``: the main job end to end on the shapes task as plain step calls (``make demo`` runs it
+through kfp.local); ``--toy`` runs G²RPO on the toy velocity model instead."""
 
 from __future__ import annotations
 
 import argparse
 
+from g2rpo.commands.model import add_pretraining_args, pretraining_settings
+
 
 def add_commands(subparsers) -> None:
     parser = subparsers.add_parser(
         "demo",
-        help="train the tiny Flux with G²RPO, evaluate before/after, register and promote it (about a minute on a CPU)",
+        help="train the shapes model with G²RPO, evaluate before/after, register and promote it (minutes on a CPU)",
         description=(
-            "Builds the tiny random-weight Flux pipeline (real diffusers classes), trains it with the G²RPO trainer "
-            "(configs/tiny-cpu.yaml + demo overrides, JPEG-compressibility reward), evaluates deterministic ODE "
-            "samples of fixed prompts and seeds before and after, writes a before|after image grid and a reward "
-            "plot, publishes the export to a local file:// store, registers it in a local registry, runs the "
-            "promotion gates and prints a summary. Everything goes under OUT/demo-<timestamp>/. "
+            "Pretrains the shapes model (a tiny Flux pipeline of real diffusers classes, 64×64 images of one "
+            "shape on a background; minutes, once: reused from --model after), trains it with the G²RPO trainer "
+            "(configs/shapes-cpu.yaml) on the exact rewards shapes_colour + shapes_shape, evaluates deterministic "
+            "ODE samples of held-out prompts and fixed seeds before and after on those and on the out-of-domain "
+            "metrics shapes_position, shapes_background and jpeg_compressibility, writes a before|after image grid "
+            "and a reward plot, publishes the export to a local file:// store, registers it in a local registry, "
+            "runs the promotion gates and prints a summary. Everything else goes under OUT/demo-<timestamp>/. "
             "--toy runs the earlier demo on a small toy velocity model with an exact reward."
         ),
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     parser.add_argument("--iterations", type=int, default=30, help="training iterations")
     parser.add_argument("--out", default="runs", help="folder that receives the demo-<timestamp> run folder")
+    parser.add_argument(
+        "--model",
+        default="runs/shapes-flux",
+        help="the pretrained shapes model: made here on first use, reused after (its pretraining settings must match)",
+    )
+    add_pretraining_args(parser)
     parser.add_argument("--seed", type=int, default=0, help="run seed (train.seed: prompts and every random draw)")
     parser.add_argument(
         "--set",
@@ -52,7 +62,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.iterations < 1:
         raise G2RPOError(f"--iterations={args.iterations}: run at least one iteration, e.g. --iterations 30")
     if not args.verbose:
-        _quiet_libraries()
+        quiet_libraries()
     if args.toy:
         from g2rpo.demo import run_toy_demo
 
@@ -82,11 +92,13 @@ def _run(args: argparse.Namespace) -> int:
         overrides=args.overrides,
         seed=args.seed,
         progress=not args.no_progress,
+        model=args.model,
+        pretraining=pretraining_settings(args),
     )
     return 0
 
 
-def _quiet_libraries() -> None:
+def quiet_libraries() -> None:
     """The demo prints its own steps: hide the libraries' loading bars and their below-error log lines.
 
     DeepSpeed logs (to stdout) a warning when it finds no GPU, on its first import; a filter on its

@@ -45,12 +45,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     shapes.add_argument("--output", required=True, metavar="DIR", help="directory to write (must be new or empty)")
     shapes.add_argument("--seed", type=int, default=0, help="seed of the weights and of every draw (default 0)")
-    shapes.add_argument(
-        "--vae-steps", type=int, default=None, help="VAE optimiser steps (default: the shipped model's)"
-    )
-    shapes.add_argument(
-        "--flow-steps", type=int, default=None, help="flow-matching steps (default: the shipped model's)"
-    )
+    add_pretraining_args(shapes, prefix="")
     shapes.add_argument("--prompts", metavar="FILE", help="also write the task's 360 prompts to FILE, one a line")
     shapes.add_argument("--overwrite", action="store_true", help="write into a non-empty directory")
     shapes.set_defaults(handler=_pretrain_shapes)
@@ -81,18 +76,45 @@ def _init_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
-def _pretrain_shapes(args: argparse.Namespace) -> int:
-    from g2rpo.models.shapes import ShapesPretraining, pretrain_shapes
-    from g2rpo.tasks.shapes import write_prompts
+def add_pretraining_args(parser: argparse.ArgumentParser, prefix: str = "pretrain-") -> None:
+    """``--{prefix}vae-steps`` and ``--{prefix}flow-steps``: the shapes model's pretraining step counts
+    (read back by :func:`pretraining_settings`)."""
+    parser.add_argument(
+        f"--{prefix}vae-steps",
+        dest="vae_steps",
+        type=int,
+        default=None,
+        help="VAE optimiser steps of the shapes model's pretraining (default: the shipped model's)",
+    )
+    parser.add_argument(
+        f"--{prefix}flow-steps",
+        dest="flow_steps",
+        type=int,
+        default=None,
+        help="flow-matching steps of the shapes model's pretraining (default: the shipped model's)",
+    )
 
-    settings = ShapesPretraining(seed=args.seed)
-    for flag, field in (("--vae-steps", "vae_steps"), ("--flow-steps", "flow_steps")):
+
+def pretraining_settings(args: argparse.Namespace, prefix: str = "pretrain-", seed: int = 0):
+    """The :class:`~g2rpo.models.shapes.ShapesPretraining` that :func:`add_pretraining_args`' flags ask for."""
+    from g2rpo.models.shapes import ShapesPretraining
+
+    settings = ShapesPretraining(seed=seed)
+    for field in ("vae_steps", "flow_steps"):
         value = getattr(args, field)
         if value is not None:
             if value < 1:
-                raise G2RPOError(problem(flag, value, "use at least 1 step"))
+                raise G2RPOError(problem(f"--{prefix}{field.replace('_', '-')}", value, "use at least 1 step"))
             settings = replace(settings, **{field: value})
-    out = pretrain_shapes(args.output, settings, overwrite=args.overwrite, log=print)
+    return settings
+
+
+def _pretrain_shapes(args: argparse.Namespace) -> int:
+    from g2rpo.models.shapes import pretrain_shapes
+    from g2rpo.tasks.shapes import write_prompts
+
+    settings = pretraining_settings(args, prefix="", seed=args.seed)
+    out = pretrain_shapes(args.output, settings, overwrite=args.overwrite, log=print, progress=True)
     print(f"wrote the shapes FluxPipeline (seed {args.seed}) to {out}")
     if args.prompts:
         print(f"wrote the task's prompts to {write_prompts(args.prompts)}")

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 
 import g2rpo
+from g2rpo.commands.demo import quiet_libraries
+from g2rpo.commands.model import add_pretraining_args, pretraining_settings
 from g2rpo.errors import G2RPOError, problem
 
 _PARAMS_HELP = (
@@ -33,7 +35,7 @@ def add_commands(subparsers) -> None:
         help="compile, submit, schedule or locally run the Kubeflow alignment pipeline",
         description="The alignment pipeline (prepare → train → evaluate → decide → promote if the gates pass) on "
         "Kubeflow Pipelines v2: compile it to YAML, submit a run or a recurring run to a KFP host, or run the whole "
-        "DAG on this machine through kfp.local on the tiny model.",
+        "DAG on this machine through kfp.local on the shapes model.",
     )
     sub = parser.add_subparsers(dest="pipeline_command", metavar="VERB", required=True)
 
@@ -60,18 +62,32 @@ def add_commands(subparsers) -> None:
 
     local = sub.add_parser(
         "run-local",
-        help="run the whole DAG here through kfp.local on the tiny model (what `make demo` runs)",
+        help="run the whole DAG here through kfp.local on the shapes model (what `make demo` runs)",
         description="Runs prepare → train → evaluate → decide → promote through kfp.local (SubprocessRunner, no "
-        "containers) on the tiny random-weight Flux with configs/tiny-cpu.yaml and configs/tiny-gates.yaml. The run "
-        "folder OUT/NAME holds the pipeline root and the tasks' temp files; the tiny model, the store (exports, "
-        "evaluations) and the registry live in --shared and are reused, so a second run evaluates its challenger "
-        "against the first run's champion and promotes or refuses it, with the reason.",
+        "containers) on the shapes task: the shapes model (pretrained into --model on first use, minutes; reused "
+        "after), its 360 prompts, configs/shapes-cpu.yaml (trained on shapes_colour + shapes_shape, evaluated on "
+        "those and the out-of-domain shapes_position, shapes_background, jpeg_compressibility) and "
+        "configs/shapes-gates.yaml. The run folder OUT/NAME holds the pipeline root, the tasks' temp files and "
+        "pipeline.log (all of kfp.local's output); the store (exports, evaluations) and the registry live in "
+        "--shared and are reused, so a second run evaluates its challenger against the first run's champion and "
+        "promotes or refuses it, with the reason.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     local.add_argument("--out", default="runs", help="folder of the run folders")
     local.add_argument("--name", default=None, help="run folder name (default pipeline-<UTC timestamp>)")
-    local.add_argument("--shared", default="runs/pipeline-shared", help="tiny model, store and registry of every run")
+    local.add_argument("--shared", default="runs/pipeline-shared", help="prompts, store and registry of every run")
+    local.add_argument(
+        "--model",
+        default="runs/shapes-flux",
+        help="the pretrained shapes model: made here on first use, reused after (its pretraining settings must match)",
+    )
+    add_pretraining_args(local)
     local.add_argument("--iterations", type=int, default=30, help="training iterations")
+    local.add_argument(
+        "--verbose",
+        action="store_true",
+        help="print all of kfp.local's output (its INFO lines, executor inputs, warnings); always in OUT/NAME/pipeline.log",
+    )
     local.add_argument(
         "--s3-endpoint",
         default=None,
@@ -175,11 +191,23 @@ def _run_local(args: argparse.Namespace) -> int:
     if args.iterations < 1:
         raise G2RPOError(problem("--iterations", args.iterations, "run at least one iteration"))
     arguments = parse_arguments(args.parameters)
+    pretraining = pretraining_settings(args)
+    if not args.verbose:
+        quiet_libraries()
     if args.s3_endpoint:
         os.environ["AWS_ENDPOINT_URL_S3"] = args.s3_endpoint
     name = args.name or f"pipeline-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
-    run = run_local(Path(args.out) / name, Path(args.shared), iterations=args.iterations, parameters=arguments)
-    print(f"\ng2rpo pipeline run-local: {run.state}")
+    started = time.monotonic()
+    run = run_local(
+        Path(args.out) / name,
+        Path(args.shared),
+        model=Path(args.model),
+        iterations=args.iterations,
+        parameters=arguments,
+        pretraining=pretraining,
+        verbose=args.verbose,
+    )
+    print(f"\ng2rpo pipeline run-local: {run.state} ({time.monotonic() - started:.0f} s)")
     for label, path in run.outputs.items():
         print(f"  {label:<22} {path}")
     decision = run.decision
@@ -194,5 +222,13 @@ def _run_local(args: argparse.Namespace) -> int:
         record = json.loads((evaluation / "record.json").read_text(encoding="utf-8"))
         where = record["challenger_eval_uri"]
         print(f"  challenger images      {where}/images  (grid {where}/grid.png, metrics {where}/metrics.json)")
+        columns = {"base model": run.base_means, "challenger": record["challenger_means"]}
+        if record["champion_means"]:
+            columns[f"champion v{record['champion_version']}"] = record["champion_means"]
+        print(f"  {'held-out means':<22} " + "".join(f"{name:>14}" for name in columns))
+        for metric in record["challenger_means"]:
+            values = (f"{means[metric]:.4f}" if metric in means else "—" for means in columns.values())
+            print(f"  {metric:<22} " + "".join(f"{value:>14}" for value in values))
     print(f"  champion               {'none' if run.champion is None else f'v{run.champion}'}")
+    print(f"  log                    {run.log}")
     return 0 if run.state == "SUCCEEDED" else 1

@@ -85,7 +85,11 @@ class EvaluationConfig(Section):
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = CUDA when available")
     micro_batch: int = Field(32, ge=1, description="(prompt, seed) rows per transformer call while sampling")
-    decode_micro_batch: int = Field(4, ge=1, description="images per VAE decode call")
+    decode_micro_batch: int = Field(
+        16,
+        ge=1,
+        description="images per VAE decode call; the default comes from benchmarks/decode.py (fewer, larger calls are faster; at FLUX.1-dev 720² each image in a call adds its decode activations — benchmarks/README.md gives both)",
+    )
     chunk_size: int = Field(
         32,
         ge=1,

@@ -122,7 +122,7 @@ def sample_rows(
     sigmas: torch.Tensor,
     *,
     micro_batch: int = 32,
-    decode_micro_batch: int = 4,
+    decode_micro_batch: int = 16,
 ) -> torch.Tensor:
     """Decoded ODE samples ``[N, 3, H, W]`` (CPU, in [0, 1]) of N arbitrary (conditioning, seed) rows.
 
@@ -168,7 +168,7 @@ def sample_and_score(
     sigmas: torch.Tensor,
     *,
     micro_batch: int = 32,
-    decode_micro_batch: int = 4,
+    decode_micro_batch: int = 16,
     reward_batch: int = 64,
 ) -> EvalResult:
     """ODE-sample every (prompt, seed), decode, and score with each reward model.

@@ -41,6 +41,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from g2rpo.core import take_rows
 from g2rpo.errors import G2RPOError, problem
 
 __all__ = [
@@ -78,6 +79,12 @@ class FluxConditioning:
     (Flux: P = 768). Implements the core's ``Conditioning`` protocol: ``len``, indexing along the
     batch (LongTensor with repeats, slice, or int — an int keeps the batch axis) and
     ``repeat_interleave``.
+
+    Indexing and ``repeat_interleave`` go through :func:`g2rpo.core.take_rows`: rows that all name
+    one prompt are that prompt's embeddings broadcast (``expand``, no copy), consecutive rows a
+    slice; only a gather over several prompts copies. A sampler that conditions hundreds of rows on
+    one prompt therefore holds its embeddings once. The results share storage with this batch:
+    read them, do not write into them.
     """
 
     prompt_embeds: torch.Tensor  # [B, S, D]
@@ -110,16 +117,11 @@ class FluxConditioning:
             index = slice(index, index + 1) if index != -1 else slice(-1, None)
         elif not isinstance(index, (slice, torch.Tensor)):
             index = torch.as_tensor(list(index), dtype=torch.long)
-        if isinstance(index, torch.Tensor):
-            index = index.to(self.prompt_embeds.device)
-        return FluxConditioning(self.prompt_embeds[index], self.pooled_prompt_embeds[index])
+        return FluxConditioning(take_rows(self.prompt_embeds, index), take_rows(self.pooled_prompt_embeds, index))
 
     def repeat_interleave(self, repeats: int) -> FluxConditioning:
-        """Each row ``repeats`` times in place: ``[a, b] → [a, a, b, b]`` for 2."""
-        return FluxConditioning(
-            self.prompt_embeds.repeat_interleave(repeats, dim=0),
-            self.pooled_prompt_embeds.repeat_interleave(repeats, dim=0),
-        )
+        """Each row ``repeats`` times in place: ``[a, b] → [a, a, b, b]`` for 2 (one row: a broadcast view)."""
+        return self[torch.arange(len(self)).repeat_interleave(repeats)]
 
     def to(self, device: torch.device | str | None = None, dtype: torch.dtype | None = None) -> FluxConditioning:
         return FluxConditioning(
@@ -443,14 +445,16 @@ def decode_latents(
     height: int,
     width: int,
     *,
-    micro_batch: int = 4,
+    micro_batch: int = 16,
 ) -> torch.Tensor:
     """Packed latents ``[B, L, C]`` → images ``[B, 3, H, W]`` float32 in [0, 1].
 
     ``z = latents / scaling_factor + shift_factor`` (Flux's VAE: 0.3611, 0.1159), decoded in
     micro-batches of ``micro_batch`` images in the VAE's dtype, then ``(y + 1) / 2`` clamped to
     [0, 1] (``VaeImageProcessor.denormalize``). No gradient flows (rewards score, they are not
-    back-propagated in GRPO).
+    back-propagated in GRPO). The default ``micro_batch`` (``train.decode_micro_batch``'s) comes
+    from ``benchmarks/decode.py``: time per image against images per call, and the decode memory
+    per image at FLUX.1-dev size.
     """
     if micro_batch < 1:
         raise G2RPOError(problem("micro_batch", micro_batch, "decode at least one image at a time"))

@@ -22,6 +22,8 @@ tests use to compare a pretrained model with a random one on the exact rewards.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -30,6 +32,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
 from g2rpo import core
 from g2rpo.errors import G2RPOError, problem
@@ -37,7 +40,15 @@ from g2rpo.models.flux import FluxTextEncoder, FluxVelocity, decode_latents, pac
 from g2rpo.models.tiny import TINY_MARKER, build_tiny_flux_pipeline
 from g2rpo.tasks.shapes import BACKGROUNDS, COLOURS, IMAGE_SIZE, POSITIONS, SHAPES, SIZES, all_scenes, render
 
-__all__ = ["SHAPES_WORDS", "ShapesPretraining", "pretrain_shapes", "sample_shapes", "shapes_pipeline"]
+__all__ = [
+    "SHAPES_WORDS",
+    "ShapesPretraining",
+    "check_shapes_model",
+    "ensure_shapes_model",
+    "pretrain_shapes",
+    "sample_shapes",
+    "shapes_pipeline",
+]
 
 SHAPES_WORDS = tuple(
     dict.fromkeys(
@@ -67,11 +78,18 @@ def shapes_pipeline(seed: int = 0, heads: int = 4) -> Any:
     return build_tiny_flux_pipeline(seed, extra_words=SHAPES_WORDS, num_attention_heads=heads)
 
 
-def _train_vae(vae: Any, images: torch.Tensor, settings: ShapesPretraining, gen: torch.Generator) -> float:
+def _steps(count: int, desc: str, progress: bool) -> Any:
+    """``range(count)``, with a progress bar on stderr when ``progress``."""
+    return tqdm(range(count), desc=desc, unit="step", disable=not progress, leave=False)
+
+
+def _train_vae(
+    vae: Any, images: torch.Tensor, settings: ShapesPretraining, gen: torch.Generator, progress: bool = False
+) -> float:
     opt = torch.optim.AdamW(vae.parameters(), lr=settings.vae_lr, weight_decay=0.0)
     vae.train()
     loss = torch.tensor(float("nan"))
-    for _ in range(settings.vae_steps):
+    for _ in _steps(settings.vae_steps, "shapes VAE", progress):
         idx = torch.randint(0, images.shape[0], (settings.vae_batch,), generator=gen)
         x = images[idx]
         posterior = vae.encode(x).latent_dist
@@ -86,12 +104,17 @@ def _train_vae(vae: Any, images: torch.Tensor, settings: ShapesPretraining, gen:
 
 
 def _train_flow(
-    velocity: FluxVelocity, latents: torch.Tensor, cond: Any, settings: ShapesPretraining, gen: torch.Generator
+    velocity: FluxVelocity,
+    latents: torch.Tensor,
+    cond: Any,
+    settings: ShapesPretraining,
+    gen: torch.Generator,
+    progress: bool = False,
 ) -> float:
     opt = torch.optim.AdamW(velocity.transformer.parameters(), lr=settings.flow_lr, weight_decay=0.0)
     velocity.train()
     loss = torch.tensor(float("nan"))
-    for _ in range(settings.flow_steps):
+    for _ in _steps(settings.flow_steps, "shapes flow matching", progress):
         idx = torch.randint(0, latents.shape[0], (settings.flow_batch,), generator=gen)
         x0 = latents[idx]
         noise = torch.randn(x0.shape, generator=gen)
@@ -111,10 +134,12 @@ def pretrain_shapes(
     *,
     overwrite: bool = False,
     log: Callable[[str], None] = lambda _: None,
+    progress: bool = False,
 ) -> Path:
     """Pretrain the shapes pipeline (see the module docstring) and ``save_pretrained`` it to ``output``.
 
-    Refuses a non-empty ``output`` unless ``overwrite``. Returns the directory.
+    Refuses a non-empty ``output`` unless ``overwrite``. ``progress`` shows a bar per stage on stderr.
+    Returns the directory.
     """
     out = Path(output)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not overwrite)):
@@ -126,7 +151,7 @@ def pretrain_shapes(
     gen = torch.Generator().manual_seed(settings.seed)
     scenes = all_scenes()
     images = torch.stack([render(s) for s in scenes]) * 2 - 1  # [N, 3, S, S] in [−1, 1]
-    vae_loss = _train_vae(pipe.vae, images, settings, gen)
+    vae_loss = _train_vae(pipe.vae, images, settings, gen, progress)
     log(f"VAE: {settings.vae_steps} steps, final loss {vae_loss:.4g} ({time.monotonic() - started:.0f} s)")
     with torch.no_grad():
         z = pipe.vae.encode(images).latent_dist.mean  # [N, c, h, w]
@@ -136,7 +161,7 @@ def pretrain_shapes(
     encoder = FluxTextEncoder.from_pipeline(pipe)
     cond = encoder.encode([s.prompt for s in scenes])
     velocity = FluxVelocity(pipe.transformer, height=IMAGE_SIZE, width=IMAGE_SIZE, guidance=GUIDANCE)
-    flow_loss = _train_flow(velocity, latents, cond, settings, gen)
+    flow_loss = _train_flow(velocity, latents, cond, settings, gen, progress)
     seconds = time.monotonic() - started
     log(f"flow matching: {settings.flow_steps} steps, final loss {flow_loss:.4g} ({seconds:.0f} s in all)")
     out.mkdir(parents=True, exist_ok=True)
@@ -158,6 +183,60 @@ def pretrain_shapes(
     }
     (out / TINY_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
     return out
+
+
+def check_shapes_model(path: str | Path, settings: ShapesPretraining = ShapesPretraining()) -> Path:
+    """``path`` if it holds a shapes model that :func:`pretrain_shapes` made with ``settings``; else a
+    G2RPOError naming the folder, what differs and the fix (nothing is changed there)."""
+    path = Path(path)
+    marker_file = path / TINY_MARKER
+    fix = f"delete {path} to pretrain it there again, or name another folder"
+    if not (path / "model_index.json").is_file() or not marker_file.is_file():
+        raise G2RPOError(
+            problem("shapes model", str(path), f"exists but holds no pretrained shapes model (no {TINY_MARKER}); {fix}")
+        )
+    marker = json.loads(marker_file.read_text(encoding="utf-8"))
+    if marker.get("task") != "shapes":
+        raise G2RPOError(
+            problem(
+                "shapes model",
+                str(path),
+                f"its {TINY_MARKER} is not a shapes model's (task {marker.get('task')!r}); {fix}",
+            )
+        )
+    made, wanted = marker.get("settings", {}), asdict(settings)
+    differ = [f"{k}={made.get(k)!r} (wanted {v!r})" for k, v in wanted.items() if made.get(k) != v]
+    if differ:
+        raise G2RPOError(
+            problem("shapes model", str(path), f"was pretrained with other settings: {', '.join(differ)}; {fix}")
+        )
+    return path
+
+
+def ensure_shapes_model(
+    path: str | Path,
+    settings: ShapesPretraining = ShapesPretraining(),
+    *,
+    log: Callable[[str], None] = lambda _: None,
+    progress: bool = False,
+) -> tuple[Path, bool]:
+    """The shapes model at ``path``, pretrained there first when the folder does not exist.
+
+    Returns ``(path, made)``. An existing folder is used only when its marker records ``settings``
+    (:func:`check_shapes_model`). Pretraining writes into a hidden sibling folder renamed to ``path``
+    when complete, so an interrupted run leaves no half-made model where the next run would look.
+    """
+    path = Path(path)
+    if path.exists():
+        return check_shapes_model(path, settings), False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial-{os.getpid()}")
+    try:
+        pretrain_shapes(partial, settings, overwrite=True, log=log, progress=progress)
+        os.replace(partial, path)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return path, True
 
 
 @torch.no_grad()

@@ -105,15 +105,26 @@ def push_decision(target: PushTarget, decision: Decision, champion: int | None, 
     )
 
 
-def floor_gates_from(means: Mapping[str, float], min_improvement: float = 0.0) -> Gates:
-    """Gates for a first version: every metric of ``means`` is in-domain, higher is better, and must
-    reach its mean here as a floor (the base model's scores make "training raised it" the test)."""
-    return Gates(
-        metrics={
-            name: MetricGate(direction="higher", domain="in", min_improvement=min_improvement, floor=float(mean))
-            for name, mean in means.items()
-        }
-    )
+def floor_gates_from(
+    means: Mapping[str, float], min_improvement: float = 0.0, out_of_domain: Mapping[str, float] | None = None
+) -> Gates:
+    """Gates for a first version, higher is better for every metric of ``means``: an in-domain metric
+    must reach its mean here as a floor (the base model's scores make "training raised it" the test);
+    a metric named in ``out_of_domain`` (metric -> largest allowed regression) is held out and may
+    fall by at most that much below its mean here."""
+    held_out = dict(out_of_domain or {})
+    gates = {}
+    for name, mean in means.items():
+        if name in held_out:
+            tolerance = held_out[name]
+            gates[name] = MetricGate(
+                direction="higher", domain="out", max_regression=tolerance, floor=float(mean) - tolerance
+            )
+        else:
+            gates[name] = MetricGate(
+                direction="higher", domain="in", min_improvement=min_improvement, floor=float(mean)
+            )
+    return Gates(metrics=gates)
 
 
 def write_gates(gates: Gates, path: str | Path, comment: str = "") -> tuple[Path, str]:

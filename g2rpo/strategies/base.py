@@ -13,7 +13,10 @@ its pipeline does). σ follows the convention of ``g2rpo.core``: 1 is noise, 0 i
 embeddings and CLIP pooled embeddings). It has a batch size (``len``), can be indexed along the
 batch with a LongTensor or a slice, and can repeat each row ``n`` times in place
 (``repeat_interleave``). Strategies build every model batch with these operations only, e.g.
-``cond[prompt_of_row]`` for rows of several prompts.
+``cond[prompt_of_row]`` for rows of several prompts. A result may share storage with the
+conditioning it came from — rows that all name one prompt should be a broadcast view, not a copy
+(:func:`g2rpo.core.take_rows`; G²RPO conditions hundreds of rows on one prompt) — so models and
+strategies read conditionings and never write into them.
 
 **Strategy** (:class:`Strategy`), used by the trainer once per iteration::
 
@@ -90,7 +93,8 @@ class Conditioning(Protocol):
 
     def __getitem__(self, index: torch.Tensor | slice) -> Conditioning:
         """Rows ``index``: a LongTensor of batch positions (repeats allowed; on the CPU or the
-        model's device, the conditioning moves it where it needs it) or a slice."""
+        model's device, the conditioning moves it where it needs it) or a slice. May be a view
+        (read-only use): one prompt repeated is a broadcast of its row."""
         ...
 
     def repeat_interleave(self, repeats: int) -> Conditioning:

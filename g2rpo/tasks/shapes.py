@@ -18,6 +18,7 @@ pointing up, apex at (cx, cy − r), base from (cx − r, cy + r) to (cx + r, cy
 
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ __all__ = [
     "all_scenes",
     "parse_prompt",
     "render",
+    "sample_scenes",
     "scene_centre",
     "shape_mask",
     "write_prompts",
@@ -88,6 +90,15 @@ def all_scenes() -> list[Scene]:
         for position in POSITIONS
         for background in BACKGROUNDS
     ]
+
+
+def sample_scenes(count: int, seed: int = 0) -> list[Scene]:
+    """``count`` different scenes drawn without replacement with ``random.Random(seed)`` (a small,
+    reproducible prompt set: the demos train on one)."""
+    scenes = all_scenes()
+    if not 1 <= count <= len(scenes):
+        raise G2RPOError(problem("count", count, f"draw between 1 and {len(scenes)} scenes"))
+    return random.Random(seed).sample(scenes, count)
 
 
 def parse_prompt(prompt: str) -> Scene:

@@ -177,7 +177,11 @@ class TrainSection(Section):
     )
     gradient_checkpointing: bool = Field(True, description="recompute block activations in backward (less memory)")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = CUDA when available")
-    decode_micro_batch: int = Field(4, ge=1, description="images per VAE decode call")
+    decode_micro_batch: int = Field(
+        16,
+        ge=1,
+        description="images per VAE decode call; the default comes from benchmarks/decode.py (fewer, larger calls are faster; at FLUX.1-dev 720² each image in a call adds its decode activations — benchmarks/README.md gives both)",
+    )
     lora: LoraSection = Field(default_factory=LoraSection, description="LoRA adapters (peft)")
     ema: EmaSection = Field(default_factory=EmaSection, description="EMA of the trained weights")
     checkpoint_every: int = Field(50, ge=1, description="save a resumable checkpoint every this many iterations")

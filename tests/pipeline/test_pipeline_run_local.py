@@ -1,5 +1,7 @@
-"""The whole pipeline through kfp.local, twice: the first run ends with a champion, the second is gated
-against it. The issue's proof, so it stays in the default tier (one training iteration per run)."""
+"""The whole pipeline through kfp.local, twice, on the shapes task: the first run pretrains the shapes
+model (here with a few steps), trains on the shapes rewards and ends with a champion; the second reuses
+the model and is gated against the champion. The issue's proof, so it stays in the default tier (one
+training iteration per run)."""
 
 from __future__ import annotations
 
@@ -7,14 +9,21 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
+from PIL import Image
 
 from g2rpo.artifacts.registry import Registry
 from g2rpo.cli import main
 from g2rpo.errors import G2RPOError
+from g2rpo.models.tiny import TINY_MARKER
+from g2rpo.rewards.shapes import IN_DOMAIN, OUT_OF_DOMAIN
 from g2rpo.steps.gate import decide_challenger
 from g2rpo.steps.train_task import train_task
+from g2rpo.tasks.shapes import parse_prompt, sample_scenes
+from tests.tiny_flux_fixture import QUICK_SHAPES_FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
+MODEL = "g2rpo-shapes"
 
 
 def _run(out: Path, shared: Path, name: str, *extra: str) -> int:
@@ -26,6 +35,9 @@ def _run(out: Path, shared: Path, name: str, *extra: str) -> int:
             str(out),
             "--shared",
             str(shared),
+            "--model",
+            str(shared.parent / "shapes-flux"),
+            *QUICK_SHAPES_FLAGS,
             "--name",
             name,
             "--iterations",
@@ -40,11 +52,21 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     out, shared = tmp_path / "runs", tmp_path / "shared"
     registry = Registry((shared / "registry").as_uri())
 
-    assert _run(out, shared, "first") == 0
+    # The first run with the shapes gates as they are (no floors: a first version is not gated).
+    assert _run(out, shared, "first", f"gates_uri={ROOT / 'configs' / 'shapes-gates.yaml'}") == 0
     printed = capsys.readouterr().out
+    assert "pretraining the shapes model into" in printed
+    assert "base model on the held-out prompts" not in printed and not (out / "first" / "gates.yaml").exists()
+    assert json.loads((tmp_path / "shapes-flux" / TINY_MARKER).read_text())["task"] == "shapes"
     assert "g2rpo pipeline run-local: SUCCEEDED" in printed
-    assert "g2rpo-tiny v1 vs no champion yet: PROMOTED" in printed
-    assert registry.read_state("g2rpo-tiny")[0].aliases == {"champion": 1}
+    assert f"{MODEL} v1 vs no champion yet: PROMOTED" in printed
+    assert registry.read_state(MODEL)[0].aliases == {"champion": 1}
+    # Quiet by default: a line per task and the tasks' own lines; kfp.local's all go to the log.
+    assert "[KFP Executor" not in printed and "executor_input" not in printed and " - INFO - " not in printed
+    assert "train: SUCCESS" in printed and "evaluate: SUCCESS" in printed
+    assert "train 1/1: colour " in printed  # the training record, read while the task ran
+    log = (out / "first" / "pipeline.log").read_text()
+    assert "[KFP Executor" in log and "Executing task" in log and "Got executor_input" in log
     root = out / "first" / "pipeline-root"
     (run_root,) = [p for p in root.iterdir() if p.is_dir()]
     report = (run_root / "evaluate" / "report").read_text()
@@ -52,27 +74,53 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     # kfp.local keeps a Metrics artifact's values in the task's executor output.
     executor = json.loads((run_root / "train" / "executor_output.json").read_text())
     assert executor["artifacts"]["metrics"]["artifacts"][0]["metadata"]["iterations"] == 1
+    # trained on the in-domain shapes rewards only; scored on all five
+    record = json.loads((run_root / "train" / "model" / "record.json").read_text())
+    assert record["base_model_uri"] == str(tmp_path / "shapes-flux")
+    run_config = yaml.safe_load((run_root / "train" / "model" / "run-config.yaml").read_text())
+    weights = {spec["name"]: spec["weight"] for spec in run_config["rewards"]["models"]}
+    assert weights == {**dict.fromkeys(IN_DOMAIN, 1.0), **dict.fromkeys(OUT_OF_DOMAIN, 0.0)}
     evaluation = json.loads((run_root / "evaluate" / "evaluation" / "record.json").read_text())
     assert evaluation["champion_version"] is None
-    images = Path(evaluation["challenger_eval_uri"].removeprefix("file://")) / "images"
-    assert len(list(images.glob("*.png"))) == 4 * 3  # the 4 test prompts × seeds 0, 1, 2
+    assert sorted(evaluation["challenger_means"]) == sorted(IN_DOMAIN + OUT_OF_DOMAIN)
+    images = sorted((Path(evaluation["challenger_eval_uri"].removeprefix("file://")) / "images").glob("*.png"))
+    assert len(images) == 8 * 3  # the 8 held-out shapes prompts (of 16) × seeds 0, 1, 2
+    assert Image.open(images[0]).size == (64, 64)
+    prompts = (shared / "shapes-prompts.txt").read_text().splitlines()
+    assert prompts == [s.prompt for s in sample_scenes(16, seed=0)] and all(parse_prompt(p) for p in prompts)
     status = json.loads((run_root / "report-status" / "record").read_text())
     assert status["state"] == "SUCCEEDED" and status["failed_task"] == ""
     assert not list(Path(shared).glob("*.tmp"))
 
     # The same settings again train the same weights: no improvement over the champion, so the
     # challenger is registered, evaluated against the champion on the same items, and refused.
-    assert _run(out, shared, "second") == 0
+    # --verbose prints all of kfp.local's output.
+    assert _run(out, shared, "second", "--verbose") == 0
     printed = capsys.readouterr().out
-    assert "g2rpo-tiny v2 vs champion v1: REFUSED" in printed
-    assert "improvement +0.0000 < required 0.01" in printed
-    assert registry.read_state("g2rpo-tiny")[0].aliases == {"champion": 1, "challenger": 2}
-    assert registry.decisions("g2rpo-tiny", 2)[0]["passed"] is False
+    assert "pretrained before; its settings match" in printed and "pretraining the shapes" not in printed
+    assert "Executing task" in printed and "[KFP Executor" in printed
+    assert f"{MODEL} v2 vs champion v1: REFUSED" in printed
+    # By default the base model is evaluated on the same held-out items first; its means are the
+    # floors a first version would need (with a champion, the champion is the bar).
+    gates = yaml.safe_load((out / "second" / "gates.yaml").read_text())["metrics"]
+    base = json.loads((out / "second" / "base" / "evaluation" / "metrics.json").read_text())
+    assert "base model on the held-out prompts: " in printed
+    for name in IN_DOMAIN:
+        assert gates[name]["floor"] == pytest.approx(base["by_steps"]["6"][name]["mean"])
+    assert "improvement +0.0000 < required 0.005" in printed
+    assert registry.read_state(MODEL)[0].aliases == {"champion": 1, "challenger": 2}
+    assert registry.decisions(MODEL, 2)[0]["passed"] is False
     (run_root,) = [p for p in (out / "second" / "pipeline-root").iterdir() if p.is_dir()]
     assert not (run_root / "promote").exists()  # dsl.If skipped it
     evaluation = json.loads((run_root / "evaluate" / "evaluation" / "record.json").read_text())
     assert evaluation["champion_version"] == 1
     assert evaluation["champion_means"] == evaluation["challenger_means"]
+
+    # A model folder made with other pretraining settings is refused before anything runs.
+    assert main(["pipeline", "run-local", "--out", str(out), "--shared", str(shared), "--name", "other",
+                 "--model", str(tmp_path / "shapes-flux")]) == 2  # fmt: skip
+    assert "was pretrained with other settings: vae_steps=2 (wanted 600)" in capsys.readouterr().err
+    assert not (out / "other").exists()
 
     # A gates file naming a metric the run did not evaluate: refused before anything is registered.
     bad_gates = tmp_path / "gates.yaml"
@@ -82,12 +130,12 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
             run_root / "train" / "model",
             run_root / "evaluate" / "evaluation",
             registry_uri=registry.uri,
-            model="g2rpo-tiny",
+            model=MODEL,
             gates_uri=str(bad_gates),
             source_run="test",
             output_dir=tmp_path / "decision",
         )
-    assert registry.version_numbers("g2rpo-tiny") == [1, 2]
+    assert registry.version_numbers(MODEL) == [1, 2]
 
     # A run folder whose pipeline root an interrupted run left behind is refused; nothing is lost.
     (out / "third" / "pipeline-root").mkdir(parents=True)
@@ -95,7 +143,7 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     assert "partial pipeline root" in capsys.readouterr().err
     assert _run(out, shared, "first") == 2
     assert "holds a finished run" in capsys.readouterr().err
-    assert registry.version_numbers("g2rpo-tiny") == [1, 2]
+    assert registry.version_numbers(MODEL) == [1, 2]
 
 
 def test_unknown_choices_are_refused(tmp_path):
