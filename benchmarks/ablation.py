@@ -401,15 +401,22 @@ def split_prompts(heldout: int) -> tuple[list[str], list[str]]:
     return [p for i, p in enumerate(prompts) if i not in held_set], [prompts[i] for i in held]
 
 
-def ensure_model(path: Path) -> Path:
-    from g2rpo.models.shapes import pretrain_shapes
+def ensure_model(path: Path) -> tuple[Path, dict[str, Any]]:
+    """The shapes model at ``path`` and its marker (settings, losses): pretrained there with the
+    shipped settings when the folder does not exist; an existing folder must hold a shapes model
+    (made with any settings: a quicker one for a smoke run is fine, the JSON records which)."""
+    from g2rpo.errors import G2RPOError, problem
+    from g2rpo.models.shapes import ensure_shapes_model
     from g2rpo.models.tiny import TINY_MARKER
 
+    if not path.exists():
+        print(f"pretraining the shapes model into {path} (minutes, once)", flush=True)
+        ensure_shapes_model(path, log=lambda line: print("  " + line, flush=True), progress=True)
     marker = path / TINY_MARKER
-    if marker.is_file() and json.loads(marker.read_text()).get("task") == "shapes":
-        return path
-    print(f"pretraining the shapes model into {path} (a few minutes, once)", flush=True)
-    return pretrain_shapes(path, log=lambda line: print("  " + line, flush=True))
+    record = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else {}
+    if record.get("task") != "shapes":
+        raise G2RPOError(problem("--model", str(path), "holds no shapes model: name a folder made by pretrain-shapes"))
+    return path, record
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -445,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rewards: choose from {', '.join(REWARD_SETTINGS)}")
 
     started = time.monotonic()
-    model = ensure_model(args.model)
+    model, model_record = ensure_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="g2rpo-ablation-"))
     train, heldout = split_prompts(args.heldout)
     train_file = work / "train-prompts.txt"
@@ -504,6 +511,11 @@ def main(argv: list[str] | None = None) -> int:
             "heldout_prompts": heldout,
         },
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "jobs": args.jobs},
+        "model": {
+            "path": str(model),
+            "pretraining": model_record.get("settings"),
+            **{k: model_record.get(k) for k in ("seed", "vae_loss", "flow_loss", "transformer_parameters")},
+        },
         "probe_cost_per_iteration": probes,
         "budget_compute": budget,
         "summary": summary,
