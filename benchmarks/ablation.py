@@ -1,0 +1,537 @@
+"""The paper's ablation on the shapes task, at equal iterations *and* at equal compute.
+
+DanceGRPO, MixGRPO, G²RPO without MGAI and G²RPO, and two compute-saving G²RPO variants
+(:mod:`g2rpo.strategies.g2rpo`, docs/core.md) — ``g2rpo_dpm4``: branches finished by DPM-Solver++(2M)
+in at most 4 steps per stride; ``g2rpo_half_m``: half of M drawn per prompt each iteration; each about
+half of G²RPO's sampling forwards — are trained from the same pretrained shapes model
+(:mod:`g2rpo.models.shapes`, made on first use) with the real :class:`~g2rpo.training.trainer.Trainer`,
+under two reward settings:
+
+- ``multi``: ``shapes_colour`` + ``shapes_shape`` (the paper's multi-reward setting: advantages added);
+- ``single``: ``shapes_colour`` alone — to see whether optimising one reward hacks the others.
+
+Every run is evaluated on the same held-out prompts (never trained on) with fixed sampling seeds
+(deterministic ODE samples, :func:`g2rpo.evaluation.sampling.sample_and_score`) on all five exact
+metrics: the in-domain ``shapes_colour`` and ``shapes_shape`` and the out-of-domain
+``shapes_position``, ``shapes_background`` and ``jpeg_compressibility`` that nobody trains on.
+
+Compute. One unit is one transformer forward of one image row. An iteration costs its sampling
+forwards + training forwards + 2 × training backwards (a backward costs about two forwards), as the
+strategies count them (:class:`g2rpo.strategies.base.NFECounters`). VAE decodes and reward calls
+are reported apart (``decoded_images``): they are a large part of the wall time on this CPU at 64×64,
+a small one at Flux.1-dev size. Wall time is the trainer's own per-phase time (evaluation excluded).
+
+Budget. ``--iterations N`` fixes the equal-iteration point; the compute budget is the most any
+method spends in N iterations (read from a first iteration of each). Every run trains until it has
+spent the budget, so the cheaper methods run more iterations: the *equal-iteration* table reads
+each run at iteration N, the *equal-compute* table at the budget, and the *equal-wall-time* table at
+the least wall time any method took for the budget. A run is evaluated at iteration 0 (the shared
+base model), at N, at its end, and at ``--evals`` points spread evenly over the budget; between
+points the curves are interpolated linearly (stated in the JSON). Means over seeds with a 95 %
+Student-t interval (3 seeds: t = 4.30).
+
+Every method trains at the same learning rate (``--lr``; the strategies' published rates are for
+Flux.1-dev, not this small model) and the same ratio clip, with each strategy's own published
+optimiser stepping (docs/core.md). Nothing is tuned per method. The default 3e-4 was chosen before
+the ablation from single-seed runs of G²RPO, DanceGRPO and MixGRPO at 1e-4, 3e-4 and 1e-3 on the
+multi-reward setting: at 1e-4 the held-out rewards barely move within the budget; at 1e-3 DanceGRPO's
+and MixGRPO's held-out shape score and background fall well below the base model's at equal compute
+(they take 3–4 optimiser steps per iteration and run more iterations); 3e-4 lies between.
+
+Writes ``benchmarks/results/ablation/ablation.json`` (everything, per run and per eval point),
+``ablation.md`` (the tables) and PNG curves (reward vs iteration, vs compute, vs wall time).
+Usage: ``python -m benchmarks.ablation`` (default budget: about 30 minutes on 2 cores with
+``--jobs 2``); ``--quick`` for a smoke run; ``--iterations``/``--seeds``/``--methods`` to scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results" / "ablation"
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_MODEL = REPO / "runs" / "shapes-flux"
+
+IN_DOMAIN = ("shapes_colour", "shapes_shape")
+OUT_OF_DOMAIN = ("shapes_position", "shapes_background", "jpeg_compressibility")
+METRICS = IN_DOMAIN + OUT_OF_DOMAIN
+REWARD_SETTINGS = {"multi": list(IN_DOMAIN), "single": ["shapes_colour"]}
+
+# Each method: its algorithm section overrides (on top of the shared settings below).
+METHODS: dict[str, dict[str, Any]] = {
+    "dancegrpo": {"strategy": "dancegrpo"},
+    "mixgrpo": {"strategy": "mixgrpo"},
+    "g2rpo_no_mgai": {"strategy": "g2rpo_no_mgai"},
+    "g2rpo": {"strategy": "g2rpo"},
+    # Compute-saving G²RPO (off by default in the library; docs/core.md): about half the sampling forwards.
+    "g2rpo_dpm4": {"strategy": "g2rpo", "g2rpo": {"finish_solver": "dpmpp_2m", "finish_steps": 4}},
+    "g2rpo_half_m": {"strategy": "g2rpo", "g2rpo": {"branch_steps_per_iteration": "half"}},  # |M|/2 drawn
+}
+# The paper's sampler (spec §6): T = 16, G = 12; G²RPO's M = the noisiest half, Λ = {1, 2, 3}.
+SHARED_ALGORITHM = {"num_steps": 16, "group_size": 12, "micro_batch": 256}
+T_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    method: str
+    rewards: str
+    seed: int
+    budget: float  # compute units
+    equal_iteration: int
+    eval_every: float  # compute units between eval points
+    lr: float
+    prompts_per_iteration: int
+    model: str
+    train_prompts: str
+    heldout: tuple[str, ...]
+    eval_seeds: tuple[int, ...]
+    work: str
+    algorithm: tuple[tuple[str, Any], ...] = tuple(SHARED_ALGORITHM.items())
+
+
+def compute_of(stats: Any) -> int:
+    """Compute units of one iteration: sampling forwards + training forwards + 2 × backwards."""
+    return int(stats.sampling_forwards) + int(stats.training_forwards) + 2 * int(stats.training_backwards)
+
+
+def method_algorithm(method: str, shared: dict[str, Any]) -> dict[str, Any]:
+    """The algorithm section of ``method``: the shared settings plus its own; ``"half"`` for
+    ``branch_steps_per_iteration`` is half of M (the noisiest half of the grid), rounded down, at least 1."""
+    section = {**shared, **METHODS[method]}
+    own = dict(section.get("g2rpo", {}))
+    if own.get("branch_steps_per_iteration") == "half":
+        own["branch_steps_per_iteration"] = max(1, math.ceil(shared["num_steps"] / 2) // 2)
+        section["g2rpo"] = own
+    return section
+
+
+def run_config(spec: RunSpec, out: Path) -> Any:
+    from g2rpo.config import load_config
+    from g2rpo.training.run_config import RunConfig
+
+    raw = {
+        "algorithm": method_algorithm(spec.method, dict(spec.algorithm)),
+        "model": {"path": spec.model, "create_tiny": False, "height": 64, "width": 64},
+        "data": {"prompts": spec.train_prompts},
+        "rewards": {"models": [{"name": n} for n in REWARD_SETTINGS[spec.rewards]], "batch_size": 512},
+        "train": {
+            "iterations": 10**6,
+            "prompts_per_iteration": spec.prompts_per_iteration,
+            "seed": spec.seed,
+            "learning_rate": spec.lr,
+            "precision": "fp32",
+            "gradient_checkpointing": False,
+            "device": "cpu",
+            "checkpoint_every": 10**6,
+            "decode_micro_batch": 64,
+            "progress": False,
+        },
+        "deepspeed": {"enabled": False},
+        "output": {"dir": str(out), "export": False},
+    }
+    return load_config(RunConfig, None, raw)
+
+
+class Evaluator:
+    """Deterministic held-out evaluation of a live trainer on all five metrics."""
+
+    def __init__(self, spec: RunSpec, trainer: Any) -> None:
+        from g2rpo.models.loading import load_text_encoder
+        from g2rpo.rewards.registry import build_reward
+        from g2rpo.strategies._shared import make_grid
+
+        encoder = load_text_encoder(spec.model, dtype="float32")
+        self.cond = encoder.encode(list(spec.heldout))
+        self.rewards = {name: build_reward(name) for name in METRICS}
+        self.sigmas = make_grid(trainer.config.algorithm, trainer.latent_shape[0])
+        self.spec = spec
+
+    def __call__(self, trainer: Any) -> dict[str, float]:
+        from g2rpo.evaluation.sampling import sample_and_score
+
+        was_training = trainer.velocity.training
+        trainer.velocity.eval()
+        result = sample_and_score(
+            trainer.velocity,
+            trainer.vae,
+            self.cond,
+            list(self.spec.heldout),
+            list(self.spec.eval_seeds),
+            self.rewards,
+            self.sigmas,
+            micro_batch=256,
+            decode_micro_batch=64,
+            reward_batch=512,
+        )
+        trainer.velocity.train(was_training)
+        return {name: result.mean(name) for name in METRICS}
+
+
+def train_one(spec: RunSpec) -> dict[str, Any]:
+    """Train one (method, rewards, seed) until it has spent ``spec.budget``; eval points on the way."""
+    from g2rpo.training.trainer import Trainer
+
+    torch.set_num_threads(1)
+    out = Path(spec.work) / f"{spec.method}-{spec.rewards}-s{spec.seed}"
+    trainer = Trainer(run_config(spec, out)).setup()
+    evaluate = Evaluator(spec, trainer)
+    points = [{"iteration": 0, "compute": 0, "seconds": 0.0, "decoded_images": 0, **evaluate(trainer)}]
+    compute, seconds, decoded, next_eval = 0, 0.0, 0, spec.eval_every
+    iterations: list[dict[str, Any]] = []
+    while compute < spec.budget:
+        record = trainer.step()
+        compute += compute_of(record.stats)
+        seconds += sum(record.seconds.values())
+        decoded += int(record.extra["decoded_images"])
+        iterations.append(
+            {
+                "iteration": trainer.iteration,
+                "compute": compute,
+                "seconds": seconds,
+                "train_reward_mean": record.stats.reward_mean_all,
+                "sampling_forwards": record.stats.sampling_forwards,
+                "training_forwards": record.stats.training_forwards,
+                "training_backwards": record.stats.training_backwards,
+            }
+        )
+        due = compute >= next_eval or trainer.iteration == spec.equal_iteration or compute >= spec.budget
+        if due:
+            while next_eval <= compute:
+                next_eval += spec.eval_every
+            point = {"iteration": trainer.iteration, "compute": compute, "seconds": seconds, "decoded_images": decoded}
+            points.append({**point, **evaluate(trainer)})
+    shutil.rmtree(out, ignore_errors=True)
+    return {
+        "method": spec.method,
+        "rewards": spec.rewards,
+        "seed": spec.seed,
+        "iterations": trainer.iteration,
+        "compute": compute,
+        "seconds": seconds,
+        "decoded_images": decoded,
+        "per_iteration": iterations,
+        "evals": points,
+    }
+
+
+def cost_per_iteration(spec: RunSpec) -> dict[str, float]:
+    """One timed iteration of ``spec.method`` (after setup): its compute units and seconds."""
+    from g2rpo.training.trainer import Trainer
+
+    torch.set_num_threads(1)
+    out = Path(spec.work) / f"probe-{spec.method}"
+    trainer = Trainer(run_config(spec, out)).setup()
+    record = trainer.step()
+    shutil.rmtree(out, ignore_errors=True)
+    return {"compute": compute_of(record.stats), "seconds": sum(record.seconds.values())}
+
+
+# ----------------------------------------------------------------------------- summaries
+
+
+def interpolate(points: list[dict[str, Any]], axis: str, at: float, metric: str) -> float:
+    """``metric`` at ``axis`` = ``at`` on the piecewise-linear curve through the eval points."""
+    xs = [p[axis] for p in points]
+    if at <= xs[0]:
+        return points[0][metric]
+    for a, b in zip(points, points[1:]):
+        if a[axis] <= at <= b[axis]:
+            if b[axis] == a[axis]:
+                return b[metric]
+            w = (at - a[axis]) / (b[axis] - a[axis])
+            return a[metric] + w * (b[metric] - a[metric])
+    return points[-1][metric]
+
+
+def mean_ci(values: list[float]) -> dict[str, float]:
+    """Mean and the half-width of its 95 % Student-t interval (0 for one value)."""
+    n = len(values)
+    mean = statistics.fmean(values)
+    half = T_95.get(n - 1, 1.96) * statistics.stdev(values) / math.sqrt(n) if n > 1 else 0.0
+    return {"mean": mean, "ci95": half, "n": n}
+
+
+def summarise(runs: list[dict[str, Any]], equal_iteration: int) -> dict[str, Any]:
+    table: dict[str, Any] = {}
+    for setting in REWARD_SETTINGS:
+        subset = [r for r in runs if r["rewards"] == setting]
+        if not subset:
+            continue
+        methods = list(dict.fromkeys(r["method"] for r in subset))
+        budget = min(r["compute"] for r in subset)  # every run reached it
+        wall = min(
+            statistics.median(r["seconds"] for r in subset if r["method"] == m) for m in methods
+        )  # the fastest method's median wall time for the budget
+        views = {"equal_iterations": ("iteration", equal_iteration), "equal_compute": ("compute", budget)}
+        views["equal_wall_time"] = ("seconds", wall)
+        out: dict[str, Any] = {"budget_compute": budget, "wall_seconds": wall}
+        for view, (axis, at) in views.items():
+            out[view] = {
+                m: {
+                    metric: mean_ci([interpolate(r["evals"], axis, at, metric) for r in subset if r["method"] == m])
+                    for metric in METRICS
+                }
+                for m in methods
+            }
+        out["cost"] = {
+            m: {
+                "compute_per_iteration": mean_ci(
+                    [r["compute"] / max(r["iterations"], 1) for r in subset if r["method"] == m]
+                ),
+                "seconds_per_iteration": mean_ci(
+                    [r["seconds"] / max(r["iterations"], 1) for r in subset if r["method"] == m]
+                ),
+                "iterations_for_budget": mean_ci([r["iterations"] for r in subset if r["method"] == m]),
+                "decoded_images_per_iteration": mean_ci(
+                    [r["decoded_images"] / max(r["iterations"], 1) for r in subset if r["method"] == m]
+                ),
+            }
+            for m in methods
+        }
+        out["base"] = {metric: subset[0]["evals"][0][metric] for metric in METRICS}
+        table[setting] = out
+    return table
+
+
+def markdown(summary: dict[str, Any], equal_iteration: int) -> str:
+    lines = []
+    titles = {
+        "equal_iterations": f"at {equal_iteration} iterations",
+        "equal_compute": "at equal compute (the budget)",
+        "equal_wall_time": "at equal wall time",
+    }
+    for setting, out in summary.items():
+        lines.append(f"## rewards: {setting} ({' + '.join(REWARD_SETTINGS[setting])})\n")
+        lines.append(
+            f"budget {out['budget_compute']:.0f} compute units; equal wall time = {out['wall_seconds']:.0f} s; "
+            "mean ± 95 % CI over seeds; in-domain first, then out-of-domain\n"
+        )
+        base = " | ".join(f"{out['base'][m]:.3f}" for m in METRICS)
+        for view, title in titles.items():
+            lines.append(f"### {title}\n")
+            lines.append("| method | " + " | ".join(METRICS) + " |")
+            lines.append("|---" * (len(METRICS) + 1) + "|")
+            lines.append(f"| base model | {base} |")
+            for method, row in out[view].items():
+                cells = " | ".join(f"{row[m]['mean']:.3f} ± {row[m]['ci95']:.3f}" for m in METRICS)
+                lines.append(f"| {method} | {cells} |")
+            lines.append("")
+        lines.append("### cost\n")
+        lines.append(
+            "| method | compute / iteration | s / iteration | iterations for the budget | decoded / iteration |"
+        )
+        lines.append("|---|---|---|---|---|")
+        for method, c in out["cost"].items():
+            lines.append(
+                f"| {method} | {c['compute_per_iteration']['mean']:.0f} | {c['seconds_per_iteration']['mean']:.2f} | "
+                f"{c['iterations_for_budget']['mean']:.1f} | {c['decoded_images_per_iteration']['mean']:.0f} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plot(runs: list[dict[str, Any]], folder: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    axes_spec = (("iteration", "iterations"), ("compute", "compute (forward units)"), ("seconds", "wall time (s)"))
+    for setting in REWARD_SETTINGS:
+        subset = [r for r in runs if r["rewards"] == setting]
+        if not subset:
+            continue
+        methods = list(dict.fromkeys(r["method"] for r in subset))
+        for axis, label in axes_spec:
+            fig, grid = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 3.4), squeeze=False)
+            for col, metric in enumerate(METRICS):
+                ax = grid[0][col]
+                for method in methods:
+                    mine = [r for r in subset if r["method"] == method]
+                    end = min(max(p[axis] for p in r["evals"]) for r in mine)
+                    xs = sorted({p[axis] for r in mine for p in r["evals"] if p[axis] <= end})
+                    ys = [[interpolate(r["evals"], axis, x, metric) for r in mine] for x in xs]
+                    stats = [mean_ci(v) for v in ys]
+                    mean = [s["mean"] for s in stats]
+                    ax.plot(xs, mean, label=method)
+                    ax.fill_between(
+                        xs, [s["mean"] - s["ci95"] for s in stats], [s["mean"] + s["ci95"] for s in stats], alpha=0.15
+                    )
+                domain = "trained" if metric in REWARD_SETTINGS[setting] else "not trained on"
+                ax.set_title(f"{metric}\n({domain})", fontsize=9)
+                ax.set_xlabel(label)
+            grid[0][0].set_ylabel("held-out mean")
+            grid[0][-1].legend(fontsize=8)
+            fig.suptitle(f"shapes ablation, rewards: {setting}")
+            fig.tight_layout()
+            path = folder / f"{setting}_vs_{axis}.png"
+            fig.savefig(path, dpi=90)
+            plt.close(fig)
+            written.append(path)
+    return written
+
+
+# ----------------------------------------------------------------------------- the command
+
+
+def split_prompts(heldout: int) -> tuple[list[str], list[str]]:
+    """(train, held-out) prompts of the shapes task: a seeded choice of ``heldout`` scenes held out."""
+    from g2rpo.tasks.shapes import all_scenes
+
+    prompts = [s.prompt for s in all_scenes()]
+    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(12345)).tolist()
+    held = sorted(order[:heldout])
+    held_set = set(held)
+    return [p for i, p in enumerate(prompts) if i not in held_set], [prompts[i] for i in held]
+
+
+def ensure_model(path: Path) -> tuple[Path, dict[str, Any]]:
+    """The shapes model at ``path`` and its marker (settings, losses): pretrained there with the
+    shipped settings when the folder does not exist; an existing folder must hold a shapes model
+    (made with any settings: a quicker one for a smoke run is fine, the JSON records which)."""
+    from g2rpo.errors import G2RPOError, problem
+    from g2rpo.models.shapes import ensure_shapes_model
+    from g2rpo.models.tiny import TINY_MARKER
+
+    if not path.exists():
+        print(f"pretraining the shapes model into {path} (minutes, once)", flush=True)
+        ensure_shapes_model(path, log=lambda line: print("  " + line, flush=True), progress=True)
+    marker = path / TINY_MARKER
+    record = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else {}
+    if record.get("task") != "shapes":
+        raise G2RPOError(problem("--model", str(path), "holds no shapes model: name a folder made by pretrain-shapes"))
+    return path, record
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="pretrained shapes model (made if absent)")
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated: " + ", ".join(METHODS))
+    parser.add_argument("--rewards", default="multi,single", help="reward settings: multi, single")
+    parser.add_argument("--seeds", type=int, default=3, help="training seeds per (method, rewards)")
+    parser.add_argument("--iterations", type=int, default=10, help="the equal-iteration point N (sets the budget)")
+    parser.add_argument("--prompts-per-iteration", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=3e-4, help="one learning rate for every method")
+    parser.add_argument("--heldout", type=int, default=24, help="held-out prompts (never trained on)")
+    parser.add_argument("--eval-seeds", type=int, default=2, help="sampling seeds per held-out prompt")
+    parser.add_argument("--evals", type=int, default=4, help="eval points spread over the budget")
+    parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
+    parser.add_argument("--num-steps", type=int, default=SHARED_ALGORITHM["num_steps"], help="T (paper 16)")
+    parser.add_argument("--group-size", type=int, default=SHARED_ALGORITHM["group_size"], help="G (paper 12)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: 2 methods, 1 seed, 1 iteration, T=4, G=4")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.methods, args.rewards, args.seeds, args.iterations, args.evals = "dancegrpo,g2rpo", "multi", 1, 1, 1
+        args.heldout, args.eval_seeds, args.num_steps, args.group_size = 4, 1, 4, 4
+    algorithm = {**SHARED_ALGORITHM, "num_steps": args.num_steps, "group_size": args.group_size}
+    methods = args.methods.split(",")
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        parser.error(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
+    settings = args.rewards.split(",")
+    if any(s not in REWARD_SETTINGS for s in settings):
+        parser.error(f"--rewards: choose from {', '.join(REWARD_SETTINGS)}")
+
+    started = time.monotonic()
+    model, model_record = ensure_model(args.model)
+    work = Path(tempfile.mkdtemp(prefix="g2rpo-ablation-"))
+    train, heldout = split_prompts(args.heldout)
+    train_file = work / "train-prompts.txt"
+    train_file.write_text("\n".join(train) + "\n")
+
+    def spec(method: str, rewards: str, seed: int, budget: float = 0.0) -> RunSpec:
+        return RunSpec(
+            method=method,
+            rewards=rewards,
+            seed=seed,
+            budget=budget,
+            equal_iteration=args.iterations,
+            eval_every=budget / max(args.evals, 1),
+            lr=args.lr,
+            prompts_per_iteration=args.prompts_per_iteration,
+            model=str(model),
+            train_prompts=str(train_file),
+            heldout=tuple(heldout),
+            eval_seeds=tuple(range(args.eval_seeds)),
+            work=str(work),
+            algorithm=tuple(algorithm.items()),
+        )
+
+    try:
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            probes = dict(zip(methods, pool.map(cost_per_iteration, [spec(m, settings[0], 0) for m in methods])))
+            budget = max(p["compute"] for p in probes.values()) * args.iterations
+            print(f"compute per iteration: { {m: p['compute'] for m, p in probes.items()} }; budget {budget}")
+            # Seed-major order: the methods share the machine's load alike.
+            specs = [spec(m, s, seed, budget) for seed in range(args.seeds) for s in settings for m in methods]
+            runs = []
+            for run in pool.map(train_one, specs):
+                final = ", ".join(f"{k} {run['evals'][-1][k]:.3f}" for k in IN_DOMAIN)
+                print(
+                    f"  {run['method']:<14} {run['rewards']:<6} seed {run['seed']}: {run['iterations']} iterations, "
+                    f"{run['seconds']:.0f} s, final {final}",
+                    flush=True,
+                )
+                runs.append(run)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+    summary = summarise(runs, args.iterations)
+    args.out.mkdir(parents=True, exist_ok=True)
+    pngs = plot(runs, args.out)
+    result = {
+        "benchmark": "ablation",
+        "command": " ".join(["python -m benchmarks.ablation", *(sys.argv[1:] if argv is None else argv)]),
+        "settings": {
+            **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "algorithm": algorithm,
+            "methods": {m: METHODS[m] for m in methods},
+            "reward_settings": {s: REWARD_SETTINGS[s] for s in settings},
+            "compute_unit": "one transformer forward of one row; a backward counts 2",
+            "interpolation": "linear between eval points",
+            "heldout_prompts": heldout,
+        },
+        "machine": {"platform": platform.platform(), "torch": torch.__version__, "jobs": args.jobs},
+        "model": {
+            "path": str(model),
+            "pretraining": model_record.get("settings"),
+            **{k: model_record.get(k) for k in ("seed", "vae_loss", "flow_loss", "transformer_parameters")},
+        },
+        "probe_cost_per_iteration": probes,
+        "budget_compute": budget,
+        "summary": summary,
+        "runs": runs,
+        "plots": [p.name for p in pngs],
+        "runtime_seconds": time.monotonic() - started,
+    }
+    (args.out / "ablation.json").write_text(json.dumps(result, indent=1) + "\n")
+    table = markdown(summary, args.iterations)
+    (args.out / "ablation.md").write_text(table + f"\nruntime {result['runtime_seconds']:.0f} s\n")
+    print(table)
+    print(
+        f"runtime {result['runtime_seconds']:.0f} s; wrote {args.out / 'ablation.json'}, ablation.md, {len(pngs)} PNGs"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

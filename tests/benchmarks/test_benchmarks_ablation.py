@@ -1,0 +1,101 @@
+"""The ablation benchmark: its summary arithmetic on hand-made curves, and one real smoke run.
+
+No timing or learning is asserted (the numbers live in benchmarks/results/ablation); the smoke run
+checks that the command trains real strategies on a (briefly) pretrained shapes model, spends the
+same compute budget in every run and writes the JSON, the tables and the plots.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from benchmarks import ablation
+
+
+def _run(method: str, seed: int, evals: list[tuple[int, int, float, float]]) -> dict:
+    """A run with eval points (iteration, compute, seconds, value of every metric)."""
+    points = [
+        {"iteration": i, "compute": c, "seconds": s, "decoded_images": 0, **dict.fromkeys(ablation.METRICS, v)}
+        for i, c, s, v in evals
+    ]
+    last = points[-1]
+    return {
+        "method": method,
+        "rewards": "multi",
+        "seed": seed,
+        "iterations": last["iteration"],
+        "compute": last["compute"],
+        "seconds": last["seconds"],
+        "decoded_images": 10 * last["iteration"],
+        "evals": points,
+    }
+
+
+def test_interpolate_reads_the_piecewise_linear_curve():
+    points = [{"x": 0, "m": 0.0}, {"x": 10, "m": 1.0}, {"x": 30, "m": 2.0}]
+    assert ablation.interpolate(points, "x", 5, "m") == pytest.approx(0.5)
+    assert ablation.interpolate(points, "x", 20, "m") == pytest.approx(1.5)
+    assert ablation.interpolate(points, "x", -1, "m") == 0.0  # before the first point: the first
+    assert ablation.interpolate(points, "x", 99, "m") == 2.0  # after the last: the last
+
+
+def test_mean_ci_is_the_student_t_interval():
+    # values 1, 2, 3: mean 2, s = 1, half-width t(0.975, 2) · 1/√3 = 4.303/1.732 = 2.484
+    stats = ablation.mean_ci([1.0, 2.0, 3.0])
+    assert stats["mean"] == pytest.approx(2.0)
+    assert stats["ci95"] == pytest.approx(4.303 / math.sqrt(3), rel=1e-4)
+    assert ablation.mean_ci([5.0]) == {"mean": 5.0, "ci95": 0.0, "n": 1}
+
+
+def test_summary_reads_each_view_on_its_own_axis():
+    # "cheap" spends 100 units per iteration, "dear" 400; both end at the budget 800.
+    runs = [_run("cheap", s, [(0, 0, 0.0, 0.0), (2, 200, 2.0, 0.2 + s), (8, 800, 8.0, 0.8 + s)]) for s in (0, 1)] + [
+        _run("dear", s, [(0, 0, 0.0, 0.0), (2, 800, 16.0, 0.4 + s)]) for s in (0, 1)
+    ]
+    summary = ablation.summarise(runs, equal_iteration=2)["multi"]
+    metric = ablation.METRICS[0]
+    assert summary["budget_compute"] == 800
+    # at 2 iterations: cheap 0.2/1.2, dear 0.4/1.4 (means over the two seeds)
+    assert summary["equal_iterations"]["cheap"][metric]["mean"] == pytest.approx(0.7)
+    assert summary["equal_iterations"]["dear"][metric]["mean"] == pytest.approx(0.9)
+    # at 800 units: cheap at its iteration 8 (0.8/1.8), dear at its iteration 2
+    assert summary["equal_compute"]["cheap"][metric]["mean"] == pytest.approx(1.3)
+    assert summary["equal_compute"]["dear"][metric]["mean"] == pytest.approx(0.9)
+    # equal wall time = the faster method's 8 s: dear is read half-way to its 16 s point
+    assert summary["wall_seconds"] == 8.0
+    assert summary["equal_wall_time"]["dear"][metric]["mean"] == pytest.approx(0.45)
+    assert summary["cost"]["dear"]["compute_per_iteration"]["mean"] == 400
+    assert summary["cost"]["cheap"]["iterations_for_budget"]["mean"] == 8
+
+
+@pytest.mark.integration
+def test_quick_ablation_trains_real_strategies_to_one_budget(tmp_path):
+    from g2rpo.models.shapes import ShapesPretraining, pretrain_shapes
+
+    model = pretrain_shapes(tmp_path / "shapes", ShapesPretraining(vae_steps=4, flow_steps=4))
+    out = tmp_path / "results"
+    assert ablation.main(["--quick", "--jobs", "1", "--model", str(model), "--out", str(out)]) == 0
+    result = json.loads((out / "ablation.json").read_text())
+    runs = {r["method"]: r for r in result["runs"]}
+    assert sorted(runs) == ["dancegrpo", "g2rpo"]
+    budget = result["budget_compute"]
+    # the budget is G²RPO's one iteration; DanceGRPO, cheaper per iteration, runs more of them
+    assert budget == result["probe_cost_per_iteration"]["g2rpo"]["compute"]
+    assert runs["g2rpo"]["iterations"] == 1
+    assert runs["dancegrpo"]["iterations"] == math.ceil(
+        budget / result["probe_cost_per_iteration"]["dancegrpo"]["compute"]
+    )
+    for run in runs.values():
+        assert run["compute"] >= budget
+        assert run["evals"][0]["iteration"] == 0 and run["evals"][-1]["compute"] == run["compute"]
+        assert set(ablation.METRICS) <= set(run["evals"][-1])
+        # each iteration's compute is its counted forwards (a backward counts 2)
+        it = run["per_iteration"][0]
+        assert it["compute"] == it["sampling_forwards"] + it["training_forwards"] + 2 * it["training_backwards"]
+    # the shared base model is evaluated once per run on the same prompts and seeds: same scores
+    assert runs["g2rpo"]["evals"][0] == runs["dancegrpo"]["evals"][0]
+    assert {"multi_vs_iteration.png", "multi_vs_compute.png", "multi_vs_seconds.png"} == set(result["plots"])
+    assert "at equal compute" in (out / "ablation.md").read_text()
