@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo lint test test-slow test-gpu test-all parity bench lock clean help
+.PHONY: install demo lint test test-slow test-gpu test-all parity bench ablation lock clean help
 
 help:
 	@echo "make demo       create .venv, install, run the whole Kubeflow pipeline here (kfp.local, shapes model;"
@@ -25,7 +25,8 @@ help:
 	@echo "make test-slow  the opt-in slow tier (full-size reward architectures, long runs)"
 	@echo "make test-gpu   the CUDA tier (-m gpu; needs a GPU)"
 	@echo "make parity     build the reference-package virtualenvs and regenerate parity fixtures"
-	@echo "make bench      run the CPU benchmarks in benchmarks/ (JSON + table)"
+	@echo "make bench      run the CPU benchmarks in benchmarks/ (JSON + table; about 30 min)"
+	@echo "make ablation   the paper's ablation with cost on the shapes task (about 30 min on 2 cores)"
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -84,6 +85,11 @@ parity: install
 
 bench: install
 	$(PY) -m benchmarks.run_all
+
+# DanceGRPO, MixGRPO, G²RPO without MGAI, G²RPO and two compute-saving G²RPO variants, 3 seeds, two
+# reward settings, at equal iterations, compute and wall time (pretrains runs/shapes-flux if absent).
+ablation: $(STAMP)
+	OMP_NUM_THREADS=1 $(PY) -m benchmarks.ablation
 
 # Re-freeze the resolved environment after changing dependencies in pyproject.toml.
 lock:

@@ -1,7 +1,8 @@
 """Run every CPU benchmark in turn (what `make bench` does).
 
 Each benchmark writes its own JSON under ``benchmarks/results/`` and prints its table. The GPU
-benchmark (``benchmarks/gpu_flux_step.py``) is not run here: it needs a CUDA device.
+benchmark (``benchmarks/gpu_flux_step.py``) is not run here: it needs a CUDA device. The ablation
+(``benchmarks/ablation.py``, ``make ablation``, about 30 minutes) runs on its own.
 """
 
 from __future__ import annotations
