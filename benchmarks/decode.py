@@ -33,19 +33,18 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from benchmarks import peak_memory
 from g2rpo.models.flux import decode_latents, packed_shape, vae_scale_factor_of
 from g2rpo.models.shapes import shapes_pipeline
 from g2rpo.models.tiny import TINY_IMAGE_SIZE, build_tiny_flux_pipeline
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CHECKOUT = Path(__file__).resolve().parent.parent  # the subprocesses import benchmarks and g2rpo from here
 FLUX_TARGET_SIZE = 720  # the FLUX.1-dev run's image side (configs/flux-dev-h200.yaml)
 MIB = 2**20
 
@@ -102,36 +101,21 @@ def time_micro_batches(
     ]
 
 
-def _status() -> dict[str, int]:
-    fields = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmHWM", "VmRSS"):
-            fields[key] = int(value.split()[0]) * 1024
-    return fields
-
-
 def memory_case(images: int, size: int, threads: int) -> dict:
     """Peak resident memory of one float32 ``flux-vae`` decode call of ``images`` images."""
     torch.set_num_threads(threads)
     vae = flux_vae()
     latents = _latents(vae, images, size)
     decode_latents(vae, _latents(vae, 1, 16), 16, 16)  # first-use allocations before the reset
-    Path("/proc/self/clear_refs").write_text("5")
-    before = _status()
+    if not peak_memory.reset_peak():
+        raise OSError("cannot reset the high-water mark through /proc/self/clear_refs")
+    before = peak_memory.status()
     decode_latents(vae, latents, size, size, micro_batch=images)
-    return {"images": images, "size": size, "peak_bytes": _status()["VmHWM"] - before["VmRSS"]}
+    return {"images": images, "size": size, "peak_bytes": peak_memory.status()["VmHWM"] - before["VmRSS"]}
 
 
 def _memory_subprocess(images: int, size: int, threads: int) -> dict:
-    out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.decode", "--case", json.dumps([images, size, threads])],
-        check=True,
-        cwd=CHECKOUT,
-        capture_output=True,
-        text=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return peak_memory.run_case("benchmarks.decode", [images, size, threads])
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -60,13 +59,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from benchmarks import peak_memory
 from g2rpo.models.flux import FluxConditioning, packed_shape
 from g2rpo.seeding import Draws
 from g2rpo.strategies.config import AlgorithmConfig
 from g2rpo.strategies.g2rpo import G2RPO, G2RPOSettings
 
 RESULTS = Path(__file__).resolve().parent / "results"
-CHECKOUT = Path(__file__).resolve().parent.parent  # the subprocesses import benchmarks and g2rpo from here
 FLUX_INNER_DIM = 3072  # FLUX.1-dev's transformer width (context_embedder's output)
 MIB = 2**20
 
@@ -136,16 +135,6 @@ class DoNothingVelocity:
         return torch.zeros_like(x)
 
 
-def _status() -> dict[str, int]:
-    """``VmHWM`` and ``VmRSS`` of this process, in bytes."""
-    fields = {}
-    for line in Path("/proc/self/status").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key in ("VmHWM", "VmRSS"):
-            fields[key] = int(value.split()[0]) * 1024
-    return fields
-
-
 def run_case(case: dict) -> dict:
     """One rollout in this process; returns its peak memory above the baseline and its gathers."""
     torch.set_num_threads(case["threads"])
@@ -167,16 +156,12 @@ def run_case(case: dict) -> dict:
     # Warm-up on one token and one text position, so the first use of each op (lazy loading, caches)
     # happens before the high-water mark is reset.
     strategy.rollout(model, cls(seq[:, :1], pooled), draws, (1, latent_shape[1]))
-    reset = True
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-    except OSError:
-        reset = False
-    before = _status()
+    reset = peak_memory.reset_peak()
+    before = peak_memory.status()
     start = time.perf_counter()
     rollout = strategy.rollout(model, cond, draws, latent_shape)
     seconds = time.perf_counter() - start
-    after = _status()
+    after = peak_memory.status()
     gathers = cond.log.entries
     copies = [bytes_ for _, shares, bytes_ in gathers if not shares]
     return {
@@ -197,14 +182,7 @@ def run_case(case: dict) -> dict:
 
 def _subprocess_case(case: dict) -> dict:
     """``run_case`` in a fresh interpreter, so each peak starts from a clean heap."""
-    out = subprocess.run(
-        [sys.executable, "-m", "benchmarks.memory", "--case", json.dumps(case)],
-        check=True,
-        cwd=CHECKOUT,
-        capture_output=True,
-        text=True,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return peak_memory.run_case("benchmarks.memory", case)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
