@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from g2rpo.commands.model import add_pretraining_args, pretraining_settings
+from g2rpo.commands.model import add_shapes_model_args, pretraining_settings
 
 
 def add_commands(subparsers) -> None:
@@ -26,12 +26,7 @@ def add_commands(subparsers) -> None:
     )
     parser.add_argument("--iterations", type=int, default=30, help="training iterations")
     parser.add_argument("--out", default="runs", help="folder that receives the demo-<timestamp> run folder")
-    parser.add_argument(
-        "--model",
-        default="runs/shapes-flux",
-        help="the pretrained shapes model: made here on first use, reused after (its pretraining settings must match)",
-    )
-    add_pretraining_args(parser)
+    add_shapes_model_args(parser)
     parser.add_argument("--seed", type=int, default=0, help="run seed (train.seed: prompts and every random draw)")
     parser.add_argument(
         "--set",

@@ -76,6 +76,17 @@ def _init_tiny(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_shapes_model_args(parser: argparse.ArgumentParser) -> None:
+    """``--model`` (the pretrained shapes model, made on first use) and the pretraining step flags of
+    :func:`add_pretraining_args`: what ``g2rpo demo`` and ``g2rpo pipeline run-local`` train."""
+    parser.add_argument(
+        "--model",
+        default="runs/shapes-flux",
+        help="the pretrained shapes model: made here on first use, reused after (its pretraining settings must match)",
+    )
+    add_pretraining_args(parser)
+
+
 def add_pretraining_args(parser: argparse.ArgumentParser, prefix: str = "pretrain-") -> None:
     """``--{prefix}vae-steps`` and ``--{prefix}flow-steps``: the shapes model's pretraining step counts
     (read back by :func:`pretraining_settings`)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import g2rpo
 from g2rpo.commands.demo import quiet_libraries
-from g2rpo.commands.model import add_pretraining_args, pretraining_settings
+from g2rpo.commands.model import add_shapes_model_args, pretraining_settings
 from g2rpo.errors import G2RPOError, problem
 
 _PARAMS_HELP = (
@@ -76,12 +76,7 @@ def add_commands(subparsers) -> None:
     local.add_argument("--out", default="runs", help="folder of the run folders")
     local.add_argument("--name", default=None, help="run folder name (default pipeline-<UTC timestamp>)")
     local.add_argument("--shared", default="runs/pipeline-shared", help="prompts, store and registry of every run")
-    local.add_argument(
-        "--model",
-        default="runs/shapes-flux",
-        help="the pretrained shapes model: made here on first use, reused after (its pretraining settings must match)",
-    )
-    add_pretraining_args(local)
+    add_shapes_model_args(local)
     local.add_argument("--iterations", type=int, default=30, help="training iterations")
     local.add_argument(
         "--verbose",
