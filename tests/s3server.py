@@ -131,6 +131,13 @@ class SeaweedServer:
             f"-s3.port={s3}",
             f"-admin.port={admin}",
             "-volume.preStopSeconds=0",
+            # Every bucket is a collection with volumes of its own, and a test makes a fresh bucket.
+            # Left to itself, mini sizes volumes from the disk (1 GiB each on a 252 GB disk) and
+            # allows free space / size of them: 44 at 45 GiB free, fewer than the suite's buckets,
+            # after which writes fail with InternalError ("no free volumes left"). Tests store
+            # kilobytes: small volumes and a fixed count do not depend on the machine's disk.
+            "-master.volumeSizeLimitMB=16",
+            "-volume.max=2000",
             f"-s3.localSocket={d}/s3.sock",
             f"-filer.localSocket={d}/filer.sock",
             f"-s3.config={config}",
