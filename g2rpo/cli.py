@@ -25,6 +25,7 @@ import g2rpo.commands.storage
 import g2rpo.commands.train
 from g2rpo import __version__
 from g2rpo.errors import G2RPOError
+from g2rpo.progress import quiet_library_bars_in_logs
 
 # The modules that define ``add_commands(subparsers)``, one per area, in the order `g2rpo --help` lists them.
 COMMAND_MODULES: list[ModuleType] = [
@@ -64,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     if handler is None:
         parser.print_help()
         return 0 if args.command is None else 2
+    quiet_library_bars_in_logs()  # before a handler imports transformers
     try:
         code = handler(args)
     except G2RPOError as exc:

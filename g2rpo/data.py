@@ -345,9 +345,9 @@ def write_embedding_cache(
 
     bar = None
     if progress:
-        from tqdm import tqdm
+        from g2rpo.progress import progress_bar
 
-        bar = tqdm(total=len(prompts), desc="text embeddings", unit="prompt")
+        bar = progress_bar(total=len(prompts), desc="text embeddings", unit="prompt")
     shards: list[str] = []
     entries: list[list[Any]] = []
     pending: list[FluxConditioning] = []

@@ -51,6 +51,7 @@ from g2rpo.config import deep_merge, load_config, parse_overrides
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.sampling import EvalResult, save_before_after_grid
 from g2rpo.models.shapes import ShapesPretraining, check_shapes_model, ensure_shapes_model
+from g2rpo.progress import progress_bar
 from g2rpo.seeding import Draws
 from g2rpo.steps.evaluate import evaluate
 from g2rpo.steps.prepare import prepare_data
@@ -405,8 +406,6 @@ def run_toy_demo(
     Defaults differ from the paper's (T = 8, G = 8, lr 1e-2): the paper's settings are for Flux at
     scale and move a tiny model too slowly to see (spec §6).
     """
-    from tqdm import tqdm
-
     config = load_config(AlgorithmConfig, overrides={"num_steps": 8, "group_size": 8, **parse_overrides(overrides)})
     model, cond, reward = make_toy_problem(num_prompts=num_prompts, seed=seed)
     strategy = build_strategy(config)
@@ -423,7 +422,7 @@ def run_toy_demo(
     reward_before = evaluate_ode_reward(model, cond, reward, sigmas)
     history: list[StepStats] = []
     with (out_dir / "metrics.jsonl").open("w") as metrics:
-        for iteration in tqdm(range(iterations), desc="G²RPO iterations", disable=not progress):
+        for iteration in progress_bar(range(iterations), desc="G²RPO iterations", enabled=progress):
             draws = Draws(seed, iteration, tuple(range(num_prompts)))
             model.eval()
             rollout = strategy.rollout(model, cond, draws, LATENT_SHAPE)

@@ -32,12 +32,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
 from g2rpo import core
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.models.flux import FluxTextEncoder, FluxVelocity, decode_latents, pack_latents
 from g2rpo.models.tiny import TINY_MARKER, build_tiny_flux_pipeline
+from g2rpo.progress import progress_bar
 from g2rpo.tasks.shapes import BACKGROUNDS, COLOURS, IMAGE_SIZE, POSITIONS, SHAPES, SIZES, all_scenes, render
 
 __all__ = [
@@ -80,7 +80,7 @@ def shapes_pipeline(seed: int = 0, heads: int = 4) -> Any:
 
 def _steps(count: int, desc: str, progress: bool) -> Any:
     """``range(count)``, with a progress bar on stderr when ``progress``."""
-    return tqdm(range(count), desc=desc, unit="step", disable=not progress, leave=False)
+    return progress_bar(range(count), desc=desc, unit="step", enabled=progress, leave=False)
 
 
 def _train_vae(

@@ -49,7 +49,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from g2rpo.config import to_yaml
 from g2rpo.data import EmbeddingCache, dedupe_prompts, read_prompt_location
@@ -57,6 +56,7 @@ from g2rpo.errors import ConfigError, G2RPOError, problem
 from g2rpo.models.flux import FluxConditioning, FluxVelocity, decode_latents, vae_scale_factor_of
 from g2rpo.models.loading import base_model_record, load_text_encoder, load_transformer, load_vae
 from g2rpo.models.tiny import save_tiny_flux
+from g2rpo.progress import progress_bar
 from g2rpo.rewards.registry import build_reward
 from g2rpo.rewards.scoring import score_rewards
 from g2rpo.seeding import Draws, derive_seed
@@ -497,7 +497,7 @@ class Trainer:
         last: IterationRecord | None = None
         bar = None
         if cfg.train.progress and self.ctx.is_main:
-            bar = tqdm(total=cfg.train.iterations, initial=start, desc="g2rpo train", unit="it")
+            bar = progress_bar(total=cfg.train.iterations, initial=start, desc="g2rpo train", unit="it")
         while self.iteration < cfg.train.iterations:
             try:
                 last = self.step()

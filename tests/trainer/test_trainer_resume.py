@@ -55,8 +55,13 @@ def test_sigkill_mid_iteration_then_resume_is_bit_identical(tiny_model, uninterr
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     assert not (out / "export").exists()
     assert is_complete(out / "checkpoints" / "iter-000002")
-    resumed = run_train(config)
+    resumed = run_train({**config, "train": {**config["train"], "progress": True}})
     assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # stderr is a pipe, as in a pod: the bar is whole lines from where the run resumed, and no
+    # library draws one of carriage returns
+    bars = [line for line in resumed.stderr.split("\n") if line.startswith("g2rpo train")]
+    assert "\r" not in resumed.stderr and "Loading weights" not in resumed.stderr, resumed.stderr[-2000:]
+    assert f"2/{ITERATIONS}" in bars[0] and f"{ITERATIONS}/{ITERATIONS}" in bars[-1], bars
     resumes = [e for e in _events(out) if e.get("event") == "resumed"]
     assert [e["iteration"] for e in resumes] == [2]
     _assert_same_weights(uninterrupted, out)

@@ -54,10 +54,17 @@ def test_training_raises_mean_reward_seeded(tiny_model, tmp_path):
     assert set(last.seconds) == {"sampling", "decoding", "reward", "training"}
 
 
-def test_run_writes_metrics_checkpoints_and_export(tiny_model, tmp_path):
+def test_run_writes_metrics_checkpoints_and_export(tiny_model, tmp_path, capsys, monkeypatch):
     out = tmp_path / "run"
-    summary = _trainer(tiny_model, out, **{"train.iterations": 3}).run()
+    monkeypatch.setenv("G2RPO_PROGRESS_INTERVAL_S", "3600")  # a slow machine still gets first and last only
+    summary = _trainer(tiny_model, out, **{"train.iterations": 3, "train.progress": True}).run()
     assert summary["iterations"] == 3 and summary["backend"] == "torch"
+    # stderr is not a terminal here, as in a pod: the bar is two whole lines, no carriage returns
+    # (transformers' own loading bars are quieted by the CLI: test_trainer_resume)
+    err = capsys.readouterr().err
+    bars = [line for line in err.split("\n") if "g2rpo train" in line]
+    assert len(bars) == 2 and all(line.startswith("g2rpo train") for line in bars), bars
+    assert "0/3" in bars[0] and "3/3" in bars[1] and "reward=" in bars[1], bars
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in lines] == [0, 1, 2]
     record = lines[0]
