@@ -115,7 +115,7 @@ def progress_bar(
     """
     stream = file if file is not None else sys.stderr
     common = {"total": total, "desc": desc, "unit": unit, "initial": initial, "disable": not enabled}
-    if _is_terminal(stream):
+    if not enabled or _is_terminal(stream):
         return tqdm(iterable, file=stream, leave=leave, **common)
     interval = _log_interval_s()
     return tqdm(

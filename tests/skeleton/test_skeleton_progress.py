@@ -83,3 +83,8 @@ def test_library_bars_are_turned_off_in_a_log_unless_the_user_chose(monkeypatch)
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")  # the user wants them
     assert not quiet_library_bars_in_logs(io.StringIO())
     assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"
+
+
+def test_a_disabled_bar_does_not_read_the_log_interval(monkeypatch):
+    monkeypatch.setenv("G2RPO_PROGRESS_INTERVAL_S", "soon")
+    assert list(progress_bar(range(2), desc="x", enabled=False, file=io.StringIO())) == [0, 1]
