@@ -26,6 +26,9 @@ def evaluate(
     # KFP ships this function's source alone, so its imports live inside it.
     import os
 
+    from g2rpo.progress import quiet_library_bars_in_logs
+
+    quiet_library_bars_in_logs()  # a pod's log: no loading bars of carriage returns (before transformers loads)
     from g2rpo.steps.candidates import evaluate_candidates
 
     record = evaluate_candidates(

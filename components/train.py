@@ -46,6 +46,9 @@ def train(
     # KFP ships this function's source alone, so its imports live inside it.
     import os
 
+    from g2rpo.progress import quiet_library_bars_in_logs
+
+    quiet_library_bars_in_logs()  # a pod's log: no loading bars of carriage returns (before transformers loads)
     from g2rpo.steps.train_task import checkpoint_uri_for, train_task, trainjob_for
 
     choices = {

@@ -132,3 +132,14 @@ def test_the_train_task_carries_its_run_identity_checkpoints_and_trainjob_placem
     for name in ("node_selector", "tolerations", "gpus_per_node", "nodes", "checkpoint_store_uri"):
         assert train[name] == {"componentInputParameter": f"pipelinechannel--{name}"}
     assert spec["root"]["inputDefinitions"]["parameters"]["checkpoint_store_uri"]["defaultValue"] == ""
+
+
+@pytest.mark.parametrize("task", ["train", "evaluate"])
+def test_tasks_that_load_models_quiet_library_bars_before_importing_the_steps(task):
+    # A pod's stderr is a log: transformers' loading bars would be lines of carriage returns. The
+    # pod runs the component's shipped source, not the CLI (which does this itself), and the env
+    # variable works only if set before transformers is imported.
+    pipeline_spec, _ = _documents(COMPILED)
+    source = "\n".join(pipeline_spec["deploymentSpec"]["executors"][f"exec-{task}"]["container"]["command"])
+    quiet = source.index("quiet_library_bars_in_logs()")
+    assert quiet < source.index("from g2rpo.steps."), source
