@@ -80,6 +80,8 @@ def subprocess_env() -> dict[str, str]:
         TRANSFORMERS_OFFLINE="1",
     )
     env.pop("G2RPO_FAULT_KILL_AT", None)
+    # The CLI decides it from its stderr; an in-process `main()` of an earlier test may have set it here.
+    env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
     return env
 
 
