@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -40,6 +39,7 @@ from pathlib import Path
 import torch
 
 from benchmarks import peak_memory
+from benchmarks.report import provenance, write_result
 from g2rpo.models.flux import decode_latents, packed_shape, vae_scale_factor_of
 from g2rpo.models.shapes import shapes_pipeline
 from g2rpo.models.tiny import TINY_IMAGE_SIZE, build_tiny_flux_pipeline
@@ -172,17 +172,12 @@ def main(argv: list[str] | None = None) -> int:
         }
     result = {
         "benchmark": "decode",
-        "command": "python -m benchmarks.decode " + " ".join(sys.argv[1:] if argv is None else argv),
+        **provenance("benchmarks.decode", argv, started),
         "settings": {"repeats": args.repeats, "threads": args.threads, "micro_batches": args.micro_batches},
-        "machine": {"platform": platform.platform(), "torch": torch.__version__},
         "timings": timings,
         "flux_vae_memory": memory,
-        "runtime_seconds": time.perf_counter() - started,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(table(result))
-    print(f"wrote {args.output} in {result['runtime_seconds']:.0f} s")
+    write_result(result, args.output, table)
     return 0
 
 

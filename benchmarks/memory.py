@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
 import time
 from dataclasses import dataclass, field
@@ -60,6 +59,7 @@ import torch
 from torch import nn
 
 from benchmarks import peak_memory
+from benchmarks.report import provenance, write_result
 from g2rpo.models.flux import FluxConditioning, packed_shape
 from g2rpo.seeding import Draws
 from g2rpo.strategies.config import AlgorithmConfig
@@ -239,18 +239,13 @@ def main(argv: list[str] | None = None) -> int:
             )
     result = {
         "benchmark": "memory",
-        "command": "python -m benchmarks.memory " + " ".join(sys.argv[1:] if argv is None else argv),
+        **provenance("benchmarks.memory", argv, started),
         "settings": {**shared, "micro_batches": args.micro_batches, "velocities": args.velocities},
         "latent_shape": list(packed_shape(args.size, args.size)),
         "measurement": "fresh subprocess per case; VmHWM after the rollout minus VmRSS before it, HWM reset via /proc/self/clear_refs",
-        "machine": {"platform": platform.platform(), "torch": torch.__version__},
         "cases": cases,
-        "runtime_seconds": time.perf_counter() - started,
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
-    print(table(result))
-    print(f"wrote {args.output} in {result['runtime_seconds']:.0f} s")
+    write_result(result, args.output, table)
     return 0
 
 
