@@ -346,6 +346,15 @@ REWARDS: dict[str, RewardSpec] = {
             "0–1",
             _build_shapes("shapes_background"),
         ),
+        RewardSpec(
+            "shapes_colour_match",
+            "shapes task: 1 if the non-background pixels' mean colour is nearest the prompt's of the task's colours",
+            "nothing (weight-free); prompts of g2rpo.tasks.shapes",
+            (),
+            (),
+            "0 or 1 (its mean: the fraction drawn in the asked colour)",
+            _build_shapes("shapes_colour_match"),
+        ),
     ]
 }
 

@@ -14,10 +14,17 @@ d_c = mean over RGB of |x − c| and d_b likewise for b:
   at least 0 (S/√2 is the distance between opposite corner positions); 0 when F is empty.
 - ``shapes_background`` (background fidelity): 1 − mean d_b over the pixels at least 2 pixels away
   from the prompt's shape at its place.
+- ``shapes_colour_match`` (is the colour right, 0 or 1): 1 when the mean RGB of the pixels that are
+  not background (d_b > 0.2) is nearer (Euclidean) to the prompt's colour than to any other colour
+  of the task; 0 otherwise, and when every pixel is background. The mean over samples is "the
+  fraction drawn in the asked colour", which a person can check on the images; ``shapes_colour``
+  is its smooth version, the one trained on.
 
 The task's training rewards are ``shapes_colour`` and ``shapes_shape`` (the paper's multi-reward
-setting); ``shapes_position``, ``shapes_background`` and ``jpeg_compressibility`` are out-of-domain
-metrics nobody trains on, which show whether optimising the first two hacks the rest.
+setting); ``shapes_colour_match`` reads the first as a fraction of right colours (an in-domain
+check, never trained on); ``shapes_position``, ``shapes_background`` and ``jpeg_compressibility``
+are out-of-domain metrics nobody trains on, which show whether optimising the first two hacks the
+rest.
 """
 
 from __future__ import annotations
@@ -31,9 +38,10 @@ from g2rpo.errors import G2RPOError, problem
 from g2rpo.rewards.base import RewardModel
 from g2rpo.tasks.shapes import BACKGROUNDS, COLOURS, Scene, parse_prompt, scene_centre, shape_mask
 
-__all__ = ["IN_DOMAIN", "MEASURES", "OUT_OF_DOMAIN", "ShapesReward", "scene_scores"]
+__all__ = ["IN_DOMAIN", "IN_DOMAIN_CHECKS", "MEASURES", "OUT_OF_DOMAIN", "ShapesReward", "scene_scores"]
 
 IN_DOMAIN = ("shapes_colour", "shapes_shape")
+IN_DOMAIN_CHECKS = ("shapes_colour_match",)  # what the trained rewards ask, read plainly; never trained on
 OUT_OF_DOMAIN = ("shapes_position", "shapes_background", "jpeg_compressibility")
 BACKGROUND_THRESHOLD = 0.2  # mean |x − b| over RGB above which a pixel is not background
 BACKGROUND_MARGIN = 2  # pixels around the shape left out of the background's score
@@ -60,6 +68,16 @@ def colour_fidelity(image: torch.Tensor, scene: Scene) -> float:
     if not bool(not_background.any()):
         return 0.0
     return 1.0 - float(_distance(image, COLOURS[scene.colour])[not_background].mean())
+
+
+def colour_match(image: torch.Tensor, scene: Scene) -> float:
+    not_background = _distance(image, BACKGROUNDS[scene.background]) > BACKGROUND_THRESHOLD  # [S, S]
+    if not bool(not_background.any()):
+        return 0.0
+    mean = image[:, not_background].mean(1)  # [3]
+    palette = torch.tensor(list(COLOURS.values()), device=image.device)  # [K, 3]
+    nearest = list(COLOURS)[int(((palette - mean) ** 2).sum(1).argmin())]
+    return float(nearest == scene.colour)
 
 
 def _expected(image: torch.Tensor, scene: Scene, centre: tuple[float, float] | None = None) -> torch.Tensor:
@@ -101,18 +119,19 @@ MEASURES = {
     "shapes_shape": shape_correctness,
     "shapes_position": position_accuracy,
     "shapes_background": background_fidelity,
+    "shapes_colour_match": colour_match,
 }
 
 
 def scene_scores(image: torch.Tensor, prompt: str) -> dict[str, float]:
-    """All four shapes scores of one image ``[3, S, S]`` in [0, 1] for its prompt."""
+    """Every shapes score of one image ``[3, S, S]`` in [0, 1] for its prompt."""
     scene = parse_prompt(prompt)
     image = image.detach().float()
     return {name: measure(image, scene) for name, measure in MEASURES.items()}
 
 
 class ShapesReward(RewardModel):
-    """One of the four shapes scores (``name`` in :data:`MEASURES`), exact and weight-free."""
+    """One of the shapes scores (``name`` in :data:`MEASURES`), exact and weight-free."""
 
     needs_prompts = True
 

@@ -11,10 +11,10 @@ import torch
 from g2rpo.errors import G2RPOError
 from g2rpo.rewards.registry import build_reward, reward_names
 from g2rpo.rewards.scoring import score_rewards
-from g2rpo.rewards.shapes import IN_DOMAIN, MEASURES, OUT_OF_DOMAIN, scene_scores
+from g2rpo.rewards.shapes import IN_DOMAIN, IN_DOMAIN_CHECKS, MEASURES, OUT_OF_DOMAIN, scene_scores
 from g2rpo.tasks.shapes import BACKGROUNDS, COLOURS, Scene, all_scenes, parse_prompt, render, shape_mask
 
-SHAPES_HEADS = ("shapes_colour", "shapes_shape", "shapes_position", "shapes_background")
+SHAPES_HEADS = ("shapes_colour", "shapes_shape", "shapes_position", "shapes_background", "shapes_colour_match")
 
 
 def test_every_prompt_parses_back_to_its_scene_and_bad_prompts_are_named():
@@ -59,13 +59,42 @@ def test_hand_counted_cases():
     assert scene_scores(circle, scene.prompt)["shapes_shape"] == pytest.approx(expected_iou)
     # a plain black image: nothing but background
     empty = scene_scores(torch.zeros(3, size, size), scene.prompt)
-    assert empty == {"shapes_colour": 0.0, "shapes_shape": 0.0, "shapes_position": 0.0, "shapes_background": 1.0}
+    assert empty == {
+        "shapes_colour": 0.0,
+        "shapes_shape": 0.0,
+        "shapes_position": 0.0,
+        "shapes_background": 1.0,
+        "shapes_colour_match": 0.0,
+    }
     # a plain red image (what a colour-only optimum could hack towards): colour 1, background 0
     red = torch.tensor(COLOURS["red"])[:, None, None].expand(3, size, size).clone()
     hacked = scene_scores(red, scene.prompt)
     assert hacked["shapes_colour"] == 1.0 and hacked["shapes_background"] == pytest.approx(1 - 1 / 3)
     assert hacked["shapes_shape"] == pytest.approx(float(s.sum()) / size**2)  # the square inside the full mask
     assert tuple(BACKGROUNDS) == ("black", "white", "gray")
+
+
+def test_colour_match_is_the_nearest_colour_of_the_task():
+    scene = Scene("circle", "red", "large", "center", "black")
+    size = 64
+    mask = shape_mask("circle", "large", (32.0, 32.0))
+
+    def drawn(rgb):
+        return torch.where(mask[None], torch.tensor(rgb)[:, None, None], torch.zeros(3, 1, 1))
+
+    match = lambda image: scene_scores(image, scene.prompt)["shapes_colour_match"]  # noqa: E731
+    assert match(drawn((1.0, 0.0, 0.0))) == 1.0
+    # what the old VAE gave back for red, (0.40, 0.39, 0.27): squared distances to red 0.36 + 0.1521 +
+    # 0.0729 = 0.585, to green 0.16 + 0.1681 + 0.0729 = 0.401, to blue 0.16 + 0.1521 + 0.5329 = 0.845,
+    # to yellow 0.36 + 0.3721 + 0.0729 = 0.805: nearest green, so not a red circle
+    assert match(drawn((0.40, 0.39, 0.27))) == 0.0
+    # orange (1, 0.45, 0): to red 0.2025, to yellow 0.3025 — still red, though shapes_colour says 1 − 0.15
+    assert match(drawn((1.0, 0.45, 0.0))) == 1.0
+    assert scene_scores(drawn((1.0, 0.45, 0.0)), scene.prompt)["shapes_colour"] == pytest.approx(1 - 0.45 / 3)
+    # (1, 0.55, 0): to red 0.3025, to yellow 0.2025 — yellow
+    assert match(drawn((1.0, 0.55, 0.0))) == 0.0
+    # pixels within 0.2 of the background are not counted: a faint red (0.5, 0, 0) has d_b = 1/6 < 0.2
+    assert match(drawn((0.5, 0.0, 0.0))) == 0.0 and match(torch.zeros(3, size, size)) == 0.0
 
 
 def _near(scene: Scene) -> torch.Tensor:
@@ -75,14 +104,14 @@ def _near(scene: Scene) -> torch.Tensor:
 
 def test_heads_are_registered_and_score_through_the_batched_scorer():
     assert set(SHAPES_HEADS) <= set(reward_names())
-    assert set(IN_DOMAIN) | set(OUT_OF_DOMAIN) == {*SHAPES_HEADS, "jpeg_compressibility"}
-    assert not set(IN_DOMAIN) & set(OUT_OF_DOMAIN)
+    assert set(IN_DOMAIN) | set(IN_DOMAIN_CHECKS) | set(OUT_OF_DOMAIN) == {*SHAPES_HEADS, "jpeg_compressibility"}
+    assert not set(IN_DOMAIN) & set(OUT_OF_DOMAIN) and not set(IN_DOMAIN_CHECKS) & (set(IN_DOMAIN) | set(OUT_OF_DOMAIN))
     scenes = all_scenes()[:6]
     images = torch.stack([render(s) for s in scenes])
     prompts = [s.prompt for s in scenes]
     heads = [build_reward(name) for name in SHAPES_HEADS]
     scores = score_rewards(heads, images, prompts, batch_size=4)  # [R, N]
-    assert torch.equal(scores, torch.ones(4, 6))
+    assert torch.equal(scores, torch.ones(len(SHAPES_HEADS), 6))
     shuffled = score_rewards(heads, images, prompts[::-1], batch_size=4)  # images under other scenes' prompts
     assert bool((shuffled < 1).any())
     with pytest.raises(G2RPOError, match="not a shapes prompt"):
