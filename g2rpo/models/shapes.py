@@ -4,18 +4,32 @@ The pipeline is :func:`g2rpo.models.tiny.build_tiny_flux_pipeline`'s — real di
 VAE included — with the task's words as single T5 tokens and a wider transformer. Pretraining,
 all seeded so that the same settings give the same weights:
 
-1. **VAE**: an autoencoder on the 360 rendered scenes (pixels in [−1, 1]): mean squared
-   reconstruction error of a sample of the posterior plus ``kl_weight`` × KL to N(0, I). Then the
+1. **VAE**: an autoencoder on the 360 rendered scenes (pixels in [−1, 1]): squared
+   reconstruction error of a sample of the posterior, the shape's pixels weighted
+   ``vae_shape_weight`` times a background pixel's, plus ``kl_weight`` × KL to N(0, I). Then the
    latent statistics set ``shift_factor`` (mean) and ``scaling_factor`` (1 / std), so the
    transformer sees unit-variance latents, as FLUX.1-dev's VAE is set up.
+
+   Why the weight: a shape covers 1–9 % of a 64×64 scene, so with a plain mean the background
+   dominates the loss and this small VAE learns the shapes' brightness but not their hue — red
+   (1, 0, 0) came back as (0.40, 0.39, 0.27) and green as gray, so no policy could draw them.
+   :func:`colour_reconstruction` measures it; the marker records it and the tests bound it.
 2. **Transformer**: flow matching on the scenes' packed latents x₀ (posterior means) with the text
    encoders frozen (random, seeded — their outputs still tell prompts apart): x_σ = (1 − σ)·x₀ +
    σ·ε, target v = ε − x₀ (σ = 1 is noise, as in :mod:`g2rpo.core`), σ ~ U(0, 1), mean squared
    error, AdamW.
 
 :func:`pretrain_shapes` runs both and ``save_pretrained``-s the pipeline (safetensors) with a
-``g2rpo_tiny.json`` marker recording the settings and the losses; ``g2rpo model pretrain-shapes``
-is the command. :func:`sample_shapes` draws images with the ODE sampler on Flux's grid, which the
+``g2rpo_tiny.json`` marker recording the settings and the losses, then seals the folder with the
+artifact manifest (every file's size and sha256, written last); ``g2rpo model pretrain-shapes``
+is the command.
+
+**The shipped model.** The model pretrained with the default :class:`ShapesPretraining` is part
+of the package (:data:`SHIPPED_SHAPES_MODEL`, a few MB): ``make demo``, ``g2rpo pipeline
+run-local`` and the ablation use it as it is, so every machine starts from the same base model —
+pretraining again gives the same weights only on the same number of torch threads (the sums'
+order changes the last bits, and training amplifies them). Its manifest is checked (sha256) before
+use; ``pretrain-shapes`` with the default settings regenerates it. :func:`sample_shapes` draws images with the ODE sampler on Flux's grid, which the
 tests use to compare a pretrained model with a random one on the exact rewards.
 """
 
@@ -34,19 +48,36 @@ import torch
 import torch.nn.functional as F
 
 from g2rpo import core
+from g2rpo.artifacts.manifest import MANIFEST_NAME, has_manifest, mismatches, read_manifest, write_dir_manifest
+from g2rpo.artifacts.storage import FileStore
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.models.flux import FluxTextEncoder, FluxVelocity, decode_latents, pack_latents
 from g2rpo.models.tiny import TINY_MARKER, build_tiny_flux_pipeline
 from g2rpo.progress import progress_bar
-from g2rpo.tasks.shapes import BACKGROUNDS, COLOURS, IMAGE_SIZE, POSITIONS, SHAPES, SIZES, all_scenes, render
+from g2rpo.tasks.shapes import (
+    BACKGROUNDS,
+    COLOURS,
+    IMAGE_SIZE,
+    POSITIONS,
+    SHAPES,
+    SIZES,
+    Scene,
+    all_scenes,
+    render,
+    scene_centre,
+    shape_mask,
+)
 
 __all__ = [
     "SHAPES_WORDS",
+    "SHIPPED_SHAPES_MODEL",
     "ShapesPretraining",
     "check_shapes_model",
+    "colour_reconstruction",
     "ensure_shapes_model",
     "pretrain_shapes",
     "sample_shapes",
+    "scene_masks",
     "shapes_pipeline",
 ]
 
@@ -56,6 +87,8 @@ SHAPES_WORDS = tuple(
     )
 )
 GUIDANCE = 3.5  # the tiny transformer embeds a guidance scale, as FLUX.1-dev
+SHIPPED_SHAPES_MODEL = Path(__file__).resolve().parent / "shapes_flux"  # package data, made by pretrain_shapes()
+PRODUCER = "g2rpo.models.shapes.pretrain_shapes"
 
 
 @dataclass(frozen=True)
@@ -64,11 +97,12 @@ class ShapesPretraining:
 
     seed: int = 0
     heads: int = 4  # transformer width = 16 · heads
-    vae_steps: int = 600
+    vae_steps: int = 1500
     vae_batch: int = 8
     vae_lr: float = 2e-3
+    vae_shape_weight: float = 10.0  # a shape pixel's weight in the reconstruction loss (background: 1)
     kl_weight: float = 1e-6
-    flow_steps: int = 1500
+    flow_steps: int = 1000
     flow_batch: int = 32
     flow_lr: float = 2e-3
 
@@ -83,19 +117,32 @@ def _steps(count: int, desc: str, progress: bool) -> Any:
     return progress_bar(range(count), desc=desc, unit="step", enabled=progress, leave=False)
 
 
+def scene_masks(scenes: Sequence[Scene], image_size: int = IMAGE_SIZE) -> torch.Tensor:
+    """Bool ``[N, S, S]``: the pixels each scene's shape covers."""
+    return torch.stack([shape_mask(s.shape, s.size, scene_centre(s.position, image_size), image_size) for s in scenes])
+
+
 def _train_vae(
-    vae: Any, images: torch.Tensor, settings: ShapesPretraining, gen: torch.Generator, progress: bool = False
+    vae: Any,
+    images: torch.Tensor,
+    masks: torch.Tensor,
+    settings: ShapesPretraining,
+    gen: torch.Generator,
+    progress: bool = False,
 ) -> float:
     opt = torch.optim.AdamW(vae.parameters(), lr=settings.vae_lr, weight_decay=0.0)
+    weights = 1 + (settings.vae_shape_weight - 1) * masks[:, None].float()  # [N, 1, S, S]
     vae.train()
     loss = torch.tensor(float("nan"))
     for _ in _steps(settings.vae_steps, "shapes VAE", progress):
         idx = torch.randint(0, images.shape[0], (settings.vae_batch,), generator=gen)
-        x = images[idx]
+        x, w = images[idx], weights[idx]
         posterior = vae.encode(x).latent_dist
         z = posterior.mean + posterior.std * torch.randn(posterior.mean.shape, generator=gen)
         recon = vae.decode(z).sample
-        loss = F.mse_loss(recon, x) + settings.kl_weight * posterior.kl().mean()
+        # Σ w·(x̂ − x)² / Σ w: a weighted mean, equal to the plain MSE when vae_shape_weight = 1
+        reconstruction = (w * (recon - x) ** 2).sum() / (w.sum() * x.shape[1])
+        loss = reconstruction + settings.kl_weight * posterior.kl().mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -151,8 +198,10 @@ def pretrain_shapes(
     gen = torch.Generator().manual_seed(settings.seed)
     scenes = all_scenes()
     images = torch.stack([render(s) for s in scenes]) * 2 - 1  # [N, 3, S, S] in [−1, 1]
-    vae_loss = _train_vae(pipe.vae, images, settings, gen, progress)
+    vae_loss = _train_vae(pipe.vae, images, scene_masks(scenes), settings, gen, progress)
     log(f"VAE: {settings.vae_steps} steps, final loss {vae_loss:.4g} ({time.monotonic() - started:.0f} s)")
+    reconstruction = colour_reconstruction(pipe.vae)
+    log("VAE colours back (mean RGB inside the shape): " + ", ".join(f"{c} {v}" for c, v in reconstruction.items()))
     with torch.no_grad():
         z = pipe.vae.encode(images).latent_dist.mean  # [N, c, h, w]
     shift, scale = float(z.mean()), float(1 / z.std())
@@ -167,7 +216,7 @@ def pretrain_shapes(
     out.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(out, safe_serialization=True)
     marker = {
-        "producer": "g2rpo.models.shapes.pretrain_shapes",
+        "producer": PRODUCER,
         "task": "shapes",
         "seed": settings.seed,
         "image_size": IMAGE_SIZE,
@@ -176,6 +225,7 @@ def pretrain_shapes(
         "latent_shift": shift,
         "latent_scale": scale,
         "vae_loss": vae_loss,
+        "colour_reconstruction": reconstruction,
         "flow_loss": flow_loss,
         "seconds": round(seconds, 1),
         "torch_threads": torch.get_num_threads(),  # the sums' order, hence the last bits, depend on it
@@ -183,6 +233,26 @@ def pretrain_shapes(
         "licence": "weights made by g2rpo (Apache-2.0) from procedurally drawn scenes; not derived from FLUX.1-dev",
     }
     (out / TINY_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
+    write_dir_manifest(out, producer=PRODUCER, metadata={"settings": asdict(settings)})
+    return out
+
+
+@torch.no_grad()
+def colour_reconstruction(vae: Any, image_size: int = IMAGE_SIZE) -> dict[str, list[float]]:
+    """Per colour of the task, the mean RGB inside the shape of its scenes after encoding (posterior
+    mean) and decoding with ``vae``: ``{"red": [r, g, b], …}`` in [0, 1]. A VAE that cannot give a
+    colour back makes it impossible to draw, whatever the transformer learns."""
+    scenes = all_scenes()
+    images = torch.stack([render(s, image_size) for s in scenes]) * 2 - 1  # [N, 3, S, S]
+    was_training = vae.training
+    vae.eval()
+    recon = (vae.decode(vae.encode(images).latent_dist.mean).sample / 2 + 0.5).clamp(0, 1)
+    vae.train(was_training)
+    masks = scene_masks(scenes, image_size)  # [N, S, S]
+    out = {}
+    for colour in COLOURS:
+        inside = [recon[i][:, masks[i]].mean(1) for i, s in enumerate(scenes) if s.colour == colour]  # [3] each
+        out[colour] = [round(float(v), 4) for v in torch.stack(inside).mean(0)]
     return out
 
 
@@ -210,6 +280,17 @@ def check_shapes_model(path: str | Path, settings: ShapesPretraining = ShapesPre
     if differ:
         raise G2RPOError(
             problem("shapes model", str(path), f"was pretrained with other settings: {', '.join(differ)}; {fix}")
+        )
+    store = FileStore(path)
+    if not has_manifest(store):
+        raise G2RPOError(
+            problem("shapes model", str(path), f"has no {MANIFEST_NAME}, so it may be incomplete or altered; {fix}")
+        )
+    bad = mismatches(store, read_manifest(store), deep=True)
+    if bad:
+        restore = f"restore it with `git checkout -- {path}`" if path == SHIPPED_SHAPES_MODEL else fix
+        raise G2RPOError(
+            problem("shapes model", str(path), f"differs from its manifest ({'; '.join(bad[:3])}); {restore}")
         )
     return path
 

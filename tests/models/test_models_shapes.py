@@ -55,7 +55,9 @@ def test_pretraining_twice_gives_the_same_weights_and_loads_like_flux(tmp_path):
 
 
 def test_a_short_vae_pretraining_reconstructs_scenes_better_than_random_weights(tmp_path):
-    settings = ShapesPretraining(vae_steps=30, vae_batch=8, flow_steps=1, flow_batch=4)
+    # 100 steps: with the shape's pixels weighted 10× the background is learned later than with a plain
+    # MSE (30 steps moved it by 0.01 only; 100 steps: background 0.89 and shape 0.62 vs 0.50 and 0.06)
+    settings = ShapesPretraining(vae_steps=100, vae_batch=8, flow_steps=1, flow_batch=4)
     out = pretrain_shapes(tmp_path / "short", settings)
     scenes = all_scenes()[::24]
     images = torch.stack([render(s) for s in scenes]) * 2 - 1
@@ -67,7 +69,8 @@ def test_a_short_vae_pretraining_reconstructs_scenes_better_than_random_weights(
 
     trained = mean_scores(reconstruct(FluxPipeline.from_pretrained(out, local_files_only=True).vae), prompts)
     random = mean_scores(reconstruct(shapes_pipeline(0).vae), prompts)
-    assert trained["shapes_background"] > random["shapes_background"] + 0.1, (trained, random)
+    assert trained["shapes_background"] > random["shapes_background"] + 0.2, (trained, random)
+    assert trained["shapes_shape"] > random["shapes_shape"] + 0.3, (trained, random)
 
 
 @pytest.mark.slow
