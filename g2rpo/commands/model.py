@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import replace
+from pathlib import Path
 
 from g2rpo.errors import G2RPOError, problem
 
@@ -50,6 +51,25 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     shapes.add_argument("--overwrite", action="store_true", help="write into a non-empty directory")
     shapes.set_defaults(handler=_pretrain_shapes)
 
+    quality = sub.add_parser(
+        "quality-shapes",
+        help="score a shapes model's samples on the held-out prompts (asked colour drawn, per colour and shape)",
+        description=(
+            "Sample a shapes model on the 64 prompts the pipeline's prepare step holds out of the task's 360 "
+            "(split seed 0) at each --seeds with the deterministic ODE sampler, and score them with the task's "
+            "exact rewards: every metric's mean, the fraction drawn in the asked colour per colour, the shape "
+            "score per shape, and the fraction of prompts whose samples all agree in colour (they give GRPO no "
+            "colour signal). See docs/models.md."
+        ),
+    )
+    quality.add_argument("model", nargs="?", default=None, help="the model folder (default: the shipped shapes model)")
+    quality.add_argument("--seeds", default="0,1,2,3", help="comma-separated sampling seeds (default 0,1,2,3)")
+    quality.add_argument(
+        "--num-steps", type=int, default=6, help="Euler steps on Flux's grid (default 6, the demo's T)"
+    )
+    quality.add_argument("--json", metavar="FILE", help="also write the report as JSON")
+    quality.set_defaults(handler=_quality_shapes)
+
     check = sub.add_parser(
         "check",
         help="check that a model location holds a complete FluxPipeline",
@@ -77,14 +97,23 @@ def _init_tiny(args: argparse.Namespace) -> int:
 
 
 def add_shapes_model_args(parser: argparse.ArgumentParser) -> None:
-    """``--model`` (the pretrained shapes model, made on first use) and the pretraining step flags of
-    :func:`add_pretraining_args`: what ``g2rpo demo`` and ``g2rpo pipeline run-local`` train."""
+    """``--model`` (the pretrained shapes model; default the shipped one) and the pretraining step flags
+    of :func:`add_pretraining_args`: what ``g2rpo demo`` and ``g2rpo pipeline run-local`` train."""
     parser.add_argument(
         "--model",
-        default="runs/shapes-flux",
-        help="the pretrained shapes model: made here on first use, reused after (its pretraining settings must match)",
+        default=None,
+        help="the pretrained shapes model (default: the one shipped in the package, g2rpo/models/shapes_flux, "
+        "checked against its manifest); a folder that does not exist is pretrained there first (minutes), "
+        "one that does must have been made with the pretraining settings asked for",
     )
     add_pretraining_args(parser)
+
+
+def shapes_model_path(args: argparse.Namespace) -> Path:
+    """``--model``, or the shipped shapes model when it is not given."""
+    from g2rpo.models.shapes import SHIPPED_SHAPES_MODEL
+
+    return Path(args.model) if args.model else SHIPPED_SHAPES_MODEL
 
 
 def add_pretraining_args(parser: argparse.ArgumentParser, prefix: str = "pretrain-") -> None:
@@ -127,8 +156,34 @@ def _pretrain_shapes(args: argparse.Namespace) -> int:
     settings = pretraining_settings(args, prefix="", seed=args.seed)
     out = pretrain_shapes(args.output, settings, overwrite=args.overwrite, log=print, progress=True)
     print(f"wrote the shapes FluxPipeline (seed {args.seed}) to {out}")
+    from g2rpo.evaluation.shapes import shapes_quality
+
+    print(shapes_quality(out).table())
     if args.prompts:
         print(f"wrote the task's prompts to {write_prompts(args.prompts)}")
+    return 0
+
+
+def _quality_shapes(args: argparse.Namespace) -> int:
+    import json as _json
+
+    from g2rpo.evaluation.shapes import shapes_quality
+    from g2rpo.models.shapes import SHIPPED_SHAPES_MODEL, check_shapes_model
+
+    try:
+        seeds = [int(v) for v in args.seeds.split(",")]
+    except ValueError:
+        raise G2RPOError(problem("--seeds", args.seeds, "give comma-separated integers, e.g. 0,1,2,3")) from None
+    if args.num_steps < 1:
+        raise G2RPOError(problem("--num-steps", args.num_steps, "use at least 1 step"))
+    model = Path(args.model) if args.model else SHIPPED_SHAPES_MODEL
+    if model == SHIPPED_SHAPES_MODEL:
+        check_shapes_model(model)
+    report = shapes_quality(model, seeds=seeds, num_steps=args.num_steps)
+    print(f"{model}: {report.table()}")
+    if args.json:
+        Path(args.json).write_text(_json.dumps(report.as_dict(), indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}")
     return 0
 
 
