@@ -3,9 +3,10 @@
 :func:`run_local` runs the compiled DAG's tasks as subprocesses of this interpreter
 (``SubprocessRunner(use_venv=False)``: kfp.local ignores the images and drops the cluster placement)
 on the shapes task (:mod:`g2rpo.tasks.shapes`) with the settings of :func:`local_arguments`: the
-shapes model (:mod:`g2rpo.models.shapes`, pretrained on first use into ``model`` and reused after),
-16 of the task's prompts (8 train, 8 held out), ``configs/shapes-cpu.yaml`` (trained on the two in-domain rewards, scored on
-all five) and ``configs/shapes-gates.yaml``. The run folder holds the KFP pipeline root (every task's
+shipped shapes model (:mod:`g2rpo.models.shapes`; another ``model`` folder is pretrained on first use and
+reused after), all 360 of the task's prompts (296 train, 64 held out by the prepare task's split),
+``configs/shapes-cpu.yaml`` (trained on the two in-domain rewards, every shapes metric scored) and
+``configs/shapes-gates.yaml``. The run folder holds the KFP pipeline root (every task's
 outputs), the tasks' temp files and ``pipeline.log`` (everything kfp.local printed); the store
 (exports, evaluations), the registry and the prompt file are shared by every local run, so a second
 run evaluates its challenger against the first run's champion.
@@ -37,13 +38,13 @@ from kfp import local
 from g2rpo.artifacts.promotion import load_gates
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.models.shapes import ShapesPretraining, ensure_shapes_model
-from g2rpo.rewards.shapes import IN_DOMAIN, OUT_OF_DOMAIN
+from g2rpo.rewards.shapes import IN_DOMAIN, IN_DOMAIN_CHECKS, OUT_OF_DOMAIN
 from g2rpo.steps.evaluate import evaluate
 from g2rpo.steps.prepare import prepare_data
 from g2rpo.steps.promote import write_gates
 from g2rpo.steps.train import matching_evaluation
 from g2rpo.steps.train_task import PARAMETER_KEYS, run_config_for
-from g2rpo.tasks.shapes import sample_scenes, write_prompts
+from g2rpo.tasks.shapes import write_prompts
 from pipelines.alignment import build_pipeline
 from pipelines.placement import load_profile
 
@@ -53,8 +54,7 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 COMPLETE_MARKER = ".complete"  # written into the pipeline root when the run has finished
 LOG_FILE = "pipeline.log"  # in the run folder: everything kfp.local printed
 PROMPTS_FILE = "shapes-prompts.txt"  # in the shared folder, rewritten by every run
-PROMPTS = 16  # shapes scenes drawn with seed 0: 8 train, 8 held out for the evaluation
-HELD_OUT = 8
+HELD_OUT = 64  # of the task's 360 scenes, held out by the prepare task (split seed 0): evaluated, never trained on
 MODEL_NAME = "g2rpo-shapes"
 TRAIN_WATCH_S = 2.0  # how often the quiet console looks for new training records
 
@@ -79,7 +79,7 @@ def local_arguments(shared: Path, iterations: int, model: Path) -> dict[str, Any
     (weight 1); the out-of-domain ones have weight 0, so they are scored (every iteration and in the
     evaluation) and gated but never trained on."""
     rewards = [{"name": name, "weight": 1.0} for name in IN_DOMAIN]
-    rewards += [{"name": name, "weight": 0.0} for name in OUT_OF_DOMAIN]
+    rewards += [{"name": name, "weight": 0.0} for name in (*IN_DOMAIN_CHECKS, *OUT_OF_DOMAIN)]
     return {
         "config_uri": str(CHECKOUT / "configs" / "shapes-cpu.yaml"),
         "base_model_uri": str(model),
@@ -141,7 +141,7 @@ def run_local(
     tmp = run_dir / "tmp"
     tmp.mkdir(parents=True)
     shared.mkdir(parents=True, exist_ok=True)
-    write_prompts(shared / PROMPTS_FILE, sample_scenes(PROMPTS, seed=0))
+    write_prompts(shared / PROMPTS_FILE)  # every scene; the prepare task holds HELD_OUT of them out
     arguments = {**local_arguments(shared, iterations, model), **(parameters or {})}
     base_means: dict[str, float] = {}
     if "gates_uri" not in (parameters or {}):

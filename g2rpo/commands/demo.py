@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from g2rpo.commands.model import add_shapes_model_args, pretraining_settings
+from g2rpo.commands.model import add_shapes_model_args, pretraining_settings, shapes_model_path
 
 
 def add_commands(subparsers) -> None:
@@ -87,7 +87,7 @@ def _run(args: argparse.Namespace) -> int:
         overrides=args.overrides,
         seed=args.seed,
         progress=not args.no_progress,
-        model=args.model,
+        model=str(shapes_model_path(args)),
         pretraining=pretraining_settings(args),
     )
     return 0

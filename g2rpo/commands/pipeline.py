@@ -16,7 +16,7 @@ from pathlib import Path
 
 import g2rpo
 from g2rpo.commands.demo import quiet_libraries
-from g2rpo.commands.model import add_shapes_model_args, pretraining_settings
+from g2rpo.commands.model import add_shapes_model_args, pretraining_settings, shapes_model_path
 from g2rpo.errors import G2RPOError, problem
 
 _PARAMS_HELP = (
@@ -196,7 +196,7 @@ def _run_local(args: argparse.Namespace) -> int:
     run = run_local(
         Path(args.out) / name,
         Path(args.shared),
-        model=Path(args.model),
+        model=shapes_model_path(args),
         iterations=args.iterations,
         parameters=arguments,
         pretraining=pretraining,
