@@ -47,6 +47,7 @@ Usage: ``python -m benchmarks.ablation`` (default budget: about 30 minutes on 2 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import platform
@@ -64,11 +65,12 @@ import torch
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ablation"
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_MODEL = REPO / "runs" / "shapes-flux"
+DEFAULT_MODEL = REPO / "g2rpo" / "models" / "shapes_flux"  # the shipped shapes model
 
 IN_DOMAIN = ("shapes_colour", "shapes_shape")
+CHECKS = ("shapes_colour_match",)  # the fraction drawn in the asked colour: what shapes_colour asks, read plainly
 OUT_OF_DOMAIN = ("shapes_position", "shapes_background", "jpeg_compressibility")
-METRICS = IN_DOMAIN + OUT_OF_DOMAIN
+METRICS = IN_DOMAIN + CHECKS + OUT_OF_DOMAIN
 REWARD_SETTINGS = {"multi": list(IN_DOMAIN), "single": ["shapes_colour"]}
 
 # Each method: its algorithm section overrides (on top of the shared settings below).
@@ -81,8 +83,10 @@ METHODS: dict[str, dict[str, Any]] = {
     "g2rpo_dpm4": {"strategy": "g2rpo", "g2rpo": {"finish_solver": "dpmpp_2m", "finish_steps": 4}},
     "g2rpo_half_m": {"strategy": "g2rpo", "g2rpo": {"branch_steps_per_iteration": "half"}},  # |M|/2 drawn
 }
-# The paper's sampler (spec §6): T = 16, G = 12; G²RPO's M = the noisiest half, Λ = {1, 2, 3}.
-SHARED_ALGORITHM = {"num_steps": 16, "group_size": 12, "micro_batch": 256}
+# The paper's sampler (spec §6) is T = 16, G = 12 (G²RPO's M = the noisiest half, Λ = {1, 2, 3}); the
+# default here is the demo's reduced sampler (configs/shapes-cpu.yaml), which fits 5 seeds × 6 methods
+# into hours on 2 cores; ``--num-steps 16 --group-size 12`` is the paper's arm.
+SHARED_ALGORITHM = {"num_steps": 6, "group_size": 6, "micro_batch": 256}
 T_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
@@ -102,6 +106,8 @@ class RunSpec:
     eval_seeds: tuple[int, ...]
     work: str
     algorithm: tuple[tuple[str, Any], ...] = tuple(SHARED_ALGORITHM.items())
+    stage: str = "main"  # "probe", "sweep" (validation split) or "main" (held-out split)
+    model_sha256: str = ""
 
 
 def compute_of(stats: Any) -> int:
@@ -187,7 +193,7 @@ def train_one(spec: RunSpec) -> dict[str, Any]:
     from g2rpo.training.trainer import Trainer
 
     torch.set_num_threads(1)
-    out = Path(spec.work) / f"{spec.method}-{spec.rewards}-s{spec.seed}"
+    out = Path(spec.work) / f"{spec.method}-{spec.rewards}-s{spec.seed}-lr{spec.lr:g}-{spec.stage}"
     trainer = Trainer(run_config(spec, out)).setup()
     evaluate = Evaluator(spec, trainer)
     points = [{"iteration": 0, "compute": 0, "seconds": 0.0, "decoded_images": 0, **evaluate(trainer)}]
@@ -390,28 +396,26 @@ def plot(runs: list[dict[str, Any]], folder: Path) -> list[Path]:
 # ----------------------------------------------------------------------------- the command
 
 
-def split_prompts(heldout: int) -> tuple[list[str], list[str]]:
-    """(train, held-out) prompts of the shapes task: a seeded choice of ``heldout`` scenes held out."""
+def split_prompts(heldout: int, validation: int) -> tuple[list[str], list[str], list[str]]:
+    """(train, validation, held-out) prompts of the shapes task. The held-out prompts are the ones the
+    pipeline's prepare step holds out (:func:`g2rpo.data.split_prompts`, split seed 0 — what ``make
+    demo`` evaluates on at the same count); the validation prompts — for choosing each method's learning
+    rate — are the prepare split's next ``validation`` prompts, never trained on either."""
+    from g2rpo.data import split_prompts as prepare_split
     from g2rpo.tasks.shapes import all_scenes
 
     prompts = [s.prompt for s in all_scenes()]
-    order = torch.randperm(len(prompts), generator=torch.Generator().manual_seed(12345)).tolist()
-    held = sorted(order[:heldout])
-    held_set = set(held)
-    return [p for i, p in enumerate(prompts) if i not in held_set], [prompts[i] for i in held]
+    rest, held = prepare_split(prompts, heldout, seed=0)
+    train, valid = prepare_split(rest, validation, seed=0)
+    return train, valid, held
 
 
 def ensure_model(path: Path) -> tuple[Path, dict[str, Any]]:
-    """The shapes model at ``path`` and its marker (settings, losses): pretrained there with the
-    shipped settings when the folder does not exist; an existing folder must hold a shapes model
-    (made with any settings: a quicker one for a smoke run is fine, the JSON records which)."""
+    """The shapes model at ``path`` and its marker (settings, losses): an existing folder must hold a
+    shapes model (made with any settings: a quicker one for a smoke run is fine, the JSON records which)."""
     from g2rpo.errors import G2RPOError, problem
-    from g2rpo.models.shapes import ensure_shapes_model
     from g2rpo.models.tiny import TINY_MARKER
 
-    if not path.exists():
-        print(f"pretraining the shapes model into {path} (minutes, once)", flush=True)
-        ensure_shapes_model(path, log=lambda line: print("  " + line, flush=True), progress=True)
     marker = path / TINY_MARKER
     record = json.loads(marker.read_text(encoding="utf-8")) if marker.is_file() else {}
     if record.get("task") != "shapes":
@@ -419,29 +423,93 @@ def ensure_model(path: Path) -> tuple[Path, dict[str, Any]]:
     return path, record
 
 
+def run_key(spec: RunSpec) -> str:
+    """The file name of a finished run: what it trained, how, and on which evaluation set."""
+    what = f"{spec.method}-{spec.rewards}-s{spec.seed}-lr{spec.lr:g}-{spec.stage}"
+    digest = hashlib.sha256(
+        json.dumps(
+            [
+                spec.budget,
+                spec.equal_iteration,
+                spec.prompts_per_iteration,
+                spec.algorithm,
+                spec.heldout,
+                spec.eval_seeds,
+                spec.eval_every,
+                spec.model_sha256,
+            ],
+            default=str,
+        ).encode()
+    ).hexdigest()[:10]
+    return f"{what}-{digest}"
+
+
+def run_all(specs: list[RunSpec], folder: Path, jobs: int, label: str) -> list[dict[str, Any]]:
+    """Every spec's run, trained now unless ``folder`` already holds it (each run is written there
+    when it finishes, so an interrupted benchmark resumes where it stopped)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    done = {spec: folder / f"{run_key(spec)}.json" for spec in specs}
+    todo = [spec for spec, path in done.items() if not path.is_file()]
+    print(
+        f"{label}: {len(specs) - len(todo)} of {len(specs)} runs already in {folder}; training {len(todo)}", flush=True
+    )
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for spec, run in zip(todo, pool.map(train_one, todo)):
+            final = ", ".join(f"{k} {run['evals'][-1][k]:.3f}" for k in (*IN_DOMAIN, *CHECKS))
+            print(
+                f"  {run['method']:<14} {run['rewards']:<6} lr {spec.lr:g} seed {run['seed']}: {run['iterations']} "
+                f"iterations, {run['seconds']:.0f} s, final {final}",
+                flush=True,
+            )
+            tmp = done[spec].with_suffix(".tmp")
+            tmp.write_text(json.dumps({**run, "lr": spec.lr, "stage": spec.stage}, indent=1) + "\n")
+            tmp.replace(done[spec])
+    return [json.loads(done[spec].read_text()) for spec in specs]
+
+
+def choose_learning_rates(sweep: list[dict[str, Any]], rewards: str) -> dict[str, dict[str, Any]]:
+    """Per method, the swept learning rate whose validation objective (the mean over the trained
+    rewards of the gain over the base model, at the compute budget) is highest."""
+    chosen: dict[str, dict[str, Any]] = {}
+    for run in sweep:
+        base, end = run["evals"][0], run["evals"][-1]
+        objective = statistics.fmean(end[m] - base[m] for m in REWARD_SETTINGS[rewards])
+        best = chosen.get(run["method"])
+        if best is None or objective > best["objective"]:
+            chosen[run["method"]] = {"lr": run["lr"], "objective": objective}
+    return chosen
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL, help="pretrained shapes model (made if absent)")
+    parser.add_argument(
+        "--model", type=Path, default=DEFAULT_MODEL, help="pretrained shapes model (default: the shipped one)"
+    )
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated: " + ", ".join(METHODS))
-    parser.add_argument("--rewards", default="multi,single", help="reward settings: multi, single")
-    parser.add_argument("--seeds", type=int, default=3, help="training seeds per (method, rewards)")
-    parser.add_argument("--iterations", type=int, default=10, help="the equal-iteration point N (sets the budget)")
-    parser.add_argument("--prompts-per-iteration", type=int, default=1)
-    parser.add_argument("--lr", type=float, default=3e-4, help="one learning rate for every method")
-    parser.add_argument("--heldout", type=int, default=24, help="held-out prompts (never trained on)")
-    parser.add_argument("--eval-seeds", type=int, default=2, help="sampling seeds per held-out prompt")
+    parser.add_argument("--rewards", default="multi", help="reward settings: multi, single (comma-separated)")
+    parser.add_argument("--seeds", type=int, default=5, help="training seeds per (method, rewards)")
+    parser.add_argument("--iterations", type=int, default=30, help="the equal-iteration point N (sets the budget)")
+    parser.add_argument("--prompts-per-iteration", type=int, default=4)
+    parser.add_argument(
+        "--lrs", default="1e-4,3e-4,1e-3", help="learning rates swept per method on the validation split (one seed)"
+    )
+    parser.add_argument("--lr", type=float, default=None, help="skip the sweep: one learning rate for every method")
+    parser.add_argument("--heldout", type=int, default=64, help="held-out scenes (never trained on)")
+    parser.add_argument("--eval-seeds", type=int, default=4, help="sampling seeds per held-out scene")
+    parser.add_argument("--validation", type=int, default=32, help="validation scenes for the learning-rate sweep")
     parser.add_argument("--evals", type=int, default=4, help="eval points spread over the budget")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
     parser.add_argument("--num-steps", type=int, default=SHARED_ALGORITHM["num_steps"], help="T (paper 16)")
     parser.add_argument("--group-size", type=int, default=SHARED_ALGORITHM["group_size"], help="G (paper 12)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 methods, 1 seed, 1 iteration, T=4, G=4")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (finished runs in OUT/runs/)")
     args = parser.parse_args(argv)
     if args.quick:
         args.methods, args.rewards, args.seeds, args.iterations, args.evals = "dancegrpo,g2rpo", "multi", 1, 1, 1
         args.heldout, args.eval_seeds, args.num_steps, args.group_size = 4, 1, 4, 4
+        args.validation, args.prompts_per_iteration, args.lr = 4, 1, args.lr or 3e-4
     algorithm = {**SHARED_ALGORITHM, "num_steps": args.num_steps, "group_size": args.group_size}
     methods = args.methods.split(",")
     unknown = [m for m in methods if m not in METHODS]
@@ -450,15 +518,19 @@ def main(argv: list[str] | None = None) -> int:
     settings = args.rewards.split(",")
     if any(s not in REWARD_SETTINGS for s in settings):
         parser.error(f"--rewards: choose from {', '.join(REWARD_SETTINGS)}")
+    lrs = [args.lr] if args.lr is not None else [float(v) for v in args.lrs.split(",")]
 
     started = time.monotonic()
     model, model_record = ensure_model(args.model)
+    model_sha = hashlib.sha256(b"".join(sorted(f.read_bytes() for f in model.rglob("*.safetensors")))).hexdigest()
+    args.out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="g2rpo-ablation-"))
-    train, heldout = split_prompts(args.heldout)
-    train_file = work / "train-prompts.txt"
+    train, validation, heldout = split_prompts(args.heldout, args.validation)
+    train_file = args.out / "train-prompts.txt"
     train_file.write_text("\n".join(train) + "\n")
 
-    def spec(method: str, rewards: str, seed: int, budget: float = 0.0) -> RunSpec:
+    def spec(method: str, rewards: str, seed: int, lr: float, stage: str, budget: float = 0.0) -> RunSpec:
+        prompts = validation if stage == "sweep" else heldout
         return RunSpec(
             method=method,
             rewards=rewards,
@@ -466,37 +538,54 @@ def main(argv: list[str] | None = None) -> int:
             budget=budget,
             equal_iteration=args.iterations,
             eval_every=budget / max(args.evals, 1),
-            lr=args.lr,
+            lr=lr,
             prompts_per_iteration=args.prompts_per_iteration,
             model=str(model),
             train_prompts=str(train_file),
-            heldout=tuple(heldout),
-            eval_seeds=tuple(range(args.eval_seeds)),
+            heldout=tuple(prompts),
+            eval_seeds=tuple(range(args.eval_seeds if stage == "main" else 2)),
             work=str(work),
             algorithm=tuple(algorithm.items()),
+            stage=stage,
+            model_sha256=model_sha,
         )
 
     try:
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            probes = dict(zip(methods, pool.map(cost_per_iteration, [spec(m, settings[0], 0) for m in methods])))
-            budget = max(p["compute"] for p in probes.values()) * args.iterations
-            print(f"compute per iteration: { {m: p['compute'] for m, p in probes.items()} }; budget {budget}")
-            # Seed-major order: the methods share the machine's load alike.
-            specs = [spec(m, s, seed, budget) for seed in range(args.seeds) for s in settings for m in methods]
-            runs = []
-            for run in pool.map(train_one, specs):
-                final = ", ".join(f"{k} {run['evals'][-1][k]:.3f}" for k in IN_DOMAIN)
-                print(
-                    f"  {run['method']:<14} {run['rewards']:<6} seed {run['seed']}: {run['iterations']} iterations, "
-                    f"{run['seconds']:.0f} s, final {final}",
-                    flush=True,
-                )
-                runs.append(run)
+        probes_file = args.out / "probes.json"
+        key = json.dumps([methods, algorithm, args.prompts_per_iteration, model_sha])
+        probes = json.loads(probes_file.read_text()) if probes_file.is_file() else {}
+        if probes.get("key") != key:
+            with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+                costs = pool.map(cost_per_iteration, [spec(m, settings[0], 0, lrs[0], "probe") for m in methods])
+                probes = {"key": key, "cost": dict(zip(methods, costs))}
+            probes_file.write_text(json.dumps(probes, indent=1) + "\n")
+        budget = max(p["compute"] for p in probes["cost"].values()) * args.iterations
+        print(f"compute per iteration: { {m: p['compute'] for m, p in probes['cost'].items()} }; budget {budget}")
+        chosen: dict[str, dict[str, dict[str, Any]]] = {}
+        for setting in settings:
+            if len(lrs) == 1:
+                chosen[setting] = {m: {"lr": lrs[0], "objective": None} for m in methods}
+                continue
+            sweep = run_all(
+                [spec(m, setting, 0, lr, "sweep", budget) for lr in lrs for m in methods],
+                args.out / "runs",
+                args.jobs,
+                f"learning-rate sweep ({setting}, validation split)",
+            )
+            chosen[setting] = choose_learning_rates(sweep, setting)
+            print(f"chosen learning rates ({setting}): { {m: c['lr'] for m, c in chosen[setting].items()} }")
+        # Seed-major order: the methods share the machine's load alike, and a partial run has whole seeds.
+        specs = [
+            spec(m, s, seed, chosen[s][m]["lr"], "main", budget)
+            for seed in range(args.seeds)
+            for s in settings
+            for m in methods
+        ]
+        runs = run_all(specs, args.out / "runs", args.jobs, "main runs (held-out split)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
     summary = summarise(runs, args.iterations)
-    args.out.mkdir(parents=True, exist_ok=True)
     pngs = plot(runs, args.out)
     result = {
         "benchmark": "ablation",
@@ -509,16 +598,20 @@ def main(argv: list[str] | None = None) -> int:
             "compute_unit": "one transformer forward of one row; a backward counts 2",
             "interpolation": "linear between eval points",
             "heldout_prompts": heldout,
+            "validation_prompts": validation,
         },
+        "learning_rates": chosen,
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "jobs": args.jobs},
         "model": {
             "path": str(model),
+            "sha256_of_weights": model_sha,
             "pretraining": model_record.get("settings"),
             **{k: model_record.get(k) for k in ("seed", "vae_loss", "flow_loss", "transformer_parameters")},
         },
-        "probe_cost_per_iteration": probes,
+        "probe_cost_per_iteration": probes["cost"],
         "budget_compute": budget,
         "summary": summary,
+        "power": power(summary),
         "runs": runs,
         "plots": [p.name for p in pngs],
         "runtime_seconds": time.monotonic() - started,
@@ -531,6 +624,24 @@ def main(argv: list[str] | None = None) -> int:
         f"runtime {result['runtime_seconds']:.0f} s; wrote {args.out / 'ablation.json'}, ablation.md, {len(pngs)} PNGs"
     )
     return 0
+
+
+def power(summary: dict[str, Any]) -> dict[str, Any]:
+    """Per reward setting and view, the best method's gain over the base model on each trained reward
+    and the largest 95 % half-width among the methods: the issue asks for half-width ≤ gain / 3."""
+    out: dict[str, Any] = {}
+    for setting, table in summary.items():
+        for view in ("equal_iterations", "equal_compute", "equal_wall_time"):
+            for metric in REWARD_SETTINGS[setting]:
+                rows = table[view]
+                gain = max(r[metric]["mean"] for r in rows.values()) - table["base"][metric]
+                half = max(r[metric]["ci95"] for r in rows.values())
+                out[f"{setting}/{view}/{metric}"] = {
+                    "best_gain": gain,
+                    "max_ci95": half,
+                    "powered": bool(gain > 0 and half <= gain / 3),
+                }
+    return out
 
 
 if __name__ == "__main__":
