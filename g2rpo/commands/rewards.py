@@ -51,7 +51,14 @@ def _list(args: argparse.Namespace) -> int:
     from g2rpo.rewards.registry import REWARDS
 
     rows = [
-        {"name": s.name, "scale": s.scale, "needs": s.needs, "keys": list(s.keys), "summary": s.summary}
+        {
+            "name": s.name,
+            "scale": s.scale,
+            "needs": s.needs,
+            "keys": list(s.keys),
+            "summary": s.summary,
+            "definition": s.definition,
+        }
         for s in sorted(REWARDS.values(), key=lambda s: s.name)
     ]
     if args.json:
@@ -63,6 +70,7 @@ def _list(args: argparse.Namespace) -> int:
         print(f"{row['name']}  ({row['scale']})")
         print(f"    {row['summary']}")
         print(f"    needs: {row['needs']}")
+        print(f"    follows: {row['definition']}")
     return 0
 
 

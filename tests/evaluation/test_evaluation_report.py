@@ -250,7 +250,11 @@ def test_the_papers_five_metrics_and_the_weight_free_ones_evaluate_together(tiny
         {"name": "clip", "weights": str(write_tiny_open_clip_dir(tmp_path / "clip", seed=1)["dir"])},
         {"name": "pickscore", "weights": str(write_tiny_pickscore_dir(tmp_path / "pick")["dir"])},
         {"name": "image_reward", "weights": str(write_tiny_image_reward(tmp_path / "ir")["checkpoint"])},
-        {"name": "unified_reward", "weights": str(write_tiny_unified_reward(tmp_path / "judge")["dir"])},
+        {
+            "name": "unified_reward_score",
+            "weights": str(write_tiny_unified_reward(tmp_path / "judge", answer="Final Score: 2.35")["dir"]),
+            "max_new_tokens": 12,
+        },
         {"name": "jpeg_compressibility"},
         {"name": "sharpness"},
     ]
@@ -260,8 +264,8 @@ def test_the_papers_five_metrics_and_the_weight_free_ones_evaluate_together(tiny
     lines = [json.loads(line) for line in (root / "scores.jsonl").read_text().splitlines()]
     assert len(lines) == 4 and all(sorted(line["scores"]) == sorted(names) for line in lines)
     assert all(np.isfinite(line["scores"][n]) for line in lines for n in names)
-    judged = np.array([line["scores"]["unified_reward"] for line in lines])
-    assert ((judged >= 1) & (judged <= 5)).all()  # an expectation over the score tokens 1…5
+    judged = np.array([line["scores"]["unified_reward_score"] for line in lines])
+    assert (judged == np.float32(2.35)).all()  # the judge's answer, parsed as the official code parses it
     summary = json.loads((root / "metrics.json").read_text())["by_steps"]["3"]
     for name in names:
         values = np.array([line["scores"][name] for line in lines])
