@@ -143,6 +143,7 @@ def eval_record_from_scores(scores: EvalScores, scores_uri: str, scores_sha256: 
         seeds=list(scores.seeds),
         n=len(scores.items),
         metrics=summary,
+        definitions=dict(scores.definitions),
         scores_uri=scores_uri,
         scores_sha256=scores_sha256,
     )

@@ -4,6 +4,7 @@ SIGKILL half-way, the registry reading exactly the report's numbers, and bad inp
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import shutil
@@ -15,13 +16,14 @@ import numpy as np
 import pytest
 
 from g2rpo.artifacts.manifest import publish_dir
-from g2rpo.artifacts.scores import bootstrap_mean_ci
+from g2rpo.artifacts.promotion import eval_record_from_scores
+from g2rpo.artifacts.scores import EvalScores, bootstrap_mean_ci
 from g2rpo.artifacts.storage import open_store
 from g2rpo.config import load_config
 from g2rpo.errors import G2RPOError
 from g2rpo.evaluation import resume
 from g2rpo.evaluation.config import EvaluationConfig
-from g2rpo.rewards.registry import reward_names
+from g2rpo.rewards.registry import REWARDS, reward_names
 from g2rpo.steps.evaluate import evaluate
 from g2rpo.steps.register import register
 from tests.tiny_flux_fixture import make_tiny_flux
@@ -278,3 +280,11 @@ def test_the_papers_five_metrics_and_the_weight_free_ones_evaluate_together(tiny
     assert any(path.startswith("plots/") for path in manifest)
     report = (root / "report.html").read_text()
     assert all(name in report for name in names)
+    # each metric says which official definition it follows: metrics.json, scores.json (which the
+    # registry's eval record is built from) and the report
+    definitions = {name: REWARDS[name].definition for name in names}
+    assert json.loads((root / "metrics.json").read_text())["definitions"] == definitions
+    scores = EvalScores.model_validate_json((root / "scores.json").read_text())
+    assert scores.definitions == definitions
+    assert eval_record_from_scores(scores, result.output_uri, "0" * 64).definitions == definitions
+    assert html.escape(definitions["unified_reward_score"]) in report
