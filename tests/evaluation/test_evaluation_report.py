@@ -288,3 +288,19 @@ def test_the_papers_five_metrics_and_the_weight_free_ones_evaluate_together(tiny
     assert scores.definitions == definitions
     assert eval_record_from_scores(scores, result.output_uri, "0" * 64).definitions == definitions
     assert html.escape(definitions["unified_reward_score"]) in report
+
+
+def test_a_judge_answer_without_a_score_stops_the_evaluation_naming_the_metric(tiny_flux_dir, tmp_path):
+    """A random tiny judge writes no "Alignment Score (1-5):" line: the head gives NaN (MixGRPO: a
+    failed item), and the evaluation refuses the chunk at once with the metric and the fix, not
+    with a schema error when the chunk is read back."""
+    from g2rpo.rewards.tiny import write_tiny_unified_reward
+
+    judge = write_tiny_unified_reward(tmp_path / "judge")["dir"]
+    models = [{"name": "unified_reward_alignment", "weights": str(judge), "max_new_tokens": 4}]
+    with pytest.raises(
+        G2RPOError,
+        match=r"rewards.models\[0\] \(unified_reward_alignment\)='NaN for 2 of 2 image\(s\) of chunk .*"
+        r"the judge's answer held no score line: raise max_new_tokens",
+    ):
+        evaluate(str(tiny_flux_dir), _config(rewards={"models": models}, extra_steps=[]), str(tmp_path / "eval"))
