@@ -276,16 +276,19 @@ class UnifiedReward(RewardModel):
 
     # ------------------------------------------------------------------ scoring
 
-    def generate_texts(self, images: torch.Tensor, prompts: Sequence[str]) -> list[str]:
-        """The judge's answers (without the prompt), one per image, under the checkpoint's
+    def generate_ids(self, images: torch.Tensor, prompts: Sequence[str]) -> torch.Tensor:
+        """``[B, T_new]``: the judge's answer tokens (right-padded), under the checkpoint's
         generation config with the task's ``max_new_tokens``."""
         batch = self.inputs(images, prompts)
-        tokenizer = self.processor.tokenizer
         config = self.model.generation_config
-        pad = config.pad_token_id if config.pad_token_id is not None else tokenizer.pad_token_id
+        pad = config.pad_token_id if config.pad_token_id is not None else self.processor.tokenizer.pad_token_id
         out = self.model.generate(**batch, max_new_tokens=self.max_new_tokens, pad_token_id=pad)  # [B, T_in + T_new]
-        new = out[:, batch["input_ids"].shape[1] :]
-        return tokenizer.batch_decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        return out[:, batch["input_ids"].shape[1] :]
+
+    def generate_texts(self, images: torch.Tensor, prompts: Sequence[str]) -> list[str]:
+        """The judge's answers (without the prompt), one per image, decoded as the official script."""
+        new = self.generate_ids(images, prompts)
+        return self.processor.tokenizer.batch_decode(new, skip_special_tokens=True, clean_up_tokenization_spaces=False)
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         texts = self.generate_texts(images, prompts)

@@ -134,6 +134,21 @@ def test_the_judges_decimal_answer_is_the_score(tiny_answering_judge):
     assert alone == ["Final Score: 2.35", "Final Score: 2.35"]
 
 
+def test_a_left_padded_batch_reads_each_row_like_a_single_call(tiny_unified_reward):
+    """On the random judge (attention live, unlike the rewired one) the padding and the rope
+    positions must not change what a row's answer starts from: the next-token logits at the end of
+    each prompt — generate's first step — equal one call per image, and differ between images."""
+    head = UnifiedReward.from_pretrained_dir(tiny_unified_reward["dir"])
+    images = _images(seed=6)
+    with torch.no_grad():
+        together = head.model(**head.inputs(images, PROMPTS)).logits[:, -1]  # [2, V]
+        alone = torch.cat(
+            [head.model(**head.inputs(images[i : i + 1], PROMPTS[i : i + 1])).logits[:, -1] for i in range(2)]
+        )
+    torch.testing.assert_close(together, alone, rtol=0, atol=1e-4)
+    assert float((together[0] - together[1]).abs().max()) > 1e-2
+
+
 def test_an_answer_without_a_score_is_nan_reported_by_name(tiny_answering_judge, tiny_unified_reward, caplog):
     # The answering judge's text holds no "Alignment Score (1-5):", the random one no number at all.
     for folder in (tiny_answering_judge, tiny_unified_reward["dir"]):
