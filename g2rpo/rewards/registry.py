@@ -245,7 +245,7 @@ REWARDS: dict[str, RewardSpec] = {
             "≈ 0.2–0.35",
             _build_hps,
             definition="HPSv2 hpsv2/img_score.py score(hps_version='v2.1') @708ffb3: ResizeMaxSize(224) + pad, "
-            "image_features @ text_features, native (MixGRPO hps_score.py the same)",
+            "image_features @ text_features, native (= G²RPO test_hps_score.py @a0e37ac; MixGRPO hps_score.py)",
         ),
         RewardSpec(
             "clip",
@@ -255,7 +255,8 @@ REWARDS: dict[str, RewardSpec] = {
             ("weights",),
             "≈ 0.2–0.4",
             _build_clip,
-            definition="MixGRPO clip_score.py @e5cdd6a: open_clip DFN5B-CLIP-ViT-H-14-384 with its own preprocess, "
+            definition="G²RPO test_clip_score.py @c7fd0d2 = MixGRPO clip_score.py @e5cdd6a: open_clip "
+            "DFN5B-CLIP-ViT-H-14-384 with its own preprocess, "
             "SimpleTokenizer (77), cosine (no ×100, no ×2.5)",
         ),
         RewardSpec(
@@ -267,7 +268,7 @@ REWARDS: dict[str, RewardSpec] = {
             "≈ 18–23",
             _build_pickscore,
             definition="PickScore README @f79607f: exp(logit_scale) · cosine, CLIP-ViT-H-14-laion2B processor, "
-            "text max_length 77 (MixGRPO's tables report this / 100)",
+            "text max_length 77 (= G²RPO test_pickscore_score.py; MixGRPO's tables report this / 100)",
         ),
         RewardSpec(
             "image_reward",
@@ -289,8 +290,9 @@ REWARDS: dict[str, RewardSpec] = {
             ("weights",),
             "0–5 (decimals); NaN when the answer has no score",
             _build_unified_reward("unified_reward_score"),
-            definition="UnifiedReward qwen_point_score_image_generation.py instruction verbatim, checkpoint generation config "
-            "(max_new_tokens 512), number after 'Final Score:', first match (MixGRPO unified_reward.py)",
+            definition="UnifiedReward qwen_point_score_image_generation.py @ed52f98 instruction verbatim, "
+            "checkpoint generation config "
+            "(max_new_tokens 512), number after 'Final Score:', first match (MixGRPO unified_reward.py @e5cdd6a)",
             dtype="auto",
         ),
         RewardSpec(
@@ -302,8 +304,9 @@ REWARDS: dict[str, RewardSpec] = {
             ("weights",),
             "0–5 (decimals); NaN when the answer has no score",
             _build_unified_reward("unified_reward_alignment"),
-            definition="UnifiedReward qwen_point_score_ACS_image_generation.py instruction verbatim, checkpoint generation config "
-            "(max_new_tokens 4096), number after 'Alignment Score (1-5):', first match (MixGRPO unified_reward.py)",
+            definition="UnifiedReward qwen_point_score_ACS_image_generation.py @ed52f98 instruction verbatim, "
+            "checkpoint generation config "
+            "(max_new_tokens 4096), number after 'Alignment Score (1-5):', first match (MixGRPO unified_reward.py @e5cdd6a)",
             dtype="auto",
         ),
         RewardSpec(
@@ -315,8 +318,9 @@ REWARDS: dict[str, RewardSpec] = {
             ("weights",),
             "0–5 (decimals); NaN when the answer has no score",
             _build_unified_reward("unified_reward_coherence"),
-            definition="UnifiedReward qwen_point_score_ACS_image_generation.py instruction verbatim, checkpoint generation config "
-            "(max_new_tokens 4096), number after 'Coherence Score (1-5):', first match (MixGRPO unified_reward.py)",
+            definition="UnifiedReward qwen_point_score_ACS_image_generation.py @ed52f98 instruction verbatim, "
+            "checkpoint generation config "
+            "(max_new_tokens 4096), number after 'Coherence Score (1-5):', first match (MixGRPO unified_reward.py @e5cdd6a)",
             dtype="auto",
         ),
         RewardSpec(
@@ -328,8 +332,9 @@ REWARDS: dict[str, RewardSpec] = {
             ("weights",),
             "0–5 (decimals); NaN when the answer has no score",
             _build_unified_reward("unified_reward_style"),
-            definition="UnifiedReward qwen_point_score_ACS_image_generation.py instruction verbatim, checkpoint generation config "
-            "(max_new_tokens 4096), number after 'Style Score (1-5):', first match (MixGRPO unified_reward.py)",
+            definition="UnifiedReward qwen_point_score_ACS_image_generation.py @ed52f98 instruction verbatim, "
+            "checkpoint generation config "
+            "(max_new_tokens 4096), number after 'Style Score (1-5):', first match (MixGRPO unified_reward.py @e5cdd6a)",
             dtype="auto",
         ),
         RewardSpec(

@@ -246,7 +246,7 @@ def test_built_from_config_and_listed(tiny_answering_judge, capsys):
     assert main(["rewards", "list"]) == 0
     out = capsys.readouterr().out
     assert "\nunified_reward_alignment  (" in out and "CodeGoat24/UnifiedReward-qwen-7b" in out
-    assert "follows: UnifiedReward qwen_point_score_ACS_image_generation.py instruction verbatim" in out
+    assert "follows: UnifiedReward qwen_point_score_ACS_image_generation.py @ed52f98 instruction verbatim" in out
 
 
 @pytest.mark.integration
