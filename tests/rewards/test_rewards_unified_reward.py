@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
+from transformers import Qwen2_5_VLForConditionalGeneration
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
 from g2rpo.errors import ConfigError, G2RPOError
 from g2rpo.rewards.config import RewardModelConfig
@@ -170,9 +173,35 @@ def test_images_reach_the_processor_as_8_bit_levels(tiny_unified_reward):
     assert not torch.equal(got, unrounded["pixel_values"])  # the rounding did something
 
 
-def test_dtype_auto_keeps_the_checkpoints_dtype(tiny_unified_reward, tmp_path):
-    from transformers import Qwen2_5_VLForConditionalGeneration
+@pytest.mark.parametrize(("h", "w"), [(96, 80), (128, 128), (200, 150), (40, 56)])
+def test_the_official_pil_resize_and_the_heads_differ_by_a_few_8_bit_steps(tiny_unified_reward, h, w):
+    """The official path resizes a uint8 PIL image to the processor's size (qwen_vl_utils'
+    smart_resize, PIL bicubic) and the processor then only normalises; the head hands the processor
+    the 8-bit levels and lets it resize the tensor. Same grid, pixels within a few uint8 steps
+    (measured max 0.004–0.011, mean 0.0011–0.0013 on these sizes)."""
+    head = UnifiedReward.from_pretrained_dir(tiny_unified_reward["dir"])
+    processor = head.processor.image_processor
+    coarse = torch.rand(1, 3, 8, 8, generator=torch.Generator().manual_seed(h))
+    image = torch.nn.functional.interpolate(coarse, size=(h, w), mode="bicubic", align_corners=False).clamp(0, 1)
+    ours = head.inputs(image, ["a cat"])
+    size = smart_resize(
+        h,
+        w,
+        factor=processor.patch_size * processor.merge_size,
+        min_pixels=processor.size["shortest_edge"],
+        max_pixels=processor.size["longest_edge"],
+    )
+    pixels = (image[0].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
+    pil = Image.fromarray(pixels).resize(size[::-1], Image.BICUBIC)
+    official = head.processor(text=[head.chat_text("a cat")], images=[pil], return_tensors="pt")
+    assert torch.equal(ours["image_grid_thw"], official["image_grid_thw"])
+    assert torch.equal(ours["input_ids"], official["input_ids"])
+    std = torch.tensor(processor.image_std).view(1, 3, 1)
+    diff = (ours["pixel_values"] - official["pixel_values"]).abs().view(ours["pixel_values"].shape[0], 3, -1) * std
+    assert float(diff.max()) < 0.02 and float(diff.mean()) < 0.002  # in [0, 1] pixel units; 1/255 = 0.0039
 
+
+def test_dtype_auto_keeps_the_checkpoints_dtype(tiny_unified_reward, tmp_path):
     folder = tmp_path / "bf16"
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(tiny_unified_reward["dir"]), local_files_only=True)
     _copy_processor_files(tiny_unified_reward["dir"], folder)
