@@ -39,7 +39,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="another config key of the reward entry: arch, arch_config, vision_config, tokenizer, backbone, dtype",
+        help="another config key of the reward entry: arch, arch_config, vision_config, tokenizer, backbone, "
+        "max_new_tokens, dtype",
     )
     score.add_argument("--device", default="cpu", help="device (default cpu)")
     score.add_argument("--batch-size", type=int, default=16, help="images per call of the reward model (default 16)")
