@@ -30,7 +30,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from g2rpo.config import PROBLEM_SEPARATOR, Section
+from g2rpo.config import COUNT_MAX, PROBLEM_SEPARATOR, Section
 from g2rpo.errors import problem
 
 __all__ = ["RewardModelConfig", "RewardsConfig", "OPTIONAL_KEYS"]
@@ -79,10 +79,13 @@ class RewardModelConfig(Section):
         "(greedy answer, the number after 'Final Score:')",
     )
     max_new_tokens: int | None = Field(
-        None, ge=1, description="unified_reward only, mode generate: most tokens the judge may write (default 512)"
+        None,
+        ge=1,
+        le=COUNT_MAX,
+        description="unified_reward only, mode generate: most tokens the judge may write (default 512)",
     )
     batch_size: int | None = Field(
-        None, ge=1, description="images per call for this model (default: rewards.batch_size)"
+        None, ge=1, le=COUNT_MAX, description="images per call for this model (default: rewards.batch_size)"
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="dtype the reward model runs in")
 
@@ -117,7 +120,7 @@ class RewardsConfig(Section):
         description="reward models and their weights in the advantage sum",
     )
     batch_size: int = Field(
-        16, ge=1, description="images per reward-model call (a model's own batch_size overrides it)"
+        16, ge=1, le=COUNT_MAX, description="images per reward-model call (a model's own batch_size overrides it)"
     )
     cache_dir: str | None = Field(
         None, description="where s3:// weights are cached (default $G2RPO_CACHE_DIR or ~/.cache/g2rpo)"
