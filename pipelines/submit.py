@@ -1,7 +1,8 @@
 """Submit and schedule the alignment pipeline on a Kubeflow Pipelines cluster (KFP v2 API, ``kfp.Client``).
 
 Everything a user types is checked before the first request: parameter names (the valid ones are
-listed) and value types against the pipeline's inputs, the cron expression (six fields, seconds first,
+listed) and value types against the pipeline's inputs, every value as the tasks will build it
+(:func:`pipelines.check.check_arguments`: the run config, the evaluation config, the gates), the cron expression (six fields, seconds first,
 evaluated in UTC by KFP), and that the host answers at all — an unreachable host is reported within
 :data:`CONNECT_TIMEOUT_S` seconds instead of ``kfp.Client``'s retry loop.
 
@@ -23,6 +24,7 @@ import yaml
 
 from g2rpo.errors import G2RPOError, problem
 from pipelines.alignment import PIPELINE_NAME, build_pipeline, compile_pipeline
+from pipelines.check import check_arguments
 from pipelines.placement import PlacementProfile, load_profile
 
 __all__ = [
@@ -168,6 +170,7 @@ def submit(
     """Start one run of the pipeline (compiled for the profile) in ``experiment``; ``service_account``
     overrides the profile's (the Helm chart's CronJob passes its own)."""
     profile = load_profile(profile_path)
+    check_arguments(arguments, profile)  # every value, as the tasks will build it, before the first request
     host = check_host(host)
     client = _client(host)
     with tempfile.TemporaryDirectory(prefix="g2rpo-submit-") as tmp:
@@ -203,6 +206,7 @@ def schedule(
     ``service_account`` overrides the profile's."""
     cron = check_cron(cron)
     profile = load_profile(profile_path)
+    check_arguments(arguments, profile)  # every value, as the tasks will build it, before the first request
     host = check_host(host)
     client = _client(host)
     experiment_id = client.create_experiment(experiment).experiment_id

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from g2rpo.cli import main
+from pipelines.check import check_arguments
 from pipelines.placement import load_profile
 from pipelines.submit import check_cron
 from tests.pipeline.kfp_server import KfpServer
@@ -111,6 +112,58 @@ def test_bad_input_is_refused_before_any_request(argv, message, capsys):
         assert code == 2
         assert server.requests == []
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "argv, messages",
+    [
+        (["submit", "group_size=1"], ["algorithm.group_size=1 (parameter group_size): Input should be greater than"]),
+        (["submit", "strategy=nope"], ["algorithm.strategy (parameter strategy): 'nope' is not a strategy"]),
+        (
+            ["schedule", "--cron", "0 0 3 * * *", "learning_rate=-1"],
+            ["train.learning_rate=-1 (parameter learning_rate): Input should be greater than 0"],
+        ),
+        (
+            # Every problem at once, from the train, evaluate and prepare tasks and the placement.
+            [
+                "submit",
+                "overrides=['train.adam_betas=[0.9, 1.5]', 'train.weight_decay=.inf']",
+                "eval_seeds=[18446744073709551616]",
+                "test_size=0",
+                "nodes=0",
+            ],
+            [
+                "5 problem(s) in the pipeline's parameters (nothing was sent or started)",
+                "train.adam_betas.1=1.5: Input should be less than 1",
+                "train.weight_decay=inf: Input should be a finite number",
+                "seeds.0=18446744073709551616: Input should be less than or equal to 18446744073709551615 "
+                "(parameter eval_seeds)",
+                "test_size=0: give an integer in 1…",
+                "nodes=0: give an integer in 1…",
+            ],
+        ),
+        (
+            ["submit", "gates_uri=configs/shapes-gates.yaml"],
+            ["gates metrics ['jpeg_compressibility', 'shapes_background'", "that the evaluation does not score"],
+        ),
+    ],
+)
+def test_bad_values_are_refused_before_any_request(argv, messages, capsys):
+    # What the tasks would refuse hours later on the cluster is refused here: no request at all.
+    with KfpServer() as server:
+        verb, *rest = argv
+        code = main(["pipeline", verb, "--host", server.url, *rest])
+        assert code == 2
+        assert server.requests == []
+    err = capsys.readouterr().err
+    for message in messages:
+        assert message in err
+
+
+def test_the_default_run_passes_its_own_checks():
+    # The pipeline's defaults with the h200 profile: the default gates gate what the default run scores.
+    values = check_arguments({}, load_profile())
+    assert values["gates_uri"] == "" and values["gpus_per_node"] == load_profile().gpus_per_node
 
 
 def test_an_unreachable_host_is_a_clear_error_within_seconds(capsys):
