@@ -49,6 +49,7 @@ __all__ = [
     "check_host",
     "check_name",
     "merge_node_selector",
+    "next_fire_times",
     "parse_arguments",
     "pipeline_inputs",
     "schedule",

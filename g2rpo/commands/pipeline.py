@@ -171,9 +171,8 @@ def _submit(args: argparse.Namespace) -> int:
 
 def _schedule(args: argparse.Namespace) -> int:
     _use_source_tree()
-    from pipelines.cron import next_fire_times
     from pipelines.placement import load_profile
-    from pipelines.submit import check_cron, parse_arguments, schedule
+    from pipelines.submit import check_cron, next_fire_times, parse_arguments, schedule
 
     cron = check_cron(args.cron)
     arguments = parse_arguments(args.parameters, load_profile(args.profile))
