@@ -137,3 +137,16 @@ def test_the_reported_values_are_refused_naming_the_field(tmp_path, override, fi
     with pytest.raises(ConfigError) as caught:
         load_run_config(None, [f"model.path={tmp_path}", "data.prompts=p.txt", override])
     assert any(p.startswith(field) for p in caught.value.problems), caught.value.problems
+
+
+def test_eval_refuses_a_seed_past_the_generator_before_loading_anything(tmp_path, capsys):
+    # On main this loaded the model, then ended in "ValueError: Overflow" and a partial folder.
+    from g2rpo.cli import main
+
+    out = tmp_path / "eval"
+    argv = ["eval", "--model", str(tmp_path / "no-model"), "--output", str(out), "--prompts", "builtin:tiny"]
+    assert main([*argv, "--seeds", "0,18446744073709551616"]) == 2
+    assert "seeds.1='18446744073709551616': Input should be less than or equal to 18446744073709551615" in (
+        capsys.readouterr().err
+    )
+    assert not out.exists()
