@@ -200,6 +200,7 @@ def _client(host: str):
 @contextmanager
 def server_errors(what: str) -> Iterator[None]:
     """Turn the KFP server's errors during ``what`` into a G2RPOError: its status, its reason, what to do."""
+    # kfp's generated API package is slow to import: only where a request is made, as in _client.
     from kfp_server_api.exceptions import ApiException
     from urllib3.exceptions import HTTPError as Urllib3Error
 
