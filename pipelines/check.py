@@ -81,7 +81,7 @@ def argument_problems(values: dict[str, Any]) -> list[str]:
     config, config_problems = _run_config(values)
     problems += config_problems
     if config is not None:
-        world = values["nodes"] * values["gpus_per_node"] if not placement else 1
+        world = values["nodes"] * _whole(values["gpus_per_node"]) if not placement else 1
         problems += [f"train task: {p}" for p in run_problems(SimpleNamespace(train=config.train), world)]
         if world > 1 and not config.deepspeed.enabled:
             fix = f"{world} ranks need DeepSpeed: set it in the config"
@@ -93,8 +93,15 @@ def argument_problems(values: dict[str, Any]) -> list[str]:
     return problems
 
 
+def _whole(value: Any) -> Any:
+    """An integer parameter's value; a string of digits counts too (a KFP string parameter can carry a
+    count a Kubernetes field needs as a string, e.g. the accelerator limit)."""
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else value
+
+
 def _int_problem(name: str, value: Any, low: int, high: int) -> str | None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    number = _whole(value)
+    if isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high:
         return problem(name, value, f"give an integer in {low}…{high}")
     return None
 
