@@ -30,7 +30,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from g2rpo.config import PROBLEM_SEPARATOR, Section
+from g2rpo.config import COUNT_MAX, PROBLEM_SEPARATOR, Section
 from g2rpo.errors import problem
 
 __all__ = ["RewardModelConfig", "RewardsConfig", "OPTIONAL_KEYS"]
@@ -75,11 +75,12 @@ class RewardModelConfig(Section):
     max_new_tokens: int | None = Field(
         None,
         ge=1,
+        le=COUNT_MAX,
         description="unified_reward_* only: most tokens the judge may write (default the official script's: "
         "512 for unified_reward_score, 4096 for the semantic task)",
     )
     batch_size: int | None = Field(
-        None, ge=1, description="images per call for this model (default: rewards.batch_size)"
+        None, ge=1, le=COUNT_MAX, description="images per call for this model (default: rewards.batch_size)"
     )
     dtype: Literal["float32", "bfloat16", "float16", "auto"] | None = Field(
         None,
@@ -126,7 +127,7 @@ class RewardsConfig(Section):
         description="reward models and their weights in the advantage sum",
     )
     batch_size: int = Field(
-        16, ge=1, description="images per reward-model call (a model's own batch_size overrides it)"
+        16, ge=1, le=COUNT_MAX, description="images per reward-model call (a model's own batch_size overrides it)"
     )
     cache_dir: str | None = Field(
         None, description="where s3:// weights are cached (default $G2RPO_CACHE_DIR or ~/.cache/g2rpo)"
