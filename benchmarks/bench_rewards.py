@@ -163,26 +163,27 @@ def build_cases(folder: Path):
 
     cases["aesthetic"] = (head, aesthetic_single)
 
-    from g2rpo.rewards.unified_reward import ANSWER_PREFIX, SCORE_VALUES, scoring_messages
+    from g2rpo.rewards.unified_reward import judge_messages, parse_answer
 
-    ur = tiny.write_tiny_unified_reward(folder / "unified_reward")
-    head = build_reward(RewardModelConfig(name="unified_reward", weights=str(ur["dir"])))
-    values = torch.tensor(SCORE_VALUES, dtype=torch.float32)
+    # A random judge writes no score; this one is rewired to answer, so both paths parse a number.
+    ur = tiny.write_tiny_unified_reward(folder / "unified_reward", answer="Final Score: 2.35")
+    metric = "unified_reward_score"
+    head = build_reward(RewardModelConfig(name=metric, weights=str(ur["dir"]), max_new_tokens=12))
 
     def unified_reward_single(images, prompts, head=head):
-        """The published inference code's shape: one PIL image and one chat per forward."""
+        """The published inference code's shape: one PIL image and one chat per generate call."""
         out = []
         with torch.no_grad():
             for image, prompt in zip(images, prompts):
                 chat = head.processor.apply_chat_template(
-                    scoring_messages(prompt), tokenize=False, add_generation_prompt=True
+                    judge_messages("score", prompt), tokenize=False, add_generation_prompt=True
                 )
-                inputs = head.processor(text=[chat + ANSWER_PREFIX], images=[_pil(image)], return_tensors="pt")
-                logits = head.model(**inputs).logits[0, -1, head.score_token_ids].float()
-                out.append(float(torch.softmax(logits, dim=-1) @ values))
+                inputs = head.processor(text=[chat], images=[_pil(image)], return_tensors="pt")
+                ids = head.model.generate(**inputs, max_new_tokens=12)[0, inputs["input_ids"].shape[1] :]
+                out.append(parse_answer(metric, head.processor.tokenizer.decode(ids, skip_special_tokens=True)))
         return out
 
-    cases["unified_reward"] = (head, unified_reward_single)
+    cases[metric] = (head, unified_reward_single)
 
     for name in ("jpeg_compressibility", "sharpness", "total_variation"):
         head = build_reward(name)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import sys
 
-from benchmarks import bench_rewards, bench_storage, bench_train, decode, memory, rollout
+from benchmarks import bench_rewards, bench_storage, bench_train, decode, memory, rollout, uint8_round_trip
 
 CPU_BENCHMARKS = {
     "G²RPO rollout (project vs reference-structured loop: time, forwards, calls)": rollout.main,
     "reward heads (batched vs per-image PIL)": bench_rewards.main,
+    "reward heads: score change from the references' 8-bit input": uint8_round_trip.main,
     "training iteration (seconds per phase, NFE)": bench_train.main,
     "storage (publish/fetch throughput, conditional-write race probe)": bench_storage.main,
     "rollout peak memory at FLUX.1-dev shapes (conditioning copied vs broadcast)": memory.main,

@@ -37,6 +37,11 @@ from g2rpo.errors import ConfigError, G2RPOError
 __all__ = [
     "Section",
     "ConfigError",
+    "COUNT_MAX",
+    "SEED_MAX",
+    "STEPS_MAX",
+    "MAX_SIDE",
+    "GUIDANCE_MAX",
     "PROBLEM_SEPARATOR",
     "read_config_file",
     "empty_file_problem",
@@ -55,10 +60,27 @@ S = TypeVar("S", bound=BaseModel)
 PROBLEM_SEPARATOR = "\n  - "
 
 
-class Section(BaseModel):
-    """Base of every config section: frozen, unknown keys rejected, defaults validated."""
+# Bounds shared by the sections (every number of every section is bounded; a test walks the schema).
+# torch.Generator.manual_seed takes [-2**63, 2**64 - 1] and raises "Overflow" past it, after the model
+# has loaded: a seed is refused before. Counts (iterations, batch sizes, steps, timeouts) fit a 32-bit
+# C int, what torch's sizes and DeepSpeed's settings take; anything near it is a typo, not a plan.
+SEED_MAX = 2**64 - 1
+COUNT_MAX = 2**31 - 1
+# Sampler steps T: far past any real setting (paper 16, FluxPipeline 28-50); a grid of T holds T + 1
+# σ and a few lists of T, built while the config is checked.
+STEPS_MAX = 1000
+# An image side in pixels: 8192 px is 512² packed tokens per image, far past what Flux was trained on
+# (about 2 megapixels).
+MAX_SIDE = 8192
+# Flux's embedded guidance: FLUX.1-dev 3.5, its usable range a few units.
+GUIDANCE_MAX = 100.0
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+class Section(BaseModel):
+    """Base of every config section: frozen, unknown keys rejected, defaults validated, and no float
+    infinite or NaN (a learning rate of inf passes ``gt=0``; the run would fail far from the cause)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False)
 
     @classmethod
     def unknown_key_fix(cls, key: str, path: str) -> str | None:

@@ -24,6 +24,7 @@ import io
 import json
 import os
 import re
+import shutil
 import sys
 import threading
 import time
@@ -46,6 +47,7 @@ from g2rpo.steps.train import matching_evaluation
 from g2rpo.steps.train_task import PARAMETER_KEYS, run_config_for
 from g2rpo.tasks.shapes import write_prompts
 from pipelines.alignment import build_pipeline
+from pipelines.check import check_arguments
 from pipelines.placement import load_profile
 
 __all__ = ["LOG_FILE", "LocalRun", "local_arguments", "run_local"]
@@ -130,24 +132,34 @@ def run_local(
                 f"delete {root} or choose another --name",
             )
         )
-    if not model.exists():
-        echo(
-            f"pretraining the shapes model into {model} ({pretraining.vae_steps} VAE steps, "
-            f"{pretraining.flow_steps} flow-matching steps; once, reused by every later run)"
-        )
-    model, made = ensure_shapes_model(model, pretraining, log=lambda line: echo(f"  {line}"), progress=not verbose)
-    if not made:
-        echo(f"shapes model: {model} (pretrained before; its settings match)")
-    tmp = run_dir / "tmp"
-    tmp.mkdir(parents=True)
-    shared.mkdir(parents=True, exist_ok=True)
-    write_prompts(shared / PROMPTS_FILE)  # every scene; the prepare task holds HELD_OUT of them out
-    arguments = {**local_arguments(shared, iterations, model), **(parameters or {})}
-    base_means: dict[str, float] = {}
-    if "gates_uri" not in (parameters or {}):
-        base_means = _evaluate_base(run_dir / "base", arguments)
-        echo("base model on the held-out prompts: " + _means_line(base_means))
-        arguments["gates_uri"] = str(_gates_with_floors(arguments["gates_uri"], base_means, run_dir / "gates.yaml"))
+    # Every value, as the tasks will build it, before the pretraining (minutes) and the first folder.
+    check_arguments({**local_arguments(shared, iterations, model), **(parameters or {})}, load_profile())
+    # A run that fails before its pipeline starts removes the run folder it made, so the same command
+    # again starts clean (a failure inside the pipeline keeps its pipeline root, refused above with the fix).
+    made_run_dir = not run_dir.exists()
+    try:
+        if not model.exists():
+            echo(
+                f"pretraining the shapes model into {model} ({pretraining.vae_steps} VAE steps, "
+                f"{pretraining.flow_steps} flow-matching steps; once, reused by every later run)"
+            )
+        model, made = ensure_shapes_model(model, pretraining, log=lambda line: echo(f"  {line}"), progress=not verbose)
+        if not made:
+            echo(f"shapes model: {model} (pretrained before; its settings match)")
+        tmp = run_dir / "tmp"
+        tmp.mkdir(parents=True, exist_ok=True)
+        shared.mkdir(parents=True, exist_ok=True)
+        write_prompts(shared / PROMPTS_FILE)  # every scene; the prepare task holds HELD_OUT of them out
+        arguments = {**local_arguments(shared, iterations, model), **(parameters or {})}
+        base_means: dict[str, float] = {}
+        if "gates_uri" not in (parameters or {}):
+            base_means = _evaluate_base(run_dir / "base", arguments)
+            echo("base model on the held-out prompts: " + _means_line(base_means))
+            arguments["gates_uri"] = str(_gates_with_floors(arguments["gates_uri"], base_means, run_dir / "gates.yaml"))
+    except BaseException:
+        if made_run_dir:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     log = run_dir / LOG_FILE
     # Each task leaves a temp file behind, and the train task its checkpoints: keep them in the run folder.
     previous_tmp = os.environ.get("TMPDIR")

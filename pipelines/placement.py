@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from g2rpo.config import Section, load_config
+from g2rpo.config import COUNT_MAX, Section, load_config
 
 __all__ = ["DEFAULT_PROFILE", "PlacementProfile", "Timeouts", "load_profile"]
 
@@ -21,12 +21,12 @@ DEFAULT_PROFILE = Path(__file__).resolve().parent / "profiles" / "h200.yaml"
 class Timeouts(Section):
     """Per-task time limits in seconds (the pod's activeDeadlineSeconds)."""
 
-    prepare: int = Field(ge=60)
-    train: int = Field(ge=60)
-    evaluate: int = Field(ge=60)
-    decide: int = Field(ge=60)
-    promote: int = Field(ge=60)
-    report: int = Field(ge=60)
+    prepare: int = Field(ge=60, le=COUNT_MAX)
+    train: int = Field(ge=60, le=COUNT_MAX)
+    evaluate: int = Field(ge=60, le=COUNT_MAX)
+    decide: int = Field(ge=60, le=COUNT_MAX)
+    promote: int = Field(ge=60, le=COUNT_MAX)
+    report: int = Field(ge=60, le=COUNT_MAX)
 
 
 class PlacementProfile(Section):

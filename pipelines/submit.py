@@ -1,21 +1,35 @@
 """Submit and schedule the alignment pipeline on a Kubeflow Pipelines cluster (KFP v2 API, ``kfp.Client``).
 
 Everything a user types is checked before the first request: parameter names (the valid ones are
-listed) and value types against the pipeline's inputs, the cron expression (six fields, seconds first,
-evaluated in UTC by KFP), and that the host answers at all — an unreachable host is reported within
+listed) and value types against the pipeline's inputs, every value as the tasks will build it
+(:func:`pipelines.check.check_arguments`: the run config, the evaluation config, the gates), the
+cron expression (six fields, seconds first, evaluated in UTC by KFP), the names, and that the host answers at all — an unreachable host is reported within
 :data:`CONNECT_TIMEOUT_S` seconds instead of ``kfp.Client``'s retry loop.
 
 A scheduled run has ``max_concurrency=1`` (a retraining never overlaps the previous one) and
-``no_catchup`` (a paused schedule that is re-enabled does not back-fill every missed slot).
+``no_catchup`` (a paused schedule that is re-enabled does not back-fill every missed slot). The KFP
+server does not check that a recurring run's name is unused, so :func:`schedule` does: it is idempotent
+by name within the experiment (a digest of the settings rides in the description), refuses other
+settings under a used name unless ``replace``, and checks names against the server's column
+(:data:`NAME_MAX`) first. A cron that never fires is refused (:mod:`pipelines.cron`). Every error the
+server answers becomes a G2RPOError with its status, its reason and what to do (:func:`server_errors`).
+
+``node_selector`` given as a parameter is merged over the profile's labels (:func:`merge_node_selector`):
+``{pool: spot}`` keeps ``nvidia.com/gpu.product``; ``{nvidia.com/gpu.product: null}`` removes it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,31 +37,47 @@ import yaml
 
 from g2rpo.errors import G2RPOError, problem
 from pipelines.alignment import PIPELINE_NAME, build_pipeline, compile_pipeline
+from pipelines.check import check_arguments
+from pipelines.cron import next_fire_times
 from pipelines.placement import PlacementProfile, load_profile
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
     "Submitted",
+    "NAME_MAX",
     "check_cron",
     "check_host",
+    "check_name",
+    "merge_node_selector",
+    "next_fire_times",
     "parse_arguments",
     "pipeline_inputs",
     "schedule",
+    "server_errors",
     "submit",
 ]
 
 CONNECT_TIMEOUT_S = 5.0
 HEALTHZ = "/apis/v2beta1/healthz"
 _TYPES = {"String": str, "Integer": int, "Float": (int, float), "Boolean": bool, "List": list, "Dict": dict}
-# One cron field: *, ?, a number or name, a range a-b, a step x/n; comma-separated lists of those.
-_CRON_ITEM = re.compile(r"^(\*|\?|[0-9A-Za-z]+(-[0-9A-Za-z]+)?)(/[0-9]+)?$")
-_CRON_FIELDS = (
-    ("seconds", 0, 59, {}),
-    ("minutes", 0, 59, {}),
-    ("hours", 0, 23, {}),
-    ("day of month", 1, 31, {}),
-    ("month", 1, 12, {m: i + 1 for i, m in enumerate("JAN FEB MAR APR MAY JUN JUL AUG SEP OCT NOV DEC".split())}),
-    ("day of week", 0, 6, {d: i for i, d in enumerate("SUN MON TUE WED THU FRI SAT".split())}),
+# KFP keeps display names (runs, recurring runs, experiments) in MySQL columns: a name longer than
+# 255 characters (MySQL's VARCHAR(255)) was answered with HTTP 500 "Data too long for column
+# 'DisplayName'" — after the ScheduledWorkflow had been created in Kubernetes, a schedule the API no
+# longer lists. Names are checked before any request.
+NAME_MAX = 255
+# A recurring run made by `g2rpo pipeline schedule` says so in its description, with a digest of its
+# settings: the same name with the same digest is the same schedule.
+_SETTINGS_TAG = "g2rpo schedule settings sha256:"
+_FIXES = {
+    400: "the server refused the request's values: check the parameters and names it names",
+    401: "the server wants credentials: log in (or port-forward to the API without the auth proxy)",
+    403: "the server's access control refused it: check your namespace and permissions (multi-user KFP)",
+    404: "check --host (the KFP API, e.g. http://localhost:8888) and that the experiment exists",
+    409: "it conflicts with something already on the server: look in the KFP UI",
+}
+_SERVER_FIX = (
+    "the KFP server failed; it may have created part of it (a ScheduledWorkflow) before failing: check the "
+    "KFP UI and `kubectl get scheduledworkflows` before retrying"
 )
 
 
@@ -55,10 +85,11 @@ _CRON_FIELDS = (
 class Submitted:
     """What the cluster answered."""
 
-    kind: str  # "run" or "recurring run"
+    kind: str  # "run", "recurring run" or "existing recurring run" (a schedule already there, kept)
     id: str
     experiment_id: str
     url: str
+    replaced: tuple[str, ...] = ()  # recurring runs disabled and deleted after this one was created
 
 
 def pipeline_inputs(profile: PlacementProfile | None = None) -> dict[str, str]:
@@ -69,7 +100,8 @@ def pipeline_inputs(profile: PlacementProfile | None = None) -> dict[str, str]:
 
 def parse_arguments(items: list[str] | tuple[str, ...], profile: PlacementProfile | None = None) -> dict[str, Any]:
     """``name=value`` items (values parsed as YAML: ``[1,2]`` is a list) into pipeline arguments, checked
-    against the pipeline's parameters; every problem is reported at once."""
+    against the pipeline's parameters; every problem is reported at once. With ``profile``, a
+    ``node_selector`` is merged over the profile's (:func:`merge_node_selector`)."""
     inputs = pipeline_inputs(profile)
     arguments: dict[str, Any] = {}
     problems = []
@@ -97,6 +129,8 @@ def parse_arguments(items: list[str] | tuple[str, ...], profile: PlacementProfil
         arguments[name] = value
     if problems:
         raise G2RPOError("bad pipeline arguments:\n  - " + "\n  - ".join(problems))
+    if profile is not None and "node_selector" in arguments:
+        arguments["node_selector"] = merge_node_selector(arguments["node_selector"], profile)
     return arguments
 
 
@@ -109,25 +143,33 @@ def _number(text: str) -> float | str:
 
 def check_cron(expression: str) -> str:
     """A six-field cron expression (seconds minutes hours day-of-month month day-of-week), as KFP's
-    scheduler reads it (in UTC); returns it normalised to single spaces."""
-    fields = expression.split()
-    fix = "six fields, seconds first, in UTC: e.g. '0 0 3 * * *' (03:00 UTC daily)"
-    if len(fields) != 6:
-        raise G2RPOError(problem("cron", expression, f"has {len(fields)} fields; write {fix}"))
-    for text, (label, low, high, names) in zip(fields, _CRON_FIELDS):
-        for item in text.split(","):
-            match = _CRON_ITEM.match(item)
-            if not match or (item == "?" and label not in ("day of month", "day of week")):
-                raise G2RPOError(problem("cron", expression, f"{label} field {text!r} is not valid; write {fix}"))
-            if match.group(1) in ("*", "?"):
-                continue
-            for part in match.group(1).split("-"):
-                number = names.get(part.upper()) if not part.isdigit() else int(part)
-                if number is None or not low <= number <= high:
-                    raise G2RPOError(
-                        problem("cron", expression, f"{label} {part!r} is outside {low}-{high}; write {fix}")
-                    )
-    return " ".join(fields)
+    scheduler reads it (in UTC), that fires at least once (:mod:`pipelines.cron`); returns it
+    normalised to single spaces."""
+    next_fire_times(expression, datetime.now(UTC), count=1)
+    return " ".join(expression.split())
+
+
+def check_name(field: str, name: str) -> str:
+    """A display name the KFP server can store (1 to :data:`NAME_MAX` characters, one line)."""
+    if not name.strip() or len(name) > NAME_MAX or "\n" in name:
+        raise G2RPOError(
+            problem(
+                field,
+                name,
+                f"give 1 to {NAME_MAX} characters on one line (it has {len(name)}): the KFP server stores names "
+                f"in a {NAME_MAX}-character column and fails on a longer one after it has created the schedule",
+            )
+        )
+    return name
+
+
+def merge_node_selector(value: Any, profile: PlacementProfile) -> Any:
+    """``node_selector``: the user's labels over the profile's, so that ``{pool: spot}`` keeps the profile's
+    GPU product label; a label set to null is removed. Anything but a mapping is left for the checks."""
+    if not isinstance(value, dict):
+        return value
+    merged = {**profile.node_selector, **value}
+    return {key: label for key, label in merged.items() if label is not None}
 
 
 def check_host(host: str, timeout: float = CONNECT_TIMEOUT_S) -> str:
@@ -155,6 +197,34 @@ def _client(host: str):
     return kfp.Client(host=host)
 
 
+@contextmanager
+def server_errors(what: str) -> Iterator[None]:
+    """Turn the KFP server's errors during ``what`` into a G2RPOError: its status, its reason, what to do."""
+    # kfp's generated API package is slow to import: only where a request is made, as in _client.
+    from kfp_server_api.exceptions import ApiException
+    from urllib3.exceptions import HTTPError as Urllib3Error
+
+    try:
+        yield
+    except ApiException as exc:
+        status = int(exc.status or 0)
+        fix = _FIXES.get(status, _SERVER_FIX if status >= 500 else "see the server's reason")
+        raise G2RPOError(
+            f"{what}: the KFP server answered {status} {exc.reason or ''}".rstrip() + f" — {_server_reason(exc)}; {fix}"
+        ) from None
+    except Urllib3Error as exc:
+        raise G2RPOError(f"{what}: the connection to the KFP server failed ({exc}); check --host and retry") from None
+
+
+def _server_reason(exc: Any) -> str:
+    """The server's own message from an error reply (KFP answers ``{"error": ..., "message": ...}``)."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        return str(exc.body or "no message").strip()[:500]
+    return str(body.get("message") or body.get("error") or "no message").strip()[:500]
+
+
 def submit(
     host: str,
     arguments: dict[str, Any],
@@ -168,14 +238,17 @@ def submit(
     """Start one run of the pipeline (compiled for the profile) in ``experiment``; ``service_account``
     overrides the profile's (the Helm chart's CronJob passes its own)."""
     profile = load_profile(profile_path)
+    check_arguments(arguments, profile)  # every value, as the tasks will build it, before the first request
+    run_name = check_name("--run-name", run_name or PIPELINE_NAME)
+    check_name("--experiment", experiment)
     host = check_host(host)
     client = _client(host)
-    with tempfile.TemporaryDirectory(prefix="g2rpo-submit-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="g2rpo-submit-") as tmp, server_errors(f"submitting run {run_name!r}"):
         package = compile_pipeline(Path(tmp) / "pipeline.yaml", profile_path)
         result = client.create_run_from_pipeline_package(
             str(package),
             arguments=arguments,
-            run_name=run_name or PIPELINE_NAME,
+            run_name=run_name,
             experiment_name=experiment,
             pipeline_root=pipeline_root,
             service_account=service_account or profile.service_account or None,
@@ -198,31 +271,105 @@ def schedule(
     profile_path: str | Path | None = None,
     pipeline_root: str | None = None,
     service_account: str | None = None,
+    replace: bool = False,
 ) -> Submitted:
     """A recurring run of the pipeline on ``cron`` (UTC), one at a time, never back-filling;
-    ``service_account`` overrides the profile's."""
+    ``service_account`` overrides the profile's.
+
+    Idempotent by name within the experiment (the KFP server does not check names): a recurring run of
+    that name with the same settings is kept and returned (``kind`` "existing recurring run"); one with
+    other settings is refused, naming it, unless ``replace``, which creates the new one and then disables
+    and deletes the old one."""
     cron = check_cron(cron)
     profile = load_profile(profile_path)
+    check_arguments(arguments, profile)  # every value, as the tasks will build it, before the first request
+    name = check_name("--name", name or f"{PIPELINE_NAME}-schedule")
+    check_name("--experiment", experiment)
+    account = service_account or profile.service_account or None
     host = check_host(host)
     client = _client(host)
-    experiment_id = client.create_experiment(experiment).experiment_id
     with tempfile.TemporaryDirectory(prefix="g2rpo-schedule-") as tmp:
         package = compile_pipeline(Path(tmp) / "pipeline.yaml", profile_path)
-        recurring = client.create_recurring_run(
-            experiment_id,
-            name or f"{PIPELINE_NAME}-schedule",
-            cron_expression=cron,
-            max_concurrency=1,
-            no_catchup=True,
-            params=arguments,
-            pipeline_package_path=str(package),
-            pipeline_root=pipeline_root,
-            service_account=service_account or profile.service_account or None,
-            enabled=True,
-        )
+        digest = _settings_digest(cron, arguments, pipeline_root, account, package.read_text(encoding="utf-8"))
+        with server_errors(f"finding experiment {experiment!r}"):
+            experiment_id = client.create_experiment(experiment).experiment_id
+        with server_errors(f"listing the recurring runs named {name!r}"):
+            existing = _recurring_runs_named(client, experiment_id, name)
+        same = [run for run in existing if (run.description or "").endswith(_SETTINGS_TAG + digest)]
+        if same and len(existing) == 1:
+            run = same[0]
+            return Submitted(
+                kind="existing recurring run",
+                id=run.recurring_run_id,
+                experiment_id=experiment_id,
+                url=f"{host}/#/recurringrun/details/{run.recurring_run_id}",
+            )
+        if existing and not replace:
+            listed = ", ".join(f"{run.recurring_run_id} ({run.status or 'unknown status'})" for run in existing)
+            raise G2RPOError(
+                problem(
+                    "--name",
+                    name,
+                    f"experiment {experiment!r} already has a recurring run of this name with other settings: "
+                    f"{listed}. Add --replace to create the new one and then disable and delete the old one, or "
+                    "choose another --name",
+                )
+            )
+        with server_errors(f"creating recurring run {name!r}"):
+            recurring = client.create_recurring_run(
+                experiment_id,
+                name,
+                description=f"{_SETTINGS_TAG}{digest}",
+                cron_expression=cron,
+                max_concurrency=1,
+                no_catchup=True,
+                params=arguments,
+                pipeline_package_path=str(package),
+                pipeline_root=pipeline_root,
+                service_account=account,
+                enabled=True,
+            )
+    for old in existing:
+        what = f"the new recurring run {recurring.recurring_run_id} exists; removing the old one {old.recurring_run_id}"
+        with server_errors(what):
+            client.disable_recurring_run(old.recurring_run_id)
+            client.delete_recurring_run(old.recurring_run_id)
     return Submitted(
         kind="recurring run",
         id=recurring.recurring_run_id,
         experiment_id=experiment_id,
         url=f"{host}/#/recurringrun/details/{recurring.recurring_run_id}",
+        replaced=tuple(run.recurring_run_id for run in existing),
     )
+
+
+def _settings_digest(
+    cron: str, arguments: dict[str, Any], pipeline_root: str | None, account: str | None, spec: str
+) -> str:
+    """sha256 of what a recurring run does: its cron, arguments, root, service account and compiled pipeline."""
+    blob = json.dumps(
+        {
+            "cron": cron,
+            "arguments": arguments,
+            "pipeline_root": pipeline_root,
+            "service_account": account,
+            "spec": spec,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def _recurring_runs_named(client: Any, experiment_id: str, name: str) -> list[Any]:
+    """Every recurring run of ``experiment_id`` whose display name is exactly ``name`` (the server's filter
+    ignores case; this does not), over all pages."""
+    predicate = {"operation": "EQUALS", "key": "display_name", "stringValue": name}
+    found, token = [], ""
+    while True:
+        page = client.list_recurring_runs(
+            page_token=token, page_size=100, experiment_id=experiment_id, filter=json.dumps({"predicates": [predicate]})
+        )
+        found += [run for run in page.recurring_runs or [] if run.display_name == name]
+        token = page.next_page_token or ""
+        if not token:
+            return found

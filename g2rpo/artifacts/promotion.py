@@ -43,7 +43,7 @@ from g2rpo.artifacts.registry import (
 )
 from g2rpo.artifacts.scores import bootstrap_mean_ci, paired_differences, summarize
 from g2rpo.artifacts.storage import sha256_file
-from g2rpo.config import Section, load_config
+from g2rpo.config import SEED_MAX, Section, load_config
 from g2rpo.errors import G2RPOError, problem
 
 __all__ = [
@@ -108,7 +108,9 @@ class Gates(Section):
     """A gates file: bootstrap settings and one gate per metric."""
 
     bootstrap_resamples: int = Field(2000, ge=100, le=100_000, description="paired bootstrap resamples")
-    bootstrap_seed: int = Field(0, description="seed of the bootstrap generator (decisions are reproducible)")
+    bootstrap_seed: int = Field(
+        0, ge=0, le=SEED_MAX, description="seed of the bootstrap generator (decisions are reproducible)"
+    )
     confidence: float = Field(0.95, gt=0.5, lt=1.0, description="two-sided CI level")
     metrics: dict[str, MetricGate] = Field(description="metric name -> gate; every metric here is checked")
 
@@ -143,6 +145,7 @@ def eval_record_from_scores(scores: EvalScores, scores_uri: str, scores_sha256: 
         seeds=list(scores.seeds),
         n=len(scores.items),
         metrics=summary,
+        definitions=dict(scores.definitions),
         scores_uri=scores_uri,
         scores_sha256=scores_sha256,
     )

@@ -81,6 +81,9 @@ class EvalRecord(Record):
     seeds: list[int] = Field(description="sampling seeds")
     n: int = Field(ge=1, description="number of (prompt, seed) items")
     metrics: dict[str, MetricSummary] = Field(description="per metric summary")
+    definitions: dict[str, str] = Field(
+        default_factory=dict, description="metric name -> the official definition its scores follow"
+    )
     scores_uri: str = Field(description="URI of the published per-prompt scores artifact")
     scores_sha256: str = Field(description="sha256 of scores.json")
 

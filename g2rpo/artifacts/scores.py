@@ -56,6 +56,10 @@ class EvalScores(Record):
     prompt_set_sha256: str | None = Field(None, description="digest of the prompt set file, when known")
     seeds: list[int] = Field(description="sampling seeds used for every prompt")
     items: list[ScoreItem] = Field(description="one entry per (prompt, seed)")
+    definitions: dict[str, str] = Field(
+        default_factory=dict,
+        description="metric name -> the official definition its scores follow (`g2rpo rewards list`)",
+    )
 
     @model_validator(mode="after")
     def _one_finite_score_per_item(self):

@@ -71,6 +71,7 @@ MiB = 1024 * 1024
 S3_MAX_PARTS = 10_000  # S3's limit on parts per multipart upload
 S3_MIN_PART = 5 * MiB  # every part but the last must be at least this big
 S3_MAX_PART = 5 * 1024 * MiB
+S3_MAX_OBJECT = 5 * 1024 * 1024 * MiB  # S3's largest object, 5 TiB
 # Names that a FileStore uses for its own temp and lock files; hidden from listings.
 _RESERVED = ".g2rpo-"
 
@@ -175,7 +176,9 @@ class S3Settings(Section):
         "standard", description="botocore retry mode (exponential backoff with jitter)"
     )
     max_attempts: int = Field(5, ge=1, le=20, description="attempts per request, first one included")
-    multipart_threshold: int = Field(64 * MiB, ge=S3_MIN_PART, description="files at least this big upload in parts")
+    multipart_threshold: int = Field(
+        64 * MiB, ge=S3_MIN_PART, le=S3_MAX_OBJECT, description="files at least this big upload in parts"
+    )
     min_part_size: int = Field(
         8 * MiB, ge=S3_MIN_PART, le=S3_MAX_PART, description="smallest part size; grows with the file (part_size_for)"
     )

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import g2rpo
@@ -21,7 +22,9 @@ from g2rpo.errors import G2RPOError, problem
 
 _PARAMS_HELP = (
     "pipeline parameters as name=value (values are YAML: iterations=100, granularities=[1,2], "
-    "node_selector='{pool: h200-spot}'); unknown names are refused with the valid ones listed"
+    "node_selector='{pool: h200-spot}'); unknown names are refused with the valid ones listed, and every value "
+    "is checked as the tasks will use it before anything is sent. node_selector is MERGED over the profile's "
+    "labels ({pool: h200-spot} keeps nvidia.com/gpu.product); a label set to null is removed"
 )
 _CRON_HELP = (
     "KFP cron: SIX fields, seconds first — 'sec min hour day-of-month month day-of-week' — evaluated in UTC "
@@ -57,7 +60,17 @@ def add_commands(subparsers) -> None:
     )
     _cluster_args(sched)
     sched.add_argument("--cron", required=True, help=_CRON_HELP)
-    sched.add_argument("--name", default=None, help="name of the recurring run (default g2rpo-alignment-schedule)")
+    sched.add_argument(
+        "--name",
+        default=None,
+        help="name of the recurring run (default g2rpo-alignment-schedule; at most 255 characters). One per name "
+        "and experiment: the same name with the same settings changes nothing; with other settings it is refused",
+    )
+    sched.add_argument(
+        "--replace",
+        action="store_true",
+        help="replace the recurring run of this name: create the new one, then disable and delete the old one",
+    )
     sched.set_defaults(handler=_schedule)
 
     local = sub.add_parser(
@@ -159,10 +172,11 @@ def _submit(args: argparse.Namespace) -> int:
 def _schedule(args: argparse.Namespace) -> int:
     _use_source_tree()
     from pipelines.placement import load_profile
-    from pipelines.submit import check_cron, parse_arguments, schedule
+    from pipelines.submit import check_cron, next_fire_times, parse_arguments, schedule
 
     cron = check_cron(args.cron)
     arguments = parse_arguments(args.parameters, load_profile(args.profile))
+    fires = ", ".join(t.strftime("%Y-%m-%d %H:%M:%S") for t in next_fire_times(cron, datetime.now(UTC)))
     done = schedule(
         args.host,
         cron,
@@ -172,8 +186,15 @@ def _schedule(args: argparse.Namespace) -> int:
         profile_path=args.profile,
         pipeline_root=args.pipeline_root,
         service_account=args.service_account,
+        replace=args.replace,
     )
-    print(f"scheduled {done.kind} {done.id} on '{cron}' (UTC) in experiment {args.experiment!r}: {done.url}")
+    if done.kind == "existing recurring run":
+        print(f"already scheduled with these settings: recurring run {done.id} on '{cron}' (UTC); nothing changed")
+    else:
+        print(f"scheduled {done.kind} {done.id} on '{cron}' (UTC) in experiment {args.experiment!r}: {done.url}")
+        for old in done.replaced:
+            print(f"  replaced recurring run {old} (disabled and deleted after the new one was created)")
+    print(f"  next fire times (UTC): {fires}")
     return 0
 
 

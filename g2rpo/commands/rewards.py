@@ -39,7 +39,8 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="another config key of the reward entry: arch, arch_config, vision_config, tokenizer, backbone, dtype",
+        help="another config key of the reward entry: arch, arch_config, vision_config, tokenizer, backbone, "
+        "max_new_tokens, dtype",
     )
     score.add_argument("--device", default="cpu", help="device (default cpu)")
     score.add_argument("--batch-size", type=int, default=16, help="images per call of the reward model (default 16)")
@@ -51,7 +52,14 @@ def _list(args: argparse.Namespace) -> int:
     from g2rpo.rewards.registry import REWARDS
 
     rows = [
-        {"name": s.name, "scale": s.scale, "needs": s.needs, "keys": list(s.keys), "summary": s.summary}
+        {
+            "name": s.name,
+            "scale": s.scale,
+            "needs": s.needs,
+            "keys": list(s.keys),
+            "summary": s.summary,
+            "definition": s.definition,
+        }
         for s in sorted(REWARDS.values(), key=lambda s: s.name)
     ]
     if args.json:
@@ -63,6 +71,7 @@ def _list(args: argparse.Namespace) -> int:
         print(f"{row['name']}  ({row['scale']})")
         print(f"    {row['summary']}")
         print(f"    needs: {row['needs']}")
+        print(f"    follows: {row['definition']}")
     return 0
 
 

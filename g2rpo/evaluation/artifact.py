@@ -4,10 +4,12 @@ Layout under the artifact's URI (published with :func:`g2rpo.artifacts.manifest.
 manifest last, so a reader sees all of it or nothing)::
 
     scores.json            g2rpo.artifacts.scores.EvalScores at num_steps: every (prompt, seed)'s score per
-                           metric (what the registry and the promotion gates read)
+                           metric (what the registry and the promotion gates read), and per metric the
+                           official definition it follows (the reward registry's ``definition``)
     scores.jsonl           every image of every step count: steps, prompt_id, prompt, seed, image, scores
-    metrics.json           per step count and metric: mean, std (ddof 1), n, 95 % bootstrap CI; with a
-                           baseline, the paired differences and their CIs (g2rpo.evaluation.report)
+    metrics.json           per step count and metric: mean, std (ddof 1), n, 95 % bootstrap CI; each
+                           metric's definition; with a baseline, the paired differences and their CIs
+                           (g2rpo.evaluation.report)
     prompts.json           the prompt set's URI and sha256, the seeds, and each prompt_id's text
     images/p{i}_s{seed}.png        the decoded sample of prompt p{i} and seed at num_steps, 8-bit RGB
     images/T{n}/p{i}_s{seed}.png   the same at each extra step count n

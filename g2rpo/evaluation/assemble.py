@@ -18,6 +18,7 @@ from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation import report, resume
 from g2rpo.evaluation.artifact import Baseline, PromptSet, eval_result_from, save_score_grid, step_image_name
 from g2rpo.evaluation.config import EvaluationConfig
+from g2rpo.rewards.registry import get_spec
 
 __all__ = ["assemble"]
 
@@ -63,6 +64,7 @@ def assemble(
                 for p in range(len(prompts))
                 for seed in seeds
             ],
+            definitions={m.name: get_spec(m.name).definition for m in config.rewards.models},
         )
         lines += [
             {
@@ -124,6 +126,7 @@ def assemble(
             "bootstrap_resamples": report.BOOTSTRAP_RESAMPLES,
             "bootstrap_seed": report.BOOTSTRAP_SEED,
             "by_steps": summaries,
+            "definitions": scores.definitions,
             **({"baseline": {"uri": baseline.uri, "paired": paired}} if baseline is not None else {}),
         },
     )
@@ -138,6 +141,7 @@ def assemble(
             "seeds": ", ".join(map(str, seeds)),
             "step counts": ", ".join(f"T={t}" + (" (gated)" if t == num_steps else "") for t in config.step_counts),
             "metrics": ", ".join(metric_names),
+            "definitions": "; ".join(f"{m}: {d}" for m, d in scores.definitions.items()),
             "baseline": baseline.uri if baseline is not None else "none",
             "output": output_uri,
         },

@@ -19,11 +19,11 @@ as in ``model`` (here ``null`` size = the model's own); ``max_sequence_length`` 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from g2rpo.config import PROBLEM_SEPARATOR, Section
+from g2rpo.config import COUNT_MAX, GUIDANCE_MAX, MAX_SIDE, PROBLEM_SEPARATOR, SEED_MAX, STEPS_MAX, Section
 from g2rpo.errors import problem
 from g2rpo.rewards.config import RewardsConfig
 
@@ -39,20 +39,22 @@ class EvaluationConfig(Section):
         "builtin:tiny is the packaged set for the tiny model",
     )
     num_prompts: int | None = Field(
-        None, ge=1, description="evaluate the first N prompts of the file (null = every prompt)"
+        None, ge=1, le=COUNT_MAX, description="evaluate the first N prompts of the file (null = every prompt)"
     )
-    seeds: list[int] = Field(
+    seeds: list[Annotated[int, Field(ge=0, le=SEED_MAX)]] = Field(
         default_factory=lambda: [0, 1, 2],
         min_length=1,
-        description="sampling seeds; each prompt's initial noise is FluxPipeline's for manual_seed(seed)",
+        description=f"sampling seeds, 0…{SEED_MAX} (2**64 − 1, torch.Generator's range); each prompt's initial noise is "
+        "FluxPipeline's for manual_seed(seed)",
     )
     num_steps: int = Field(
         16,
         ge=1,
+        le=STEPS_MAX,
         description="T, steps of the ODE sampler's σ grid (paper 16); scores.json, what the registry and the "
         "promotion gates read, holds this step count",
     )
-    extra_steps: list[int] = Field(
+    extra_steps: list[Annotated[int, Field(ge=1, le=STEPS_MAX)]] = Field(
         default_factory=list,
         description="further step counts evaluated on the same prompts and seeds and reported beside num_steps "
         "(the paper's 10/16/20 table); reported, not gated",
@@ -67,12 +69,20 @@ class EvaluationConfig(Section):
         False, description="feed the model int(σ·1000)/1000 as the reference code does (the step math keeps σ)"
     )
     height: int | None = Field(
-        None, ge=16, description="image height in pixels, a multiple of 16 (null = the model's VAE sample size)"
+        None,
+        ge=16,
+        le=MAX_SIDE,
+        description="image height in pixels, a multiple of 16 (null = the model's VAE sample size)",
     )
     width: int | None = Field(
-        None, ge=16, description="image width in pixels, a multiple of 16 (null = the model's VAE sample size)"
+        None,
+        ge=16,
+        le=MAX_SIDE,
+        description="image width in pixels, a multiple of 16 (null = the model's VAE sample size)",
     )
-    guidance: float | None = Field(3.5, description="embedded guidance scale (FLUX.1-dev 3.5; null for models without)")
+    guidance: float | None = Field(
+        3.5, ge=0, le=GUIDANCE_MAX, description="embedded guidance scale (FLUX.1-dev 3.5; null for models without)"
+    )
     max_sequence_length: int | None = Field(
         None, ge=1, le=512, description="T5 tokens per prompt (null = the tokenizer's, FLUX.1-dev 512)"
     )
@@ -84,15 +94,19 @@ class EvaluationConfig(Section):
         "float32", description="dtype of the transformer, VAE and text encoders"
     )
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = CUDA when available")
-    micro_batch: int = Field(32, ge=1, description="(prompt, seed) rows per transformer call while sampling")
+    micro_batch: int = Field(
+        32, ge=1, le=COUNT_MAX, description="(prompt, seed) rows per transformer call while sampling"
+    )
     decode_micro_batch: int = Field(
         16,
         ge=1,
+        le=COUNT_MAX,
         description="images per VAE decode call; the default comes from benchmarks/decode.py (fewer, larger calls are faster; at FLUX.1-dev 720² each image in a call adds its decode activations — benchmarks/README.md gives both)",
     )
     chunk_size: int = Field(
         32,
         ge=1,
+        le=COUNT_MAX,
         description="(prompt, seed) images per resumable chunk: each chunk's images and scores are saved under "
         "the output before the next starts, so an interrupted evaluation redoes at most one chunk per process",
     )
@@ -107,12 +121,12 @@ class EvaluationConfig(Section):
             problems.append(problem("prompts", self.prompts, "name a prompt file (local path or s3:// URI)"))
         if len(set(self.seeds)) != len(self.seeds):
             problems.append(problem("seeds", self.seeds, "list each seed once"))
-        if any(t < 1 for t in self.extra_steps) or len(set(self.step_counts)) != len(self.step_counts):
+        if len(set(self.step_counts)) != len(self.step_counts):
             problems.append(
                 problem(
                     "extra_steps",
                     self.extra_steps,
-                    f"list each step count (≥ 1) once, num_steps {self.num_steps} not again",
+                    f"list each step count once, num_steps {self.num_steps} not again",
                 )
             )
         for name in ("height", "width"):

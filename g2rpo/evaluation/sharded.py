@@ -20,6 +20,7 @@ import torch
 
 from g2rpo.artifacts.manifest import has_manifest
 from g2rpo.artifacts.storage import S3Settings, Store, open_store
+from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation import resume
 from g2rpo.evaluation.artifact import PromptSet, png_bytes
 from g2rpo.evaluation.config import EvaluationConfig
@@ -156,9 +157,33 @@ def _sample_chunks(model_uri, config, base_model_uri, settings, device, prompts,
             decode_micro_batch=config.decode_micro_batch,
         )  # [N, 3, H, W]
         table = score_rewards(rewards, images, [prompts[p] for p in rows], config.rewards.batch_size)  # [R, N]
+        _require_finite(table, names, chunk.name)
         scores = [{name: float(table[r, i]) for r, name in enumerate(names)} for i in range(len(rows))]
         resume.write_chunk(store, chunk, [png_bytes(image) for image in images], scores)
         generated += len(rows)
         say(f"chunk {chunk.name}: {len(rows)} image(s) scored ({done}/{len(chunks)} on this rank)")
         resume.fail_point(done)
     return generated
+
+
+def _require_finite(table: torch.Tensor, names: list[str], chunk: str) -> None:
+    """Refuse a chunk with a NaN/inf score (``table``: ``[R, N]``) now, naming the metric and the
+    fix, rather than at assembly: ``scores.json`` holds finite scores only. A UnifiedReward judge
+    gives NaN for an answer without its score line; MixGRPO's evaluation leaves such an image out of
+    the mean, which this evaluation does not (docs/rewards.md)."""
+    for r, name in enumerate(names):
+        bad = ~torch.isfinite(table[r])  # [N]
+        if bool(bad.any()):
+            judge = name.startswith("unified_reward_")
+            hint = (
+                "the judge's answer held no score line: raise max_new_tokens or check the checkpoint"
+                if judge
+                else "check the reward's weights and dtype (bf16/fp16 overflow)"
+            )
+            raise G2RPOError(
+                problem(
+                    f"rewards.models[{r}] ({name})",
+                    f"NaN for {int(bad.sum())} of {bad.numel()} image(s) of chunk {chunk}",
+                    f"the evaluation stores finite scores only; {hint}, or remove the metric",
+                )
+            )

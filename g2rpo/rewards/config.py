@@ -15,7 +15,7 @@ YAML::
 
 Per-model optional keys: ``arch`` (open_clip architecture), ``arch_config`` (open_clip config
 or BLIP ``med_config.json``), ``vision_config``, ``tokenizer`` (a folder), ``backbone`` (the
-aesthetic head's CLIP folder), ``mode`` and ``max_new_tokens`` (the UnifiedReward judge),
+aesthetic head's CLIP folder), ``max_new_tokens`` (the UnifiedReward judge),
 ``batch_size``, ``dtype``. A key a head does not use is an error
 (nothing is silently ignored); whether the files exist is checked when the head is built
 (:func:`g2rpo.rewards.registry.build_reward`), so a config can be validated on a machine
@@ -30,7 +30,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from g2rpo.config import PROBLEM_SEPARATOR, Section
+from g2rpo.config import COUNT_MAX, PROBLEM_SEPARATOR, Section
 from g2rpo.errors import problem
 
 __all__ = ["RewardModelConfig", "RewardsConfig", "OPTIONAL_KEYS"]
@@ -43,7 +43,6 @@ OPTIONAL_KEYS = (
     "vision_config",
     "tokenizer",
     "backbone",
-    "mode",
     "max_new_tokens",
 )
 
@@ -70,21 +69,24 @@ class RewardModelConfig(Section):
     )
     tokenizer: str | None = Field(
         None,
-        description="image_reward: folder with bert-base-uncased vocab.txt; pickscore, unified_reward: processor folder",
+        description="image_reward: folder with bert-base-uncased vocab.txt; pickscore, unified_reward_*: processor folder",
     )
     backbone: str | None = Field(None, description="aesthetic only: open_clip ViT-L/14 (OpenAI) local-dir folder")
-    mode: Literal["expectation", "generate"] | None = Field(
-        None,
-        description="unified_reward only: expectation (Σ v·p over the score tokens, default) or generate "
-        "(greedy answer, the number after 'Final Score:')",
-    )
     max_new_tokens: int | None = Field(
-        None, ge=1, description="unified_reward only, mode generate: most tokens the judge may write (default 512)"
+        None,
+        ge=1,
+        le=COUNT_MAX,
+        description="unified_reward_* only: most tokens the judge may write (default the official script's: "
+        "512 for unified_reward_score, 4096 for the semantic task)",
     )
     batch_size: int | None = Field(
-        None, ge=1, description="images per call for this model (default: rewards.batch_size)"
+        None, ge=1, le=COUNT_MAX, description="images per call for this model (default: rewards.batch_size)"
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="dtype the reward model runs in")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] | None = Field(
+        None,
+        description="dtype the reward model runs in (default: its official one: float32, or for unified_reward_* "
+        "auto = the checkpoint's stored dtype, as the official loader's torch_dtype='auto')",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RewardModelConfig:
@@ -101,6 +103,14 @@ class RewardModelConfig(Section):
                     problems.append(
                         problem(key, getattr(self, key), f"'{self.name}' does not use it (its keys: {used}); remove it")
                     )
+            if self.dtype == "auto" and spec.dtype != "auto":
+                problems.append(
+                    problem(
+                        "dtype",
+                        self.dtype,
+                        f"'{self.name}' has no stored dtype to keep: use float32, bfloat16 or float16",
+                    )
+                )
         if not math.isfinite(self.weight):
             problems.append(problem("weight", self.weight, "must be a finite number"))
         if problems:
@@ -117,7 +127,7 @@ class RewardsConfig(Section):
         description="reward models and their weights in the advantage sum",
     )
     batch_size: int = Field(
-        16, ge=1, description="images per reward-model call (a model's own batch_size overrides it)"
+        16, ge=1, le=COUNT_MAX, description="images per reward-model call (a model's own batch_size overrides it)"
     )
     cache_dir: str | None = Field(
         None, description="where s3:// weights are cached (default $G2RPO_CACHE_DIR or ~/.cache/g2rpo)"

@@ -40,9 +40,14 @@ class RewardSpec:
     required: tuple[str, ...]  # keys that must be set to build it
     scale: str  # the native scale, in words
     build: Callable[..., RewardModel]
+    # Which official definition the score follows (the audit in docs/rewards.md), in one line.
+    definition: str = "this project's own (no external reference)"
+    # dtype when the config sets none: "auto" keeps the checkpoint's stored dtype.
+    dtype: str = "float32"
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+AUTO_DTYPE = "auto"  # the checkpoint's stored dtype (transformers' torch_dtype="auto")
 
 
 def resolve_location(field: str, location: str, cache_dir: str | None = None) -> Path:
@@ -171,21 +176,24 @@ def _build_image_reward(cfg, device, dtype, cache_dir):
     )
 
 
-def _build_unified_reward(cfg, device, dtype, cache_dir):
-    from g2rpo.rewards.unified_reward import UnifiedReward
+def _build_unified_reward(metric: str) -> Callable[..., RewardModel]:
+    def build(cfg, device, dtype, cache_dir):
+        from g2rpo.rewards.unified_reward import UnifiedReward
 
-    loc = resolve_location("unified_reward.weights", cfg.weights, cache_dir)
-    processor = getattr(cfg, "tokenizer", None)
-    if processor is not None:
-        processor = resolve_location("unified_reward.tokenizer", processor, cache_dir)
-    return UnifiedReward.from_pretrained_dir(
-        loc,
-        processor_dir=processor,
-        mode=getattr(cfg, "mode", None) or "expectation",
-        max_new_tokens=getattr(cfg, "max_new_tokens", None) or 512,
-        device=device,
-        dtype=dtype,
-    )
+        loc = resolve_location(f"{metric}.weights", cfg.weights, cache_dir)
+        processor = getattr(cfg, "tokenizer", None)
+        if processor is not None:
+            processor = resolve_location(f"{metric}.tokenizer", processor, cache_dir)
+        return UnifiedReward.from_pretrained_dir(
+            loc,
+            processor_dir=processor,
+            metric=metric,
+            max_new_tokens=getattr(cfg, "max_new_tokens", None),
+            device=device,
+            dtype=dtype,
+        )
+
+    return build
 
 
 def _build_aesthetic(cfg, device, dtype, cache_dir):
@@ -236,6 +244,8 @@ REWARDS: dict[str, RewardSpec] = {
             ("weights",),
             "≈ 0.2–0.35",
             _build_hps,
+            definition="HPSv2 hpsv2/img_score.py score(hps_version='v2.1') @708ffb3: ResizeMaxSize(224) + pad, "
+            "image_features @ text_features, native (= G²RPO test_hps_score.py @a0e37ac; MixGRPO hps_score.py)",
         ),
         RewardSpec(
             "clip",
@@ -245,6 +255,9 @@ REWARDS: dict[str, RewardSpec] = {
             ("weights",),
             "≈ 0.2–0.4",
             _build_clip,
+            definition="G²RPO test_clip_score.py @c7fd0d2 = MixGRPO clip_score.py @e5cdd6a: open_clip "
+            "DFN5B-CLIP-ViT-H-14-384 with its own preprocess, "
+            "SimpleTokenizer (77), cosine (no ×100, no ×2.5)",
         ),
         RewardSpec(
             "pickscore",
@@ -254,6 +267,8 @@ REWARDS: dict[str, RewardSpec] = {
             ("weights",),
             "≈ 18–23",
             _build_pickscore,
+            definition="PickScore README @f79607f: exp(logit_scale) · cosine, CLIP-ViT-H-14-laion2B processor, "
+            "text max_length 77 (= G²RPO test_pickscore_score.py; MixGRPO's tables report this / 100)",
         ),
         RewardSpec(
             "image_reward",
@@ -263,16 +278,64 @@ REWARDS: dict[str, RewardSpec] = {
             ("weights",),
             "≈ N(0, 1)",
             _build_image_reward,
+            definition="ImageReward ImageReward.py score() @c69c0f9: BLIP + MLP on [CLS], (r − 0.16717) / 1.03334, "
+            "text max_length 35",
         ),
         RewardSpec(
-            "unified_reward",
-            "UnifiedReward: a Qwen2.5-VL judge's expected 1-5 score for caption agreement and quality",
+            "unified_reward_score",
+            "UnifiedReward point score: the judge's 'Final Score:' (caption alignment + quality)",
             "weights: Qwen2.5-VL judge folder, e.g. CodeGoat24/UnifiedReward-qwen-7b (model + processor); "
-            "optional tokenizer (processor folder), mode (expectation | generate), max_new_tokens",
-            ("weights", "tokenizer", "mode", "max_new_tokens"),
+            "optional tokenizer (processor folder), max_new_tokens",
+            ("weights", "tokenizer", "max_new_tokens"),
             ("weights",),
-            "1–5",
-            _build_unified_reward,
+            "0–5 (decimals); NaN when the answer has no score",
+            _build_unified_reward("unified_reward_score"),
+            definition="UnifiedReward qwen_point_score_image_generation.py @ed52f98 instruction verbatim, "
+            "checkpoint generation config "
+            "(max_new_tokens 512), number after 'Final Score:', first match (MixGRPO unified_reward.py @e5cdd6a)",
+            dtype="auto",
+        ),
+        RewardSpec(
+            "unified_reward_alignment",
+            "UnifiedReward semantic task: the judge's Alignment Score (MixGRPO's reported metric)",
+            "weights: Qwen2.5-VL judge folder, e.g. CodeGoat24/UnifiedReward-qwen-7b (model + processor); "
+            "optional tokenizer (processor folder), max_new_tokens",
+            ("weights", "tokenizer", "max_new_tokens"),
+            ("weights",),
+            "0–5 (decimals); NaN when the answer has no score",
+            _build_unified_reward("unified_reward_alignment"),
+            definition="UnifiedReward qwen_point_score_ACS_image_generation.py @ed52f98 instruction verbatim, "
+            "checkpoint generation config "
+            "(max_new_tokens 4096), number after 'Alignment Score (1-5):', first match (MixGRPO unified_reward.py @e5cdd6a)",
+            dtype="auto",
+        ),
+        RewardSpec(
+            "unified_reward_coherence",
+            "UnifiedReward semantic task: the judge's Coherence Score",
+            "weights: Qwen2.5-VL judge folder, e.g. CodeGoat24/UnifiedReward-qwen-7b (model + processor); "
+            "optional tokenizer (processor folder), max_new_tokens",
+            ("weights", "tokenizer", "max_new_tokens"),
+            ("weights",),
+            "0–5 (decimals); NaN when the answer has no score",
+            _build_unified_reward("unified_reward_coherence"),
+            definition="UnifiedReward qwen_point_score_ACS_image_generation.py @ed52f98 instruction verbatim, "
+            "checkpoint generation config "
+            "(max_new_tokens 4096), number after 'Coherence Score (1-5):', first match (MixGRPO unified_reward.py @e5cdd6a)",
+            dtype="auto",
+        ),
+        RewardSpec(
+            "unified_reward_style",
+            "UnifiedReward semantic task: the judge's Style Score",
+            "weights: Qwen2.5-VL judge folder, e.g. CodeGoat24/UnifiedReward-qwen-7b (model + processor); "
+            "optional tokenizer (processor folder), max_new_tokens",
+            ("weights", "tokenizer", "max_new_tokens"),
+            ("weights",),
+            "0–5 (decimals); NaN when the answer has no score",
+            _build_unified_reward("unified_reward_style"),
+            definition="UnifiedReward qwen_point_score_ACS_image_generation.py @ed52f98 instruction verbatim, "
+            "checkpoint generation config "
+            "(max_new_tokens 4096), number after 'Style Score (1-5):', first match (MixGRPO unified_reward.py @e5cdd6a)",
+            dtype="auto",
         ),
         RewardSpec(
             "aesthetic",
@@ -282,6 +345,8 @@ REWARDS: dict[str, RewardSpec] = {
             ("weights", "backbone"),
             "≈ 1–10",
             _build_aesthetic,
+            definition="improved-aesthetic-predictor simple_inference.py @3a70417: MLP(CLIP ViT-L/14 image "
+            "embedding / its L2 norm)",
         ),
         RewardSpec(
             "jpeg_compressibility",
@@ -390,10 +455,13 @@ def build_reward(
             raise G2RPOError(problem(f"{cfg.name}.{key}", None, f"'{cfg.name}' needs {spec.needs}"))
     device = _device(cfg.name, device)
     if dtype is None:
-        dtype = getattr(cfg, "dtype", "float32")
+        dtype = getattr(cfg, "dtype", None) or spec.dtype
     if isinstance(dtype, str):
+        if dtype == AUTO_DTYPE and spec.dtype == AUTO_DTYPE:
+            return spec.build(cfg, device, dtype, cache_dir)
         if dtype not in _DTYPES:
-            raise G2RPOError(problem(f"{cfg.name}.dtype", dtype, f"use one of {', '.join(_DTYPES)}"))
+            valid = [*_DTYPES, AUTO_DTYPE] if spec.dtype == AUTO_DTYPE else list(_DTYPES)
+            raise G2RPOError(problem(f"{cfg.name}.dtype", dtype, f"use one of {', '.join(valid)}"))
         dtype = _DTYPES[dtype]
     return spec.build(cfg, device, dtype, cache_dir)
 

@@ -324,10 +324,14 @@ _QWEN_SPECIALS = (
     "<|video_pad|>",
 )
 
-# The Qwen chat format (ChatML; an image part becomes <|vision_start|><|image_pad|><|vision_end|>),
-# written for the tiny judge; the published checkpoints ship their own template.
+# The chat layout of Qwen2.5-VL-Instruct's template, which the UnifiedReward checkpoints ship: a
+# default system turn when the chat has none, ChatML turns, an image part as
+# <|vision_start|><|image_pad|><|vision_end|>. Rendered text (and so token ids) as transformers'
+# Qwen2.5-VL integration test expects from the published processor (docs/rewards.md).
 QWEN_CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% for message in messages %}"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% endif %}<|im_start|>{{ message['role'] }}\n"
     "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
     "{% for part in message['content'] %}"
     "{% if part['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
@@ -365,13 +369,15 @@ def tiny_qwen2_tokenizer():
     return tokenizer
 
 
-def write_tiny_unified_reward(folder: str | Path, *, seed: int = 0) -> dict[str, Path]:
+def write_tiny_unified_reward(folder: str | Path, *, seed: int = 0, answer: str | None = None) -> dict[str, Path]:
     """A tiny Qwen2.5-VL judge folder in the published layout (``config.json``,
-    ``model.safetensors``, ``tokenizer.json``, ``processor_config.json``, ``chat_template.jinja``).
+    ``model.safetensors``, ``generation_config.json``, ``tokenizer.json``, ``processor_config.json``,
+    ``chat_template.jinja``).
 
     Vision: patch 8, merge 2, images resized into 256–4096 pixels (a 32×32 image is 4 image
-    tokens); text: 2 layers, 32 wide. Weights are seeded random with the output layer scaled up so
-    that the score tokens' probabilities differ visibly.
+    tokens); text: 2 layers, 32 wide. Weights are seeded random with the output layer scaled up.
+    A random judge writes no score; with ``answer`` (e.g. ``"Final Score: 2.35"``) the judge is
+    rewired to answer exactly that to any image and caption (:func:`_program_answer`).
     """
     from transformers import (
         Qwen2_5_VLConfig,
@@ -432,5 +438,34 @@ def write_tiny_unified_reward(folder: str | Path, *, seed: int = 0) -> dict[str,
     _jitter_(model, torch.Generator().manual_seed(seed + 1))
     with torch.no_grad():
         model.lm_head.weight.mul_(8.0)
+    if answer is not None:
+        _program_answer(model, tokenizer, answer)
     model.save_pretrained(folder)
     return {"dir": folder}
+
+
+def _program_answer(model, tokenizer, answer: str) -> None:
+    """Rewire a tiny judge so that greedy decoding after the generation prompt writes ``answer``.
+
+    Attention and MLP outputs are zeroed, so the last hidden state is the (normalised) embedding
+    of the last token alone; each token of the chain ``"\\n"`` (the generation prompt's last
+    token), ``answer``'s tokens, ``<|im_end|>`` gets a one-hot embedding, and the output layer maps
+    it to its successor. Every token of the chain must be distinct (its successor is a function of
+    the token) and the chain must fit the hidden width.
+    """
+    chain = [tokenizer.convert_tokens_to_ids("Ċ")]
+    chain += tokenizer(answer, add_special_tokens=False).input_ids + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    lm = model.model.language_model
+    width = lm.embed_tokens.weight.shape[1]
+    if len(set(chain)) != len(chain) or len(chain) > width:
+        raise ValueError(f"answer {answer!r}: its tokens must be distinct and fewer than {width - 1}")
+    with torch.no_grad():
+        for layer in lm.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        lm.norm.weight.fill_(1.0)
+        embed, out = lm.embed_tokens.weight, model.lm_head.weight
+        out.zero_()
+        for k, (token, successor) in enumerate(zip(chain[:-1], chain[1:], strict=True)):
+            embed[token] = torch.nn.functional.one_hot(torch.tensor(k), width).to(embed.dtype)
+            out[successor] = 10.0 * embed[token]

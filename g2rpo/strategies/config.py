@@ -39,7 +39,7 @@ from pydantic import (
     model_validator,
 )
 
-from g2rpo.config import PROBLEM_SEPARATOR, Section
+from g2rpo.config import COUNT_MAX, PROBLEM_SEPARATOR, STEPS_MAX, Section
 from g2rpo.errors import problem
 from g2rpo.strategies import PRESETS, STRATEGIES
 from g2rpo.strategies.base import StrategySettings
@@ -49,7 +49,7 @@ from g2rpo.strategies.mixgrpo import MixGRPOSettings
 
 __all__ = ["AlgorithmConfig"]
 
-PositiveInt = Annotated[int, Field(ge=1)]
+PositiveInt = Annotated[int, Field(ge=1, le=COUNT_MAX)]
 
 _NAMES = " | ".join(STRATEGIES)
 _PRESET_NAMES = ", ".join(
@@ -64,8 +64,10 @@ class AlgorithmConfig(Section):
     strategy: str = Field(
         "g2rpo", description=f"{_NAMES}; or a preset, read as its strategy with settings fixed: {_PRESET_NAMES}"
     )
-    num_steps: int = Field(16, ge=2, description="T, denoising steps of the sampler grid (≥ 2; paper 16)")
-    group_size: int = Field(12, ge=2, description="G, samples per group (≥ 2; paper 12)")
+    num_steps: int = Field(
+        16, ge=2, le=STEPS_MAX, description=f"T, denoising steps of the sampler grid (2…{STEPS_MAX}; paper 16)"
+    )
+    group_size: int = Field(12, ge=2, le=COUNT_MAX, description="G, samples per group (≥ 2; paper 12)")
     eta: float = Field(
         0.7,
         gt=0.0,

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from pydantic import Field
 
+from g2rpo.config import COUNT_MAX
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
     make_grid,
@@ -83,6 +84,7 @@ class DanceGRPOSettings(StrategySettings):
     trajectories_per_step: int | None = Field(
         4,
         ge=1,
+        le=COUNT_MAX,
         description=(
             "trajectories per prompt accumulated into each optimiser step (DanceGRPO script: 4, i.e. 3 steps "
             "per iteration at G = 12); null = one step per iteration"

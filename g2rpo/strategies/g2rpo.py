@@ -57,7 +57,7 @@ import torch
 from pydantic import Field, field_validator, model_validator
 
 from g2rpo import core
-from g2rpo.config import PROBLEM_SEPARATOR
+from g2rpo.config import PROBLEM_SEPARATOR, STEPS_MAX
 from g2rpo.errors import problem
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
@@ -90,18 +90,18 @@ class G2RPOSettings(StrategySettings):
 
     strategy: ClassVar[str] = "g2rpo"
 
-    branch_steps: list[int] | None = Field(
+    branch_steps: list[Annotated[int, Field(le=STEPS_MAX)]] | None = Field(
         None,
         description=(
             "M, the grid indices k where G²RPO branches (0 = noisiest, each < num_steps); "
             "null = the noisiest half, k = 0 … ceil(T/2)−1"
         ),
     )
-    branch_steps_per_iteration: Annotated[int, Field(ge=1)] | None = Field(
+    branch_steps_per_iteration: Annotated[int, Field(ge=1, le=STEPS_MAX)] | None = Field(
         None,
         description="draw this many steps of M at random each iteration (per prompt, seeded); null = all of M",
     )
-    granularities: list[int] = Field(
+    granularities: list[Annotated[int, Field(le=STEPS_MAX)]] = Field(
         [1, 2, 3],
         min_length=1,
         description="Λ, the strides each branch is finished with (integers ≥ 1; paper [1, 2, 3], reference [1, 2])",
@@ -113,7 +113,9 @@ class G2RPOSettings(StrategySettings):
             "σ[:k+2] + σ[k+2::λ] (one stride-1 step first), finished with an Euler step to 0"
         ),
     )
-    stride_weights: list[float] | None = Field(
+    # Non-finite and negative weights are refused together by _weights_finite_non_negative (one problem
+    # naming them all), not item by item as the section's allow_inf_nan=False would.
+    stride_weights: list[Annotated[float, Field(allow_inf_nan=True)]] | None = Field(
         None, description="α_j ≥ 0, one weight per granularity for the advantage sum (not all 0); null = all 1"
     )
     finish_solver: Literal["euler", "dpmpp_2m"] = Field(
@@ -123,7 +125,7 @@ class G2RPOSettings(StrategySettings):
             "same forwards per step; pair it with finish_steps to spend fewer forwards)"
         ),
     )
-    finish_steps: Annotated[int, Field(ge=1)] | None = Field(
+    finish_steps: Annotated[int, Field(ge=1, le=STEPS_MAX)] | None = Field(
         None,
         description=(
             "at most this many finishing steps per stride (its schedule thinned evenly, first and last σ kept); "

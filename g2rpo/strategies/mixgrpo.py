@@ -39,6 +39,7 @@ import torch
 from pydantic import Field
 
 from g2rpo import core
+from g2rpo.config import COUNT_MAX, STEPS_MAX
 from g2rpo.errors import problem
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
@@ -72,12 +73,13 @@ class MixGRPOSettings(StrategySettings):
 
     strategy: ClassVar[str] = "mixgrpo"
 
-    window_size: int = Field(4, ge=1, description="W, SDE steps in the sliding window (MixGRPO code: 4)")
-    window_shift: int = Field(1, ge=1, description="steps the window advances each time (code: 1)")
-    iters_per_shift: int = Field(25, ge=1, description="iterations between advances (code: 25)")
+    window_size: int = Field(4, ge=1, le=STEPS_MAX, description="W, SDE steps in the sliding window (MixGRPO code: 4)")
+    window_shift: int = Field(1, ge=1, le=STEPS_MAX, description="steps the window advances each time (code: 1)")
+    iters_per_shift: int = Field(25, ge=1, le=COUNT_MAX, description="iterations between advances (code: 25)")
     trajectories_per_step: int | None = Field(
         3,
         ge=1,
+        le=COUNT_MAX,
         description=(
             "trajectories per prompt accumulated into each optimiser step (MixGRPO script: 3, i.e. 4 steps per "
             "iteration at G = 12); null = one step per iteration"

@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from g2rpo.config import Section
+from g2rpo.config import COUNT_MAX, Section
 from g2rpo.errors import ConfigError, problem
 
 __all__ = ["DeepSpeedSection", "build_deepspeed_config", "validate_deepspeed_config", "known_top_level_keys"]
@@ -59,7 +59,10 @@ class DeepSpeedSection(Section):
     offload_param: bool = Field(False, description="keep ZeRO-3's parameter shards in CPU memory (stage 3 only)")
     overlap_comm: bool = Field(True, description="overlap gradient reduction with the backward pass")
     reduce_bucket_size: int = Field(
-        500_000_000, gt=0, description="elements per gradient-reduction bucket (DeepSpeed's reduce_bucket_size)"
+        500_000_000,
+        gt=0,
+        le=COUNT_MAX,
+        description="elements per gradient-reduction bucket (DeepSpeed's reduce_bucket_size)",
     )
     extra: dict[str, Any] = Field(
         default_factory=dict,

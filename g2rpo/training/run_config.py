@@ -25,7 +25,17 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, ValidationError, model_validator
 
-from g2rpo.config import PROBLEM_SEPARATOR, Section, config_hash, load_config, read_config_file
+from g2rpo.config import (
+    COUNT_MAX,
+    GUIDANCE_MAX,
+    MAX_SIDE,
+    PROBLEM_SEPARATOR,
+    SEED_MAX,
+    Section,
+    config_hash,
+    load_config,
+    read_config_file,
+)
 from g2rpo.errors import ConfigError, G2RPOError, problem
 from g2rpo.rewards.config import RewardsConfig
 from g2rpo.strategies.config import AlgorithmConfig
@@ -50,6 +60,8 @@ __all__ = [
 ]
 
 HASHED_SECTIONS = ("model", "algorithm", "data")
+# An AdamW beta: torch.optim.AdamW raises "Invalid beta parameter" outside [0, 1) — at the first step.
+Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
 
 
 class ModelSection(Section):
@@ -63,9 +75,15 @@ class ModelSection(Section):
         False,
         description="tests/demo only: build the tiny random-weight Flux pipeline at `path` if it does not exist yet",
     )
-    height: int = Field(720, ge=16, description="image height in pixels (multiple of 16; reference code 720)")
-    width: int = Field(720, ge=16, description="image width in pixels (multiple of 16; reference code 720)")
-    guidance: float | None = Field(3.5, description="embedded guidance scale (FLUX.1-dev 3.5; null for models without)")
+    height: int = Field(
+        720, ge=16, le=MAX_SIDE, description="image height in pixels (multiple of 16; reference code 720)"
+    )
+    width: int = Field(
+        720, ge=16, le=MAX_SIDE, description="image width in pixels (multiple of 16; reference code 720)"
+    )
+    guidance: float | None = Field(
+        3.5, ge=0, le=GUIDANCE_MAX, description="embedded guidance scale (FLUX.1-dev 3.5; null for models without)"
+    )
     base_model_name: str = Field(
         "black-forest-labs/FLUX.1-dev",
         description="what the exported model points to as its base (name or URI); its licence is recorded from the model dir",
@@ -116,7 +134,7 @@ class LoraSection(Section):
     """Optional LoRA adapters (peft) instead of a full fine-tune."""
 
     enabled: bool = Field(False, description="train LoRA adapters only; the base transformer stays frozen")
-    rank: int = Field(64, ge=1, description="LoRA rank r")
+    rank: int = Field(64, ge=1, le=COUNT_MAX, description="LoRA rank r")
     alpha: float = Field(128.0, gt=0, description="LoRA alpha (scale alpha / r)")
     dropout: float = Field(
         0.0, ge=0.0, lt=1.0, description="dropout on the LoRA path; must stay 0 (the policy runs in eval mode)"
@@ -155,21 +173,33 @@ class EmaSection(Section):
 class TrainSection(Section):
     """The optimisation loop."""
 
-    iterations: int = Field(300, ge=1, description="training iterations (reference code 300)")
+    iterations: int = Field(300, ge=1, le=COUNT_MAX, description="training iterations (reference code 300)")
     prompts_per_iteration: int = Field(
-        16, ge=1, description="groups per iteration over all ranks (paper: 16 GPUs × 1); a multiple of the world size"
+        16,
+        ge=1,
+        le=COUNT_MAX,
+        description="groups per iteration over all ranks (paper: 16 GPUs × 1); a multiple of the world size",
     )
-    seed: int = Field(0, ge=0, description="run seed: every draw derives from (seed, iteration, prompt, k, branch)")
+    seed: int = Field(
+        0,
+        ge=0,
+        le=SEED_MAX,
+        description=f"run seed, 0…{SEED_MAX} (torch.Generator's range): every draw derives from (seed, iteration, "
+        "prompt, k, branch)",
+    )
     learning_rate: float | None = Field(
         None,
         gt=0,
+        le=1.0,
         description=(
             "AdamW learning rate, constant, for every strategy; null = the chosen strategy's own "
             "(algorithm.<strategy>.learning_rate: G²RPO 2e-6 as the paper, DanceGRPO and MixGRPO 1e-5 as their scripts)"
         ),
     )
     weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay (paper 1e-4)")
-    adam_betas: tuple[float, float] = Field((0.9, 0.999), description="AdamW betas")
+    adam_betas: tuple[Beta, Beta] = Field(
+        (0.9, 0.999), description="AdamW betas (β1, β2), each in [0, 1): torch.optim.AdamW refuses others"
+    )
     adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon")
     max_grad_norm: float = Field(1.0, gt=0, description="clip the global gradient norm to this (reference 1.0)")
     precision: Literal["bf16", "fp32"] = Field(
@@ -180,13 +210,16 @@ class TrainSection(Section):
     decode_micro_batch: int = Field(
         16,
         ge=1,
+        le=COUNT_MAX,
         description="images per VAE decode call; the default comes from benchmarks/decode.py (fewer, larger calls are faster; at FLUX.1-dev 720² each image in a call adds its decode activations — benchmarks/README.md gives both)",
     )
     lora: LoraSection = Field(default_factory=LoraSection, description="LoRA adapters (peft)")
     ema: EmaSection = Field(default_factory=EmaSection, description="EMA of the trained weights")
-    checkpoint_every: int = Field(50, ge=1, description="save a resumable checkpoint every this many iterations")
-    keep_last: int = Field(2, ge=1, description="keep the newest this many checkpoints")
-    keep_iterations: list[Annotated[int, Field(ge=1)]] = Field(
+    checkpoint_every: int = Field(
+        50, ge=1, le=COUNT_MAX, description="save a resumable checkpoint every this many iterations"
+    )
+    keep_last: int = Field(2, ge=1, le=COUNT_MAX, description="keep the newest this many checkpoints")
+    keep_iterations: list[Annotated[int, Field(ge=1, le=COUNT_MAX)]] = Field(
         default_factory=list, description="checkpoints at these iterations are kept for good"
     )
     resume: str = Field(

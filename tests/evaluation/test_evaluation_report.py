@@ -4,6 +4,7 @@ SIGKILL half-way, the registry reading exactly the report's numbers, and bad inp
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import shutil
@@ -15,13 +16,14 @@ import numpy as np
 import pytest
 
 from g2rpo.artifacts.manifest import publish_dir
-from g2rpo.artifacts.scores import bootstrap_mean_ci
+from g2rpo.artifacts.promotion import eval_record_from_scores
+from g2rpo.artifacts.scores import EvalScores, bootstrap_mean_ci
 from g2rpo.artifacts.storage import open_store
 from g2rpo.config import load_config
 from g2rpo.errors import G2RPOError
 from g2rpo.evaluation import resume
 from g2rpo.evaluation.config import EvaluationConfig
-from g2rpo.rewards.registry import reward_names
+from g2rpo.rewards.registry import REWARDS, reward_names
 from g2rpo.steps.evaluate import evaluate
 from g2rpo.steps.register import register
 from tests.tiny_flux_fixture import make_tiny_flux
@@ -250,7 +252,11 @@ def test_the_papers_five_metrics_and_the_weight_free_ones_evaluate_together(tiny
         {"name": "clip", "weights": str(write_tiny_open_clip_dir(tmp_path / "clip", seed=1)["dir"])},
         {"name": "pickscore", "weights": str(write_tiny_pickscore_dir(tmp_path / "pick")["dir"])},
         {"name": "image_reward", "weights": str(write_tiny_image_reward(tmp_path / "ir")["checkpoint"])},
-        {"name": "unified_reward", "weights": str(write_tiny_unified_reward(tmp_path / "judge")["dir"])},
+        {
+            "name": "unified_reward_score",
+            "weights": str(write_tiny_unified_reward(tmp_path / "judge", answer="Final Score: 2.35")["dir"]),
+            "max_new_tokens": 12,
+        },
         {"name": "jpeg_compressibility"},
         {"name": "sharpness"},
     ]
@@ -260,8 +266,8 @@ def test_the_papers_five_metrics_and_the_weight_free_ones_evaluate_together(tiny
     lines = [json.loads(line) for line in (root / "scores.jsonl").read_text().splitlines()]
     assert len(lines) == 4 and all(sorted(line["scores"]) == sorted(names) for line in lines)
     assert all(np.isfinite(line["scores"][n]) for line in lines for n in names)
-    judged = np.array([line["scores"]["unified_reward"] for line in lines])
-    assert ((judged >= 1) & (judged <= 5)).all()  # an expectation over the score tokens 1…5
+    judged = np.array([line["scores"]["unified_reward_score"] for line in lines])
+    assert (judged == np.float32(2.35)).all()  # the judge's answer, parsed as the official code parses it
     summary = json.loads((root / "metrics.json").read_text())["by_steps"]["3"]
     for name in names:
         values = np.array([line["scores"][name] for line in lines])
@@ -274,3 +280,27 @@ def test_the_papers_five_metrics_and_the_weight_free_ones_evaluate_together(tiny
     assert any(path.startswith("plots/") for path in manifest)
     report = (root / "report.html").read_text()
     assert all(name in report for name in names)
+    # each metric says which official definition it follows: metrics.json, scores.json (which the
+    # registry's eval record is built from) and the report
+    definitions = {name: REWARDS[name].definition for name in names}
+    assert json.loads((root / "metrics.json").read_text())["definitions"] == definitions
+    scores = EvalScores.model_validate_json((root / "scores.json").read_text())
+    assert scores.definitions == definitions
+    assert eval_record_from_scores(scores, result.output_uri, "0" * 64).definitions == definitions
+    assert html.escape(definitions["unified_reward_score"]) in report
+
+
+def test_a_judge_answer_without_a_score_stops_the_evaluation_naming_the_metric(tiny_flux_dir, tmp_path):
+    """A random tiny judge writes no "Alignment Score (1-5):" line: the head gives NaN (MixGRPO: a
+    failed item), and the evaluation refuses the chunk at once with the metric and the fix, not
+    with a schema error when the chunk is read back."""
+    from g2rpo.rewards.tiny import write_tiny_unified_reward
+
+    judge = write_tiny_unified_reward(tmp_path / "judge")["dir"]
+    models = [{"name": "unified_reward_alignment", "weights": str(judge), "max_new_tokens": 4}]
+    with pytest.raises(
+        G2RPOError,
+        match=r"rewards.models\[0\] \(unified_reward_alignment\)='NaN for 2 of 2 image\(s\) of chunk .*"
+        r"the judge's answer held no score line: raise max_new_tokens",
+    ):
+        evaluate(str(tiny_flux_dir), _config(rewards={"models": models}, extra_steps=[]), str(tmp_path / "eval"))

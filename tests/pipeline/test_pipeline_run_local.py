@@ -157,3 +157,27 @@ def test_unknown_choices_are_refused(tmp_path):
             record_dir=tmp_path / "r",
             work_dir=tmp_path / "w",
         )
+
+
+def test_bad_values_are_refused_before_pretraining_and_leave_no_folder(tmp_path, capsys):
+    out, shared = tmp_path / "runs", tmp_path / "shared"
+    for _ in range(2):  # and the same command again gets the same answer
+        assert _run(out, shared, "bad", "group_size=1", "eval_seeds=[-1]") == 2
+        err = capsys.readouterr().err
+        assert "2 problem(s) in the pipeline's parameters" in err and "(parameter group_size)" in err
+        assert "(parameter eval_seeds)" in err
+    # Zero expensive work: the shapes model was not pretrained, nothing was written.
+    assert not (shared.parent / "shapes-flux").exists() and not out.exists() and not shared.exists()
+
+
+def test_a_run_that_fails_before_its_pipeline_can_simply_be_run_again(tmp_path, quick_shapes_dir, capsys):
+    # A prompt file that is not there passes the value checks (the tasks read it) and fails in the base
+    # model's evaluation, before the pipeline starts: the run folder it made is removed, so the same
+    # command again gets the same clean error (on main: a FileExistsError traceback on its tmp folder).
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    (tmp_path / "shapes-flux").symlink_to(quick_shapes_dir)
+    for _ in range(2):
+        assert _run(tmp_path / "runs", shared, "again", f"prompts_uri={tmp_path / 'missing.txt'}") == 2
+        assert "missing.txt" in capsys.readouterr().err
+        assert not (tmp_path / "runs" / "again").exists()

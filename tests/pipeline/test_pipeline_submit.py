@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from g2rpo.cli import main
+from pipelines.check import check_arguments
 from pipelines.placement import load_profile
 from pipelines.submit import check_cron
 from tests.pipeline.kfp_server import KfpServer
@@ -58,7 +59,8 @@ def test_submit_sends_experiment_pipeline_platform_spec_and_parameters(capsys):
         "iterations": 120,
         "learning_rate": 3e-6,
         "granularities": [1, 2],
-        "node_selector": {"pool": "h200-spot"},
+        # Merged over the profile's labels: the pool changes, the GPU product stays.
+        "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H200", "pool": "h200-spot"},
     }
     assert run["service_account"] == load_profile().service_account
     _check_pipeline_spec(run)
@@ -102,6 +104,13 @@ def test_submit_with_the_charts_service_account_overrides_the_profiles(capsys):
         (["schedule", "--cron", "0 3 * * *"], "has 5 fields"),
         (["schedule", "--cron", "0 0 25 * * *"], "hours '25' is outside 0-23"),
         (["schedule", "--cron", "0 0 3 * * FUNDAY"], "day of week 'FUNDAY'"),
+        (["schedule", "--cron", "0 0 3 31 2 *"], "never fires (no such day within 5 years, e.g. 31 February)"),
+        (["schedule", "--cron", "? 0 3 * * *"], "'?' is only for day of month or day of week, not seconds"),
+        (
+            ["schedule", "--cron", "0 0 3 * * *", "--name", "n" * 300],
+            "give 1 to 255 characters on one line (it has 300)",
+        ),
+        (["submit", "--run-name", "r" * 256], "give 1 to 255 characters"),
     ],
 )
 def test_bad_input_is_refused_before_any_request(argv, message, capsys):
@@ -113,6 +122,58 @@ def test_bad_input_is_refused_before_any_request(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "argv, messages",
+    [
+        (["submit", "group_size=1"], ["algorithm.group_size=1 (parameter group_size): Input should be greater than"]),
+        (["submit", "strategy=nope"], ["algorithm.strategy (parameter strategy): 'nope' is not a strategy"]),
+        (
+            ["schedule", "--cron", "0 0 3 * * *", "learning_rate=-1"],
+            ["train.learning_rate=-1 (parameter learning_rate): Input should be greater than 0"],
+        ),
+        (
+            # Every problem at once, from the train, evaluate and prepare tasks and the placement.
+            [
+                "submit",
+                "overrides=['train.adam_betas=[0.9, 1.5]', 'train.weight_decay=.inf']",
+                "eval_seeds=[18446744073709551616]",
+                "test_size=0",
+                "nodes=0",
+            ],
+            [
+                "5 problem(s) in the pipeline's parameters (nothing was sent or started)",
+                "train.adam_betas.1=1.5: Input should be less than 1",
+                "train.weight_decay=inf: Input should be a finite number",
+                "seeds.0=18446744073709551616: Input should be less than or equal to 18446744073709551615 "
+                "(parameter eval_seeds)",
+                "test_size=0: give an integer in 1…",
+                "nodes=0: give an integer in 1…",
+            ],
+        ),
+        (
+            ["submit", "gates_uri=configs/shapes-gates.yaml"],
+            ["gates metrics ['jpeg_compressibility', 'shapes_background'", "that the evaluation does not score"],
+        ),
+    ],
+)
+def test_bad_values_are_refused_before_any_request(argv, messages, capsys):
+    # What the tasks would refuse hours later on the cluster is refused here: no request at all.
+    with KfpServer() as server:
+        verb, *rest = argv
+        code = main(["pipeline", verb, "--host", server.url, *rest])
+        assert code == 2
+        assert server.requests == []
+    err = capsys.readouterr().err
+    for message in messages:
+        assert message in err
+
+
+def test_the_default_run_passes_its_own_checks():
+    # The pipeline's defaults with the h200 profile: the default gates gate what the default run scores.
+    values = check_arguments({}, load_profile())
+    assert values["gates_uri"] == "" and values["gpus_per_node"] == load_profile().gpus_per_node
+
+
 def test_an_unreachable_host_is_a_clear_error_within_seconds(capsys):
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))
@@ -122,6 +183,97 @@ def test_an_unreachable_host_is_a_clear_error_within_seconds(capsys):
     assert code == 2
     assert time.perf_counter() - started < 10
     assert "unreachable within 5 s" in capsys.readouterr().err
+
+
+def test_the_default_node_selector_label_can_be_removed(capsys):
+    with KfpServer() as server:
+        assert (
+            main(
+                ["pipeline", "submit", "--host", server.url, "node_selector={nvidia.com/gpu.product: null, pool: cpu}"]
+            )
+            == 0
+        )
+        (run,) = server.bodies("POST", RUNS)
+    assert run["runtime_config"]["parameters"]["node_selector"] == {"pool": "cpu"}
+
+
+def _schedule(server: KfpServer, *extra: str) -> int:
+    return main(["pipeline", "schedule", "--host", server.url, "--cron", "0 0 3 * * *", "--name", "nightly", *extra])
+
+
+def test_schedule_is_idempotent_by_name_and_refuses_other_settings(capsys):
+    # The observed server creates a second recurring run for a second request of the same name.
+    with KfpServer() as server:
+        assert _schedule(server, "iterations=100") == 0
+        assert "next fire times (UTC):" in capsys.readouterr().out
+        assert _schedule(server, "iterations=100") == 0  # same settings: nothing changes
+        out = capsys.readouterr().out
+        assert "already scheduled with these settings: recurring run rr1" in out and "nothing changed" in out
+        assert len(server.bodies("POST", RECURRING)) == 1 and list(server.recurring) == ["rr1"]
+
+        assert _schedule(server, "iterations=200") == 2  # other settings under the same name
+        err = capsys.readouterr().err
+        assert "already has a recurring run of this name with other settings: rr1 (ENABLED)" in err
+        assert "--replace" in err
+        assert list(server.recurring) == ["rr1"]
+
+        assert _schedule(server, "iterations=200", "--replace") == 0
+        out = capsys.readouterr().out
+        assert "scheduled recurring run rr2" in out and "replaced recurring run rr1" in out
+        assert list(server.recurring) == ["rr2"]
+        assert server.recurring["rr2"]["runtime_config"]["parameters"] == {"iterations": 200}
+        # The new one existed before the old one was disabled, then deleted.
+        order = [(m, p.split("?")[0]) for m, p, _ in server.requests if m != "GET"]
+        assert order[-3:] == [("POST", RECURRING), ("POST", f"{RECURRING}/rr1:disable"), ("DELETE", f"{RECURRING}/rr1")]
+
+
+def test_server_errors_are_clear_messages_not_tracebacks(capsys):
+    with KfpServer() as server:
+        message = "Internal error: Failed to create a recurring run: scheduledworkflow admission refused"
+        server.fail[("POST", RECURRING)] = (500, {"error": message, "code": 13, "message": message})
+        assert _schedule(server) == 2
+        err = capsys.readouterr().err
+        assert "creating recurring run 'nightly': the KFP server answered 500" in err
+        assert "scheduledworkflow admission refused" in err and "kubectl get scheduledworkflows" in err
+        assert "Traceback" not in err
+
+        server.fail[("POST", RUNS)] = (403, {"error": "denied", "message": "user cannot create runs in kubeflow"})
+        assert main(["pipeline", "submit", "--host", server.url]) == 2
+        err = capsys.readouterr().err
+        assert "the KFP server answered 403" in err and "user cannot create runs in kubeflow" in err
+        assert "check your namespace and permissions" in err
+
+
+def test_a_long_name_would_fail_on_the_observed_server():
+    # What the name check prevents: the loopback server answers a 300-character name as KFP 2.17 did.
+    import json
+    import urllib.request
+
+    with KfpServer() as server:
+        request = urllib.request.Request(
+            server.url + RECURRING, data=json.dumps({"display_name": "n" * 300}).encode(), method="POST"
+        )
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(request)
+    assert err.value.code == 500 and b"Data too long for column 'DisplayName'" in err.value.read()
+
+
+def test_next_fire_times_follow_the_scheduler():
+    from datetime import UTC, datetime
+
+    from pipelines.cron import next_fire_times
+
+    start = datetime(2026, 12, 1, 15, 0, tzinfo=UTC)
+    assert [t.isoformat() for t in next_fire_times("0 30 2 * * MON", start)] == [
+        "2026-12-07T02:30:00+00:00",  # 1 Dec 2026 is a Tuesday
+        "2026-12-14T02:30:00+00:00",
+        "2026-12-21T02:30:00+00:00",
+    ]
+    # Both day fields restricted: either matches (13 Dec 2026 is a Sunday, 4 Dec a Friday).
+    assert [t.day for t in next_fire_times("0 0 12 13 * FRI", start)] == [4, 11, 13]
+    # 29 February: once in the five years the scheduler looks ahead.
+    assert next_fire_times("0 0 0 29 2 *", start) == [datetime(2028, 2, 29, tzinfo=UTC)]
+    assert [t.hour for t in next_fire_times("0 0 3 ? * ?", start)] == [3, 3, 3]
 
 
 def test_valid_crons_pass_through():

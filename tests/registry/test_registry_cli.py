@@ -118,8 +118,8 @@ def test_registry_cli_full_cycle(root_uri, tmp_path, capsys):
 
 def test_registry_cli_gc_spares_champion(root_uri, tmp_path, capsys):
     reg_uri = f"{root_uri}/registry"
-    # The packaged default gates (no --gates) cover hps, clip, image_reward and pickscore.
-    scores = make_scores({"hps": 0.25, "clip": 0.3, "image_reward": 0.5, "pickscore": 21.0})
+    # The packaged default gates (no --gates) cover hps_v21 and clip, what the pipeline's default run scores.
+    scores = make_scores({"hps_v21": 0.25, "clip": 0.3})
     assert _register(reg_uri, root_uri, tmp_path, scores, "r1") == 0
     assert main(["registry", "promote", "flux-g2rpo", "1", "--registry", reg_uri]) == 0
     champion_export = Registry(reg_uri).get_version("flux-g2rpo", 1).export.uri

@@ -124,7 +124,7 @@ def test_registry_gate_on_a_metric_the_eval_lacks_is_a_configuration_error():
 
 def test_registry_gates_file_validation(tmp_path):
     gates, sha = load_gates(default_gates_path())
-    assert gates.metrics["hps"].domain == "in" and len(sha) == 64
+    assert gates.metrics["hps_v21"].domain == "in" and len(sha) == 64
     bad = tmp_path / "gates.yaml"
     bad.write_text(
         "metrics:\n"

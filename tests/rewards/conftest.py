@@ -46,3 +46,12 @@ def tiny_unified_reward(tmp_path_factory):
     from g2rpo.rewards.tiny import write_tiny_unified_reward
 
     return write_tiny_unified_reward(tmp_path_factory.mktemp("unified_reward"))
+
+
+@pytest.fixture(scope="session")
+def tiny_answering_judge(tmp_path_factory):
+    """The tiny judge rewired to answer "Final Score: 2.35" (the official answer's last line, with
+    decimals) to any image and caption: the random judge writes no score."""
+    from g2rpo.rewards.tiny import write_tiny_unified_reward
+
+    return write_tiny_unified_reward(tmp_path_factory.mktemp("answering_judge"), answer="Final Score: 2.35")["dir"]

@@ -12,14 +12,14 @@ pytestmark = pytest.mark.gpu
 
 
 def test_every_tiny_head_scores_on_cuda_like_on_cpu(
-    tiny_hps, tiny_clip_dir, tiny_pickscore, tiny_image_reward, tiny_unified_reward
+    tiny_hps, tiny_clip_dir, tiny_pickscore, tiny_image_reward, tiny_answering_judge
 ):
     entries = [
         RewardModelConfig(name="hps_v21", weights=str(tiny_hps["checkpoint"].parent)),
         RewardModelConfig(name="clip", weights=str(tiny_clip_dir["dir"])),
         RewardModelConfig(name="pickscore", weights=str(tiny_pickscore["dir"])),
         RewardModelConfig(name="image_reward", weights=str(tiny_image_reward["checkpoint"])),
-        RewardModelConfig(name="unified_reward", weights=str(tiny_unified_reward["dir"])),
+        RewardModelConfig(name="unified_reward_score", weights=str(tiny_answering_judge), max_new_tokens=12),
         RewardModelConfig(name="sharpness"),
     ]
     images = torch.rand(4, 3, 48, 40, generator=torch.Generator().manual_seed(0))

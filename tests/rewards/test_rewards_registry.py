@@ -29,7 +29,10 @@ EXPECTED_NAMES = [
     "shapes_shape",
     "sharpness",
     "total_variation",
-    "unified_reward",
+    "unified_reward_alignment",
+    "unified_reward_coherence",
+    "unified_reward_score",
+    "unified_reward_style",
 ]
 
 

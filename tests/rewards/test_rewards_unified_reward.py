@@ -1,22 +1,29 @@
 """UnifiedReward on a tiny Qwen2.5-VL judge whose tokenizer and processor are built offline: the
-expectation against a hand computation from the model's logits, left-padded batches equal to
-single calls, the generate mode on a judge programmed to answer, strict loading, the registry."""
+exact prompt of each task against fixtures written from the official sources, the official parser
+on the official repositories' sample answers and on malformed ones, a failed answer reported as
+NaN, the checkpoint's generation config and dtype, strict loading, the registry."""
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoProcessor, Qwen2_5_VLForConditionalGeneration
+from PIL import Image
+from transformers import Qwen2_5_VLForConditionalGeneration
+from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
 from g2rpo.errors import ConfigError, G2RPOError
 from g2rpo.rewards.config import RewardModelConfig
-from g2rpo.rewards.registry import build_reward
-from g2rpo.rewards.unified_reward import SCORING_PROMPT, UnifiedReward, parse_score
+from g2rpo.rewards.registry import REWARDS, build_reward
+from g2rpo.rewards.unified_reward import METRICS, UnifiedReward, parse_answer
 
 PROMPTS = ["a cat", "a photo of a small dog sitting on a red chair in the garden"]
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "unified_reward"
+CAPTION = "a red cube on a blue sphere"  # the caption the fixtures were written with
 
 
 def _images(n=2, h=32, w=48, seed=0):
@@ -30,109 +37,186 @@ def _copy_processor_files(src, dst):
             shutil.copy(path, dst / path.name)
 
 
-def _hand_expectation(head, image, prompt):
-    """Σ v·p over the tokens "1".."5" at the last position, built without the head's own code path."""
-    processor, tokenizer = head.processor, head.processor.tokenizer
-    messages = [
-        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": SCORING_PROMPT.format(prompt=prompt)}]}
-    ]
-    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + "Final Score: "
-    inputs = processor(text=[text], images=[image], return_tensors="pt", do_rescale=False)
-    tail = tokenizer.convert_ids_to_tokens(inputs.input_ids[0, -4:].tolist())
-    assert tail == ["Final", "ĠScore", ":", "Ġ"]  # the answer position follows "Final Score: "
-    with torch.no_grad():
-        logits = head.model(**inputs).logits[0, -1]  # [V]
-    ids = [tokenizer.convert_tokens_to_ids(str(v)) for v in range(1, 6)]
-    probs = torch.softmax(logits[ids], dim=0)
-    return sum(v * float(p) for v, p in zip(range(1, 6), probs, strict=True)), probs
-
-
-def test_expectation_equals_a_hand_computation_from_the_logits(tiny_unified_reward):
-    head = UnifiedReward.from_pretrained_dir(tiny_unified_reward["dir"])
-    images = _images()
-    scores = head.score(images, PROMPTS)
-    assert scores.shape == (2,) and scores.dtype == torch.float32
-    for i in range(2):
-        expected, probs = _hand_expectation(head, images[i], PROMPTS[i])
-        assert float(probs.max() - probs.min()) > 0.2  # not a uniform distribution (which gives 3.0)
-        assert abs(scores[i].item() - expected) < 1e-5
-        assert 1.0 <= scores[i].item() <= 5.0
-    torch.testing.assert_close(head.score_probabilities(images, PROMPTS).sum(-1), torch.ones(2))
-    assert torch.equal(head.score(images, PROMPTS), scores)  # deterministic
-
-
-def test_a_left_padded_batch_equals_single_calls(tiny_unified_reward):
-    head = UnifiedReward.from_pretrained_dir(tiny_unified_reward["dir"])
-    images = _images(seed=1)
-    batch = head.inputs(images, PROMPTS, prefill=True)
-    mask = batch["attention_mask"]
-    short = int(mask[0].sum())
-    assert short < mask.shape[1] and int(mask[1].sum()) == mask.shape[1]  # the prompts differ in length
-    assert mask[0, : mask.shape[1] - short].eq(0).all() and mask[0, -short:].eq(1).all()  # padded on the left
-    together = head.score(images, PROMPTS)
-    alone = torch.cat([head.score(images[i : i + 1], PROMPTS[i : i + 1]) for i in range(2)])
-    torch.testing.assert_close(together, alone, rtol=0, atol=1e-5)
-    assert abs(float(together[0] - together[1])) > 1e-3  # two different inputs, two different scores
-
-
-def _programmed_judge(src, dst, answer="4"):
-    """The tiny judge rewired to answer "Final Score: <answer>": attention and MLP outputs zeroed, so
-    the last hidden state is the normalised embedding of the last token, and the output layer maps
-    each token of the chain to the next one."""
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(src), local_files_only=True)
-    tokenizer = AutoProcessor.from_pretrained(str(src), local_files_only=True).tokenizer
-    chain = ["Ċ", "Final", "ĠScore", ":", "Ġ", answer, "<|im_end|>"]
-    ids = tokenizer.convert_tokens_to_ids(chain)
-    lm = model.model.language_model
-    with torch.no_grad():
-        for layer in lm.layers:
-            layer.self_attn.o_proj.weight.zero_()
-            layer.mlp.down_proj.weight.zero_()
-        lm.norm.weight.fill_(1.0)
-        embed, out = lm.embed_tokens.weight, model.lm_head.weight
-        out.zero_()
-        for k, (token, successor) in enumerate(zip(ids[:-1], ids[1:], strict=True)):
-            embed[token] = torch.nn.functional.one_hot(torch.tensor(k), embed.shape[1]).float()
-            out[successor] = 10.0 * embed[token]
-    model.save_pretrained(dst)
-    _copy_processor_files(src, dst)
-    return dst
-
-
-def test_generate_mode_parses_the_judges_answer(tiny_unified_reward, tmp_path):
-    folder = _programmed_judge(tiny_unified_reward["dir"], tmp_path / "judge")
-    head = UnifiedReward.from_pretrained_dir(folder, mode="generate", max_new_tokens=12)
-    images = _images(seed=2)
-    assert head.generate_texts(images, PROMPTS) == ["Final Score: 4", "Final Score: 4"]
-    assert head.score(images, PROMPTS).tolist() == [4.0, 4.0]
-    # the same judge in expectation mode puts (almost) all the mass on "4"
-    expectation = UnifiedReward.from_pretrained_dir(folder).score(images, PROMPTS)
-    torch.testing.assert_close(expectation, torch.full((2,), 4.0), rtol=0, atol=1e-3)
-
-
-def test_generate_mode_without_a_score_gives_nan_reported_by_name(tiny_unified_reward, caplog):
-    head = UnifiedReward.from_pretrained_dir(tiny_unified_reward["dir"], mode="generate", max_new_tokens=3)
-    with caplog.at_level("WARNING", logger="g2rpo.rewards"):
-        scores = head.score(_images(), PROMPTS)
-    assert bool(torch.isnan(scores).all())  # three random tokens hold no "Final Score:"
-    assert "reward 'unified_reward' returned NaN/inf for 2 of 2 image(s)" in caplog.text
+# --------------------------------------------------------------------------- the prompt
 
 
 @pytest.mark.parametrize(
-    ("text", "value"),
+    ("metric", "fixture"),
     [
-        ("The cat is shown (1).\nFinal Score: 4", 4.0),
-        ("final score: **3**", 3.0),
-        ("Final Score: 2.5", 2.5),
-        ("Final Score: 1 ... on reflection, Final Score: 5", 5.0),
-        ("Final Score: 7", math.nan),
-        ("Score 4", math.nan),
-        ("", math.nan),
+        ("unified_reward_score", "score_chat.txt"),
+        ("unified_reward_alignment", "semantic_chat.txt"),
+        ("unified_reward_coherence", "semantic_chat.txt"),
+        ("unified_reward_style", "semantic_chat.txt"),
     ],
 )
-def test_parse_score(text, value):
-    got = parse_score(text)
+def test_the_judge_reads_the_official_prompt_token_for_token(tiny_unified_reward, metric, fixture):
+    expected = (FIXTURES / fixture).read_text(encoding="utf-8")
+    head = UnifiedReward.from_pretrained_dir(tiny_unified_reward["dir"], metric=metric)
+    assert head.chat_text(CAPTION) == expected
+    # Token for token: the processor expands the one <|image_pad|> into the image's tokens
+    # (a 32×48 image: 4×6 patches of 8, merged 2×2 -> 6 tokens); the fixture, tokenized with the
+    # same expansion written out, must give the same ids and an all-ones mask.
+    batch = head.inputs(_images(1), [CAPTION])
+    tokenizer = head.processor.tokenizer
+    n_image = int(batch["image_grid_thw"][0].prod()) // 4
+    assert n_image == 6
+    ids = tokenizer(expected.replace("<|image_pad|>", "<|image_pad|>" * n_image), add_special_tokens=False).input_ids
+    assert batch["input_ids"][0].tolist() == ids
+    assert batch["attention_mask"][0].eq(1).all()
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    # the chat markers are single special tokens; the answer starts after "assistant\n"
+    assert pieces.count("<|im_start|>") == 3 and pieces.count("<|im_end|>") == 2
+    assert pieces[-11:] == ["<|im_start|>", *"assistant", "Ċ"]
+
+
+def test_each_task_has_the_official_generation_length_and_the_checkpoints_config(tiny_unified_reward):
+    score = UnifiedReward.from_pretrained_dir(tiny_unified_reward["dir"])
+    semantic = UnifiedReward.from_pretrained_dir(tiny_unified_reward["dir"], metric="unified_reward_alignment")
+    assert (score.name, score.task.name, score.max_new_tokens) == ("unified_reward_score", "score", 512)
+    assert (semantic.task.name, semantic.max_new_tokens) == ("semantic", 4096)
+    stored = json.loads((tiny_unified_reward["dir"] / "generation_config.json").read_text())
+    assert score.model.generation_config.eos_token_id == stored["eos_token_id"]
+
+
+# --------------------------------------------------------------------------- the parser
+
+# MixGRPO's extract_final_score docstring (fastvideo/models/reward_model/unified_reward.py @e5cdd6a4).
+MIXGRPO_SAMPLE = (
+    "ocean (location): 0\nclouds (object): 1\nbirds (animal): 0\nday time (attribute): 1\n"
+    "low depth field effect (attribute): 1\npainting (attribute): 1\nFinal Score: 2.33"
+)
+# UnifiedReward 2.0's example output (inference_qwen/UnifiedReward-2.0-inference/
+# point_score_ACS_image_generation.py @ed52f98c).
+UNIFIEDREWARD_SAMPLE = (
+    "Alignment Score (1-5): 2.694700002670288\nCoherence Score (1-5): 2.371500015258789\n"
+    "Style Score (1-5): 2.802500009536743\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("metric", "text", "value"),
+    [
+        ("unified_reward_score", MIXGRPO_SAMPLE, 2.33),
+        ("unified_reward_alignment", UNIFIEDREWARD_SAMPLE, 2.694700002670288),
+        ("unified_reward_coherence", UNIFIEDREWARD_SAMPLE, 2.371500015258789),
+        ("unified_reward_style", UNIFIEDREWARD_SAMPLE, 2.802500009536743),
+        ("unified_reward_score", "Final Score: 4", 4.0),
+        ("unified_reward_score", "Final Score:\n4.5/5", 4.5),  # \s* crosses the line break
+        ("unified_reward_score", "Final Score: 3 ... on reflection, Final Score: 5", 3.0),  # the first match
+        ("unified_reward_score", "Final Score: 10", 1.0),  # one digit [0-5]: the official reads "1"
+        ("unified_reward_score", "Final Score: 0.5", 0.5),  # 0 is in the pattern's range
+        ("unified_reward_score", "Final Score: 3.", 3.0),  # a decimal point needs digits after it
+        ("unified_reward_score", "Final Score: 6", math.nan),
+        ("unified_reward_score", "final score: 3", math.nan),  # case-sensitive
+        ("unified_reward_score", "Final Score: **3**", math.nan),
+        ("unified_reward_score", "Score 4", math.nan),
+        ("unified_reward_score", "", math.nan),
+        ("unified_reward_alignment", "Alignment Score: 4", math.nan),  # the label carries "(1-5)"
+        ("unified_reward_alignment", MIXGRPO_SAMPLE, math.nan),  # another task's answer
+    ],
+)
+def test_the_official_parser(metric, text, value):
+    got = parse_answer(metric, text)
     assert (math.isnan(got) and math.isnan(value)) or got == value
+
+
+# --------------------------------------------------------------------------- scoring
+
+
+def test_the_judges_decimal_answer_is_the_score(tiny_answering_judge):
+    head = UnifiedReward.from_pretrained_dir(tiny_answering_judge)
+    images = _images(seed=2)
+    assert head.generate_texts(images, PROMPTS) == ["Final Score: 2.35", "Final Score: 2.35"]
+    assert torch.equal(head.score(images, PROMPTS), torch.tensor([2.35, 2.35]))  # float32, as every head
+    # a left-padded batch of prompts of different lengths answers like single calls
+    batch = head.inputs(images, PROMPTS)
+    mask = batch["attention_mask"]
+    short = int(mask[0].sum())
+    assert short < mask.shape[1] and mask[0, : mask.shape[1] - short].eq(0).all()  # padded on the left
+    alone = [head.generate_texts(images[i : i + 1], PROMPTS[i : i + 1])[0] for i in range(2)]
+    assert alone == ["Final Score: 2.35", "Final Score: 2.35"]
+
+
+def test_a_left_padded_batch_reads_each_row_like_a_single_call(tiny_unified_reward):
+    """On the random judge (attention live, unlike the rewired one) the padding and the rope
+    positions must not change what a row's answer starts from: the next-token logits at the end of
+    each prompt — generate's first step — equal one call per image, and differ between images."""
+    head = UnifiedReward.from_pretrained_dir(tiny_unified_reward["dir"])
+    images = _images(seed=6)
+    with torch.no_grad():
+        together = head.model(**head.inputs(images, PROMPTS)).logits[:, -1]  # [2, V]
+        alone = torch.cat(
+            [head.model(**head.inputs(images[i : i + 1], PROMPTS[i : i + 1])).logits[:, -1] for i in range(2)]
+        )
+    torch.testing.assert_close(together, alone, rtol=0, atol=1e-4)
+    assert float((together[0] - together[1]).abs().max()) > 1e-2
+
+
+def test_an_answer_without_a_score_is_nan_reported_by_name(tiny_answering_judge, tiny_unified_reward, caplog):
+    # The answering judge's text holds no "Alignment Score (1-5):", the random one no number at all.
+    for folder in (tiny_answering_judge, tiny_unified_reward["dir"]):
+        head = UnifiedReward.from_pretrained_dir(folder, metric="unified_reward_alignment", max_new_tokens=8)
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="g2rpo.rewards"):
+            scores = head.score(_images(), PROMPTS)
+        assert bool(torch.isnan(scores).all())
+        assert "reward 'unified_reward_alignment' returned NaN/inf for 2 of 2 image(s)" in caplog.text
+
+
+def test_images_reach_the_processor_as_8_bit_levels(tiny_unified_reward):
+    head = UnifiedReward.from_pretrained_dir(tiny_unified_reward["dir"])
+    images = _images(1, 32, 32, seed=5)  # 32×32: the processor does not resize it
+    levels = (images * 255).round() / 255
+    got = head.inputs(images, ["a cat"])["pixel_values"]
+    assert torch.equal(got, head.inputs(levels, ["a cat"])["pixel_values"])
+    unrounded = head.processor.image_processor(images=list(images), do_rescale=False, return_tensors="pt")
+    assert not torch.equal(got, unrounded["pixel_values"])  # the rounding did something
+
+
+@pytest.mark.parametrize(("h", "w"), [(96, 80), (128, 128), (200, 150), (40, 56)])
+def test_the_official_pil_resize_and_the_heads_differ_by_a_few_8_bit_steps(tiny_unified_reward, h, w):
+    """The official path resizes a uint8 PIL image to the processor's size (qwen_vl_utils'
+    smart_resize, PIL bicubic) and the processor then only normalises; the head hands the processor
+    the 8-bit levels and lets it resize the tensor. Same grid, pixels within a few uint8 steps
+    (measured max 0.004–0.011, mean 0.0011–0.0013 on these sizes)."""
+    head = UnifiedReward.from_pretrained_dir(tiny_unified_reward["dir"])
+    processor = head.processor.image_processor
+    coarse = torch.rand(1, 3, 8, 8, generator=torch.Generator().manual_seed(h))
+    image = torch.nn.functional.interpolate(coarse, size=(h, w), mode="bicubic", align_corners=False).clamp(0, 1)
+    ours = head.inputs(image, ["a cat"])
+    size = smart_resize(
+        h,
+        w,
+        factor=processor.patch_size * processor.merge_size,
+        min_pixels=processor.size["shortest_edge"],
+        max_pixels=processor.size["longest_edge"],
+    )
+    pixels = (image[0].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
+    pil = Image.fromarray(pixels).resize(size[::-1], Image.BICUBIC)
+    official = head.processor(text=[head.chat_text("a cat")], images=[pil], return_tensors="pt")
+    assert torch.equal(ours["image_grid_thw"], official["image_grid_thw"])
+    assert torch.equal(ours["input_ids"], official["input_ids"])
+    std = torch.tensor(processor.image_std).view(1, 3, 1)
+    diff = (ours["pixel_values"] - official["pixel_values"]).abs().view(ours["pixel_values"].shape[0], 3, -1) * std
+    assert float(diff.max()) < 0.02 and float(diff.mean()) < 0.002  # in [0, 1] pixel units; 1/255 = 0.0039
+
+
+def test_dtype_auto_keeps_the_checkpoints_dtype(tiny_unified_reward, tmp_path):
+    folder = tmp_path / "bf16"
+    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(str(tiny_unified_reward["dir"]), local_files_only=True)
+    _copy_processor_files(tiny_unified_reward["dir"], folder)
+    model.to(torch.bfloat16).save_pretrained(folder)  # config.json now says bfloat16
+    assert UnifiedReward.from_pretrained_dir(folder).dtype == torch.bfloat16  # the official torch_dtype="auto"
+    assert build_reward(RewardModelConfig(name="unified_reward_score", weights=str(folder))).dtype == torch.bfloat16
+    forced = build_reward(RewardModelConfig(name="unified_reward_score", weights=str(folder), dtype="float32"))
+    assert forced.dtype == torch.float32
+    with pytest.raises((ConfigError, ValueError), match="'hps_v21' has no stored dtype to keep: use float32"):
+        RewardModelConfig(name="hps_v21", weights=str(folder), dtype="auto")
+    with pytest.raises(G2RPOError, match="jpeg_compressibility.dtype='auto': use one of float32, bfloat16, float16$"):
+        build_reward("jpeg_compressibility", dtype="auto")
+
+
+# --------------------------------------------------------------------------- loading and the registry
 
 
 def test_missing_or_partial_weights_are_refused(tiny_unified_reward, tmp_path):
@@ -141,7 +225,7 @@ def test_missing_or_partial_weights_are_refused(tiny_unified_reward, tmp_path):
     src = tiny_unified_reward["dir"]
     empty = tmp_path / "no_weights"
     _copy_processor_files(src, empty)
-    with pytest.raises(G2RPOError, match=r"unified_reward.weights=.*holds no weights \(\*\.safetensors\)"):
+    with pytest.raises(G2RPOError, match=r"unified_reward_score.weights=.*holds no weights \(\*\.safetensors\)"):
         UnifiedReward.from_pretrained_dir(empty)
     partial = tmp_path / "partial"
     _copy_processor_files(src, partial)
@@ -159,40 +243,50 @@ def test_missing_or_partial_weights_are_refused(tiny_unified_reward, tmp_path):
         UnifiedReward.from_pretrained_dir(no_template)
     with pytest.raises(G2RPOError, match="does not exist"):
         UnifiedReward.from_pretrained_dir(tmp_path / "nowhere")
+    with pytest.raises(
+        G2RPOError,
+        match="unified_reward.metric='unified_reward': use one of unified_reward_score, unified_reward_alignment",
+    ):
+        UnifiedReward.from_pretrained_dir(src, metric="unified_reward")
 
 
-def test_built_from_config_and_listed(tiny_unified_reward, capsys):
-    folder = str(tiny_unified_reward["dir"])
-    head = build_reward(RewardModelConfig(name="unified_reward", weights=folder))
-    assert isinstance(head, UnifiedReward) and head.mode == "expectation"
+def test_built_from_config_and_listed(tiny_answering_judge, capsys):
+    folder = str(tiny_answering_judge)
+    for metric in METRICS:
+        spec = REWARDS[metric]
+        assert spec.dtype == "auto" and "UnifiedReward" in spec.definition
+    head = build_reward(RewardModelConfig(name="unified_reward_score", weights=folder))
+    assert isinstance(head, UnifiedReward) and head.name == "unified_reward_score"
     images = _images(seed=3)
-    direct = UnifiedReward.from_pretrained_dir(folder)
-    assert torch.equal(head.score(images, PROMPTS), direct.score(images, PROMPTS))
-    generate = build_reward(
-        RewardModelConfig(name="unified_reward", weights=folder, tokenizer=folder, mode="generate", max_new_tokens=4)
+    assert torch.equal(head.score(images, PROMPTS), torch.tensor([2.35, 2.35]))
+    short = build_reward(
+        RewardModelConfig(name="unified_reward_style", weights=folder, tokenizer=folder, max_new_tokens=4)
     )
-    assert (generate.mode, generate.max_new_tokens) == ("generate", 4)
-    with pytest.raises(G2RPOError, match="unified_reward.weights=None: 'unified_reward' needs weights: Qwen2.5-VL"):
-        build_reward(RewardModelConfig(name="unified_reward"))
+    assert (short.name, short.task.name, short.max_new_tokens) == ("unified_reward_style", "semantic", 4)
+    with pytest.raises(G2RPOError, match="unified_reward_score.weights=None: 'unified_reward_score' needs weights"):
+        build_reward(RewardModelConfig(name="unified_reward_score"))
     with pytest.raises((ConfigError, ValueError), match="'clip' does not use it"):
-        RewardModelConfig(name="clip", weights="/x", mode="generate")
-    with pytest.raises((ConfigError, ValueError), match="mode"):
-        RewardModelConfig(name="unified_reward", weights="/x", mode="sample")
+        RewardModelConfig(name="clip", weights="/x", max_new_tokens=4)
+    with pytest.raises((ConfigError, ValueError), match="unknown reward"):
+        RewardModelConfig(name="unified_reward", weights="/x")
 
     from g2rpo.cli import main
 
     assert main(["rewards", "list"]) == 0
     out = capsys.readouterr().out
-    assert "\nunified_reward  (" in out and "CodeGoat24/UnifiedReward-qwen-7b" in out
+    assert "\nunified_reward_alignment  (" in out and "CodeGoat24/UnifiedReward-qwen-7b" in out
+    assert "follows: UnifiedReward qwen_point_score_ACS_image_generation.py @ed52f98 instruction verbatim" in out
 
 
 @pytest.mark.integration
-def test_weights_from_an_s3_artifact(tiny_unified_reward, s3_env, tmp_path):
+def test_weights_from_an_s3_artifact(tiny_answering_judge, s3_env, tmp_path):
     from g2rpo.artifacts.manifest import publish_dir
 
     uri = f"s3://{s3_env.bucket}/rewards/unified_reward"
-    publish_dir(tiny_unified_reward["dir"], uri)
-    remote = build_reward(RewardModelConfig(name="unified_reward", weights=uri), cache_dir=str(tmp_path / "cache"))
-    local = UnifiedReward.from_pretrained_dir(tiny_unified_reward["dir"])
+    publish_dir(tiny_answering_judge, uri)
+    remote = build_reward(
+        RewardModelConfig(name="unified_reward_score", weights=uri, max_new_tokens=12),
+        cache_dir=str(tmp_path / "cache"),
+    )
     images = _images(seed=4)
-    assert torch.equal(remote.score(images, PROMPTS), local.score(images, PROMPTS))
+    assert remote.generate_texts(images, PROMPTS) == ["Final Score: 2.35", "Final Score: 2.35"]

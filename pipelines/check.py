@@ -1,0 +1,216 @@
+"""Every value of a pipeline run, checked before anything is sent, downloaded or trained.
+
+``submit``, ``schedule`` and ``run-local`` call :func:`check_arguments` after the parameter names and
+types (:func:`pipelines.submit.parse_arguments`) and before their first request or expensive step. It
+resolves the run's parameters — the pipeline's defaults, the profile's placement defaults, then the
+user's arguments — into what the tasks themselves will build, with the tasks' own functions:
+
+- train: the :class:`~g2rpo.training.run_config.RunConfig` of :func:`g2rpo.steps.train_task.run_config_for`
+  (the base config file, the parameters, ``overrides``), every field and cross-field check, and the
+  split of ``train.prompts_per_iteration`` over ``nodes × gpus_per_node`` ranks;
+- evaluate: the :class:`~g2rpo.evaluation.config.EvaluationConfig` of
+  :func:`g2rpo.steps.train.matching_evaluation` (``eval_seeds``, ``eval_num_prompts``);
+- decide: the gates of :func:`g2rpo.steps.gate.gates_from` (a local file, or the packaged default),
+  and that every gated metric is one the evaluation scores;
+- prepare, placement, registry: ``test_size``, ``split_seed``, ``nodes``, ``gpus_per_node``, the node
+  selector's and tolerations' shapes (:func:`g2rpo.steps.train_task.trainjob_for`), ``model_name``.
+
+What needs the cluster (an ``s3://`` gates file, the model and prompt files on S3) is read by the tasks;
+everything else fails here, in one :class:`~g2rpo.errors.G2RPOError` listing every problem, each naming
+the pipeline parameter it came from.
+"""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+from typing import Any
+
+from pydantic import ValidationError
+
+from g2rpo.artifacts.registry import validate_model_name
+from g2rpo.config import COUNT_MAX, SEED_MAX, format_validation_error
+from g2rpo.errors import ConfigError, G2RPOError, problem
+from g2rpo.evaluation.config import EvaluationConfig
+from g2rpo.rewards.registry import get_spec
+from g2rpo.steps.gate import gates_from
+from g2rpo.steps.train import matching_evaluation
+from g2rpo.steps.train_task import PARAMETER_KEYS, run_config_for, trainjob_for
+from g2rpo.training.run_config import RunConfig, run_problems
+from pipelines.alignment import DEFAULTS
+from pipelines.placement import PlacementProfile, load_profile
+
+__all__ = ["argument_problems", "check_arguments", "run_values"]
+
+# Where the checked config pretends the task's files are: only their names are checked here.
+_PLACEHOLDER_DIR = "/pipeline-check"
+# The evaluation config's fields that a pipeline parameter sets.
+_EVALUATION_PARAMETERS = {"seeds": "eval_seeds", "num_prompts": "eval_num_prompts"}
+
+
+def run_values(arguments: dict[str, Any], profile: PlacementProfile) -> dict[str, Any]:
+    """Every parameter of the run as the pipeline will see it: defaults, the profile's, the arguments."""
+    placement = {
+        "gpus_per_node": profile.gpus_per_node,
+        "node_selector": dict(profile.node_selector),
+        "tolerations": list(profile.tolerations),
+    }
+    return {**DEFAULTS, **placement, **arguments}
+
+
+def check_arguments(arguments: dict[str, Any], profile: PlacementProfile | None = None) -> dict[str, Any]:
+    """Raise one G2RPOError listing every problem of the run's values; return the values when there is none."""
+    values = run_values(arguments, profile or load_profile())
+    problems = argument_problems(values)
+    if problems:
+        raise G2RPOError(
+            f"{len(problems)} problem(s) in the pipeline's parameters (nothing was sent or started):\n  - "
+            + "\n  - ".join(problems)
+        )
+    return values
+
+
+def argument_problems(values: dict[str, Any]) -> list[str]:
+    """The problems of a run's complete parameter values (:func:`run_values`), each naming its parameter."""
+    placement = _placement_problems(values)
+    problems = placement + _prepare_problems(values)
+    try:
+        validate_model_name(values["model_name"])
+    except G2RPOError as exc:
+        problems.append(f"model_name: {exc}")
+    config, config_problems = _run_config(values)
+    problems += config_problems
+    if config is not None:
+        world = values["nodes"] * _whole(values["gpus_per_node"]) if not placement else 1
+        problems += [f"train task: {p}" for p in run_problems(SimpleNamespace(train=config.train), world)]
+        if world > 1 and not config.deepspeed.enabled:
+            fix = f"{world} ranks need DeepSpeed: set it in the config"
+            problems.append(f"train task: {problem('deepspeed.enabled', False, fix)}")
+    # These run on a config that did not build too (with the evaluation's own defaults, and without
+    # the gated metrics' check), so that every problem is listed at once.
+    problems += _evaluation_problems(values, config)
+    problems += _gate_problems(values, config)
+    return problems
+
+
+def _whole(value: Any) -> Any:
+    """An integer parameter's value; a string of digits counts too (a KFP string parameter can carry a
+    count a Kubernetes field needs as a string, e.g. the accelerator limit)."""
+    return int(value) if isinstance(value, str) and value.strip().isdigit() else value
+
+
+def _int_problem(name: str, value: Any, low: int, high: int) -> str | None:
+    number = _whole(value)
+    if isinstance(number, bool) or not isinstance(number, int) or not low <= number <= high:
+        return problem(name, value, f"give an integer in {low}…{high}")
+    return None
+
+
+def _placement_problems(values: dict[str, Any]) -> list[str]:
+    problems = [
+        p
+        for p in (
+            _int_problem("nodes", values["nodes"], 1, COUNT_MAX),
+            _int_problem("gpus_per_node", values["gpus_per_node"], 1, 16),
+        )
+        if p
+    ]
+    try:
+        trainjob_for(
+            image="check",
+            run_id="check",
+            task="train",
+            gpus_per_node=1,
+            node_selector=values["node_selector"],
+            tolerations=values["tolerations"],
+        )
+    except G2RPOError as exc:
+        problems += [line.strip().removeprefix("- ") for line in str(exc).splitlines()[1:]]
+    return problems
+
+
+def _prepare_problems(values: dict[str, Any]) -> list[str]:
+    checks = (
+        _int_problem("test_size", values["test_size"], 1, COUNT_MAX),
+        _int_problem("split_seed", values["split_seed"], 0, SEED_MAX),
+        _int_problem("eval_num_prompts", values["eval_num_prompts"], 0, COUNT_MAX),
+    )
+    return [p for p in checks if p]
+
+
+def _run_config(values: dict[str, Any]) -> tuple[RunConfig | None, list[str]]:
+    """The train task's run config, or the problems that keep it from being built (named by parameter)."""
+    overrides = values["overrides"]
+    if not isinstance(overrides, list) or not all(isinstance(item, str) for item in overrides):
+        return None, [problem("overrides", overrides, "give a list of 'key=value' strings, e.g. ['train.seed=3']")]
+    choices = {name: values[name] for name in PARAMETER_KEYS}
+    try:
+        config = run_config_for(
+            values["config_uri"],
+            choices,
+            overrides,
+            base_model_uri=values["base_model_uri"],
+            prompts=f"{_PLACEHOLDER_DIR}/train.jsonl",
+            output_dir=_PLACEHOLDER_DIR,
+        )
+    except ConfigError as exc:
+        return None, [f"train task: {_name_parameter(p)}" for p in exc.problems]
+    except G2RPOError as exc:
+        return None, [str(exc)]
+    return config, []
+
+
+def _name_parameter(line: str) -> str:
+    """``algorithm.group_size=1: …`` → ``algorithm.group_size=1 (parameter group_size): …``."""
+    for name, key in PARAMETER_KEYS.items():
+        match = re.match(rf"^{re.escape(key)}(\.\S*?)?(=.*?)?: ", line)
+        if match:
+            head = match.group(0)[:-2]
+            return f"{head} (parameter {name}): {line[len(head) + 2 :]}"
+    return line
+
+
+def _evaluation_problems(values: dict[str, Any], config: RunConfig | None) -> list[str]:
+    prompts = f"{_PLACEHOLDER_DIR}/test.jsonl"
+    num_prompts = values["eval_num_prompts"] or None
+    seeds = values["eval_seeds"] if isinstance(values["eval_seeds"], list) else [values["eval_seeds"]]
+    try:
+        if config is not None:
+            matching_evaluation(config, prompts, num_prompts=num_prompts, seeds=seeds)
+        else:
+            EvaluationConfig(prompts=prompts, num_prompts=num_prompts, seeds=seeds)
+    except ValidationError as err:
+        lines = format_validation_error(EvaluationConfig, err)
+        out = []
+        for line in lines:
+            field = re.split(r"[.=:]", line, maxsplit=1)[0]
+            name = _EVALUATION_PARAMETERS.get(field)
+            out.append(f"evaluate task: {line}" + (f" (parameter {name})" if name else ""))
+        return out
+    return []
+
+
+def _gate_problems(values: dict[str, Any], config: RunConfig | None) -> list[str]:
+    gates_uri = values["gates_uri"]
+    if str(gates_uri).startswith("s3://"):
+        return []  # read by the decide task, with the cluster's credentials
+    try:
+        gates, _ = gates_from(gates_uri)
+    except ConfigError as exc:
+        return [f"gates_uri={gates_uri!r} ({exc.source or 'the packaged default'}): {p}" for p in exc.problems]
+    except G2RPOError as exc:
+        return [f"gates_uri: {exc}"]
+    if config is None:
+        return []
+    scored = sorted(get_spec(model.name).name for model in config.rewards.models)  # the evaluation's metric names
+    unknown = sorted(set(gates.metrics) - set(scored))
+    if unknown:
+        return [
+            problem(
+                "gates_uri",
+                gates_uri or "the packaged default",
+                f"gates metrics {unknown} that the evaluation does not score (it scores {scored}): "
+                "gate only the run's rewards, or add them to `rewards` (weight 0 scores without training on it)",
+            )
+        ]
+    return []
