@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.launch.trainjob import gpus_per_node_from
 from pipelines.alignment import PIPELINE_NAME, build_pipeline, compile_pipeline
 from pipelines.placement import PlacementProfile, load_profile
 
@@ -94,6 +95,12 @@ def parse_arguments(items: list[str] | tuple[str, ...], profile: PlacementProfil
         if isinstance(value, bool) and inputs[name] != "Boolean" or not isinstance(value, expected):
             problems.append(problem(name, text, f"must be {inputs[name]}"))
             continue
+        if name == "gpus_per_node":  # a string parameter holding a number (pipelines/alignment.py)
+            try:
+                value = str(gpus_per_node_from(value))
+            except G2RPOError as exc:
+                problems.append(str(exc))
+                continue
         arguments[name] = value
     if problems:
         raise G2RPOError("bad pipeline arguments:\n  - " + "\n  - ".join(problems))

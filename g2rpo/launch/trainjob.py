@@ -57,11 +57,13 @@ from g2rpo.errors import G2RPOError, problem
 
 __all__ = [
     "CONFIG_ENV",
+    "MAX_GPUS_PER_NODE",
     "S3_SECRET_KEYS",
     "TRAINING_RUNTIME",
     "Placement",
     "TrainJobLaunch",
     "TrainJobOutcome",
+    "gpus_per_node_from",
     "job_name",
     "launch_trainjob",
     "train_command",
@@ -86,6 +88,8 @@ ANNOTATION_TASK = "g2rpo.io/kfp-task"
 # the task waits a little longer than the deadline and reports the job's DeadlineExceeded message.
 DEFAULT_DEADLINE_S = 3 * 24 * 3600
 DEADLINE_GRACE_S = 15 * 60
+# The most GPUs one node holds (the placement profile's bound too).
+MAX_GPUS_PER_NODE = 16
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,24 @@ class TrainJobOutcome:
     name: str
     namespace: str
     followed: bool
+
+
+def gpus_per_node_from(value: str | int) -> int:
+    """The pipeline's ``gpus_per_node`` parameter as a number of GPUs (1 to :data:`MAX_GPUS_PER_NODE`).
+
+    The parameter is a string ("8") because KFP's driver reads an accelerator count from a pipeline
+    input only as a string (pipelines/alignment.py); anything but a whole number in range is refused
+    here, before a pod or a TrainJob asks the scheduler for it."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdecimal() or not 1 <= int(text) <= MAX_GPUS_PER_NODE:
+        raise G2RPOError(
+            problem(
+                "gpus_per_node",
+                value,
+                f"give the GPUs of one node as a whole number from 1 to {MAX_GPUS_PER_NODE}, e.g. gpus_per_node=8",
+            )
+        )
+    return int(text)
 
 
 def job_name(run_id: str, task: str) -> str:
