@@ -116,6 +116,12 @@ def render(values: dict[str, Any] | None = None, chart: Path = CHART, namespace:
     return docs
 
 
+def training_runtime(values: dict[str, Any] | None = None) -> dict:
+    """The ClusterTrainingRuntime the chart renders for ``values``."""
+    (runtime,) = [doc for doc in render(values) if doc["kind"] == "ClusterTrainingRuntime"]
+    return runtime
+
+
 def kinds(docs: list[dict]) -> list[str]:
     return sorted(doc["kind"] for doc in docs)
 
