@@ -17,6 +17,7 @@ import yaml
 
 import g2rpo
 from g2rpo.launch.trainjob import NODE_JOB, TRAINING_RUNTIME, Placement
+from pipelines.placement import load_profile
 from tests.chart.chart_render import (
     CHART,
     CRD_DIR,
@@ -240,6 +241,13 @@ def test_retraining_cronjob_submits_with_the_release_service_account(rendered):
     assert args[-2:] == ["--experiment", "g2rpo"]
     [token] = pod["volumes"]
     assert token["projected"]["sources"][0]["serviceAccountToken"]["audience"] == "pipelines.kubeflow.org"
+
+
+def test_the_placement_profiles_service_account_is_the_charts(rendered):
+    # `g2rpo pipeline submit` runs every pod (and a TrainJob's) as the profile's account: the one the chart
+    # creates and grants the launcher's calls, not a name that does not exist, nor KFP's pipeline-runner.
+    account = _one(rendered["defaults"], "ServiceAccount")
+    assert account["metadata"]["name"] == load_profile().service_account
 
 
 def test_monitors_select_the_training_pods_and_the_pushgateway(rendered):
