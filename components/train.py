@@ -27,7 +27,7 @@ def train(
     store_uri: str,
     model_name: str,
     nodes: int,
-    gpus_per_node: int,
+    gpus_per_node: str,
     checkpoint_store_uri: str,
     run_id: str,
     task_name: str,
@@ -49,7 +49,10 @@ def train(
     from g2rpo.progress import quiet_library_bars_in_logs
 
     quiet_library_bars_in_logs()  # a pod's log: no loading bars of carriage returns (before transformers loads)
+    from g2rpo.launch.trainjob import gpus_per_node_from
     from g2rpo.steps.train_task import checkpoint_uri_for, train_task, trainjob_for
+
+    gpus = gpus_per_node_from(gpus_per_node)  # a string parameter: the driver reads accelerator counts as strings
 
     choices = {
         "strategy": strategy,
@@ -69,13 +72,13 @@ def train(
         publish_uri=f"{store_uri.rstrip('/')}/exports/{model_name}",
         record_dir=model.path,
         nodes=nodes,
-        gpus_per_node=gpus_per_node,
+        gpus_per_node=gpus,
         checkpoint_uri=checkpoint_uri_for(store_uri, run_id, task_name, checkpoint_store_uri),
         trainjob=trainjob_for(
             image=trainer_image,
             run_id=run_id,
             task=task_name,
-            gpus_per_node=gpus_per_node,
+            gpus_per_node=gpus,
             node_selector=node_selector,
             tolerations=tolerations,
             shm_size=shm_size,

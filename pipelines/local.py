@@ -99,7 +99,7 @@ def local_arguments(shared: Path, iterations: int, model: Path) -> dict[str, Any
         "test_size": HELD_OUT,
         "eval_seeds": [0, 1, 2],
         "gates_uri": str(CHECKOUT / "configs" / "shapes-gates.yaml"),
-        "gpus_per_node": 1,
+        "gpus_per_node": "1",
     }
 
 
