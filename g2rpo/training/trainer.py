@@ -635,16 +635,16 @@ class Trainer:
                 "selected_iteration": None if selection is None else selection.iteration,
             }
         )
-        for callback in self.callbacks:
-            hook = getattr(callback, "on_validation", None)  # duck-typed callbacks may lack it
-            if hook is not None:
-                hook(self, record, selection)
         reason = early_stop_reason(self.validation_history, validation.stop_after_breaches, validation.patience)
         if reason is not None and self.stop_reason is None:
             self.stop_reason = reason
             self._log_event({"event": "early_stop", "iteration": self.iteration, "reason": reason})
             if ctx.is_main:
                 print(f"g2rpo train: early stop at iteration {self.iteration}: {reason}", file=sys.stderr, flush=True)
+        for callback in self.callbacks:
+            hook = getattr(callback, "on_validation", None)  # duck-typed callbacks may lack it
+            if hook is not None:
+                hook(self, record, selection)
         return record
 
     def _protect_best(self) -> Selection | None:
