@@ -124,3 +124,35 @@ def test_validation_is_deterministic_and_its_chunks_matter(tiny_model, tmp_path)
     other = Trainer(_config(tiny_model, tmp_path / "c", micro_batch=1)).setup().validate()
     for name in a.metrics:
         assert other.metrics[name].mean == pytest.approx(a.metrics[name].mean, rel=1e-3)
+
+
+@pytest.mark.slow  # a DeepSpeed start under torchrun: ~25 s on idle cores, minutes on busy ones
+def test_two_ranks_share_the_validation_and_get_one_processs_record(tiny_model, tmp_path):
+    """3 prompts × 2 seeds in chunks of 2 rows = 3 chunks: rank 0 samples chunks 0 and 2, rank 1
+    chunk 1 and then (no chunk left) chunk 0 again, dropped, so both run the same forwards. The
+    gathered record equals the one process's, bit for bit (the same weights before any update)."""
+    import socket
+    import subprocess
+    import sys
+
+    from trainer_testlib import REPO, subprocess_env
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    dump = tmp_path / "record.json"
+    worker = Path(__file__).resolve().parent / "trainer_validation_worker.py"
+    torchrun = Path(sys.executable).parent / "torchrun"
+    command = [str(torchrun), "--nproc_per_node", "2", "--master_addr", "127.0.0.1"]
+    command += ["--master_port", str(port), str(worker), str(tiny_model), str(tmp_path / "two"), str(dump), "2"]
+    done = subprocess.run(command, env=subprocess_env(), cwd=REPO, capture_output=True, text=True, timeout=800)
+    assert done.returncode == 0, done.stderr[-4000:]
+    shared = json.loads(dump.read_text())
+    assert shared["world_size"] == 2
+    assert [json.loads(Path(f"{dump}.rank{r}").read_text()) for r in (0, 1)] == [[0, 2], [1]]
+    raw = tiny_overrides(tiny_model, tmp_path / "one", **{"train.prompts_per_iteration": 2})
+    raw["train"]["validation"] = {"enabled": True, "num_prompts": 3, "seeds": [0, 1], "micro_batch": 2}
+    raw["rewards"]["models"] = [{"name": "jpeg_compressibility"}, {"name": "sharpness", "weight": 0.0}]
+    one = Trainer(RunConfig.model_validate(raw)).setup().validate().as_json()
+    for key in ("metrics", "objective", "breached", "forwards", "changes"):
+        assert shared["record"][key] == one[key], key
