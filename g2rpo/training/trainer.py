@@ -31,6 +31,11 @@ marks where (:func:`g2rpo.training.metrics.read_iteration_records` keeps the las
 iteration). Duplicate prompts, dropped at set-up, are reported on stderr and as
 ``{"event": "prompts", "read", "unique", "duplicates", ...}``.
 
+With ``train.validation`` (:mod:`g2rpo.training.validation`) the trainer also validates at
+iteration 0, every ``every`` iterations and at the end (:meth:`Trainer.validate`: ``{"event":
+"validation", ...}``), checkpoints each validated iteration, keeps the best one, may stop early
+(``{"event": "early_stop", ...}``), and exports the best validated checkpoint instead of the last.
+
 Callbacks (:class:`TrainerCallback`, passed as ``Trainer(config, callbacks=[...])``) see each
 iteration's record and each checkpoint, on every rank. The resume tests kill a real run at the
 fail points of :mod:`g2rpo.training.failpoints`.
@@ -144,8 +149,9 @@ class TrainerCallback:
         """After the checkpoint of ``iteration`` is complete (manifest written) at ``path``."""
 
     def on_validation(self, trainer: Trainer, record: ValidationRecord, selection: Selection | None) -> None:
-        """After each validation pass (``train.validation``), once its event is in ``metrics.jsonl``;
-        ``selection`` is the checkpoint the export would take now (None after the baseline)."""
+        """After each validation pass (``train.validation``), once its event is in ``metrics.jsonl`` and
+        the early stop is decided (``trainer.stop_reason``); ``selection`` is the checkpoint the export
+        would take now (None after the baseline)."""
 
 
 # --------------------------------------------------------------------------- the trainer

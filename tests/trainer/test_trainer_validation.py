@@ -5,11 +5,14 @@ and a deterministic pass."""
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from trainer_testlib import export_weights, tiny_overrides
+from trainer_testlib import REPO, export_weights, subprocess_env, tiny_overrides
 
 from g2rpo.training.run_config import RunConfig
 from g2rpo.training.trainer import Trainer, train_from_config
@@ -131,12 +134,6 @@ def test_two_ranks_share_the_validation_and_get_one_processs_record(tiny_model, 
     """3 prompts × 2 seeds in chunks of 2 rows = 3 chunks: rank 0 samples chunks 0 and 2, rank 1
     chunk 1 and then (no chunk left) chunk 0 again, dropped, so both run the same forwards. The
     gathered record equals the one process's, bit for bit (the same weights before any update)."""
-    import socket
-    import subprocess
-    import sys
-
-    from trainer_testlib import REPO, subprocess_env
-
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

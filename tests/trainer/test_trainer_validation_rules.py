@@ -6,10 +6,11 @@ from __future__ import annotations
 import math
 
 import pytest
+import yaml
 
 from g2rpo.config import load_config
 from g2rpo.errors import ConfigError
-from g2rpo.training.run_config import RunConfig
+from g2rpo.training.run_config import RunConfig, TrainSection
 from g2rpo.training.validation import (
     MetricSummary,
     ValidationRecord,
@@ -141,8 +142,6 @@ def _config(**validation) -> RunConfig:
 
 
 def _flatten(raw: dict, prefix: str = "") -> list[str]:
-    import yaml
-
     out = []
     for key, value in raw.items():
         if isinstance(value, dict) and key not in ("validation",):
@@ -153,8 +152,6 @@ def _flatten(raw: dict, prefix: str = "") -> list[str]:
 
 
 def test_validation_config_defaults_off_and_errors_teach():
-    from g2rpo.training.run_config import TrainSection
-
     assert TrainSection().validation.enabled is False
     good = _config(every=5, max_regression={"shapes_background": 0.05}, stop_after_breaches=2)
     assert good.train.validation.every == 5
