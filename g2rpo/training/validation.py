@@ -243,8 +243,13 @@ class Selection:
 
 
 def summarize_metric(values: list[float]) -> MetricSummary:
-    """Mean and normal 95 % interval of one metric's N scores (sample std, ddof = 1; NaN bounds for N < 2)."""
+    """Mean and normal 95 % interval of one metric's finite scores (sample std, ddof = 1; NaN bounds for
+    fewer than 2). ``n`` counts the finite scores: a reward that returned NaN/inf for some images shows
+    there, and one that returned nothing finite has a NaN mean."""
+    values = [v for v in values if math.isfinite(v)]
     n = len(values)
+    if n == 0:
+        return MetricSummary(math.nan, math.nan, math.nan, 0)
     mean = math.fsum(values) / n
     if n < 2:
         return MetricSummary(mean, math.nan, math.nan, n)
@@ -263,9 +268,10 @@ def breached_metrics(
 ) -> list[str]:
     """Out-of-domain metrics whose mean fell more than their tolerance below the baseline's.
 
-    The gates' rule with the baseline as champion: pass iff ``mean − baseline ≥ −max_regression``.
+    The gates' rule with the baseline as champion: pass iff ``mean − baseline ≥ −max_regression``; a
+    NaN mean (no finite score) does not pass.
     """
-    return [m for m, tol in max_regression.items() if means[m] - baseline[m] < -tol]
+    return [m for m, tol in max_regression.items() if not means[m] - baseline[m] >= -tol]
 
 
 def select_best(history: list[ValidationRecord]) -> Selection | None:
@@ -273,7 +279,8 @@ def select_best(history: list[ValidationRecord]) -> Selection | None:
     candidates = history[1:]  # history[0] is the baseline
     if not candidates:
         return None
-    within = [r for r in candidates if not r.breached]
+    # A NaN objective (a trained reward with no finite score) is never the best.
+    within = [r for r in candidates if not r.breached and math.isfinite(r.objective)]
     if within:
         best = max(within, key=lambda r: (r.objective, -r.iteration))  # earliest of equal objectives
         reason = (
@@ -313,7 +320,8 @@ def early_stop_reason(
                 f"({', '.join(names)}; iterations {[r.iteration for r in recent]})"
             )
     if patience is not None and len(history) > patience:
-        best_at = max(range(len(history)), key=lambda i: (history[i].objective, -i))
+        scored = [i for i in range(len(history)) if math.isfinite(history[i].objective)]
+        best_at = max(scored, key=lambda i: (history[i].objective, -i)) if scored else 0
         if len(history) - 1 - best_at >= patience:
             return (
                 f"the objective has not improved for {len(history) - 1 - best_at} validations (best "

@@ -124,6 +124,17 @@ def test_mean_and_ci_by_hand():
     assert single.mean == 0.7 and math.isnan(single.ci_low)
 
 
+def test_non_finite_scores_are_counted_out_and_never_selected():
+    # 1, NaN, 3: the finite two give mean 2 with n = 2; nothing finite gives a NaN mean with n = 0
+    summary = summarize_metric([1.0, math.nan, 3.0])
+    assert (summary.mean, summary.n) == (2.0, 2)
+    assert math.isnan(summarize_metric([math.inf]).mean) and summarize_metric([math.nan]).n == 0
+    # a held-out metric with no finite score breaches; a NaN objective is never the export
+    assert breached_metrics({"background": math.nan}, {"background": 0.9}, TOLERANCE) == ["background"]
+    history = curve([(0, 0.5, 0.4, 0.98), (10, 0.6, 0.4, 0.98), (20, math.nan, 0.4, 0.98)])
+    assert math.isnan(history[2].objective) and select_best(history).iteration == 10
+
+
 def test_validation_prompts_are_evenly_spaced_and_chunks_fixed():
     # ⌊i·10/4⌋ for i = 0..3 = 0, 2, 5, 7
     assert validation_prompt_indices(4, 10) == [0, 2, 5, 7]
