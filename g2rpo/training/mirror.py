@@ -68,7 +68,9 @@ class CheckpointMirror(TrainerCallback):
         self.keep_iterations = set(keep_iterations)
         self.settings = settings
         self.store = open_store(self.uri, settings)
-        self.protected: set[int] = set()  # the trainer's best validated checkpoint (kept like keep_iterations)
+        # The best validated checkpoint (kept like keep_iterations), as named by the validation history of
+        # the checkpoint published last: the trainer's own choice at that point, also after a restart.
+        self.protected: set[int] = set()
 
     # ------------------------------------------------------------------ what the mirror holds
 
@@ -99,12 +101,14 @@ class CheckpointMirror(TrainerCallback):
 
     def on_checkpoint(self, trainer: Trainer, path: Path, iteration: int) -> None:
         if trainer.ctx.is_main:
-            self.protected = set(trainer.checkpoints.protected)
             self.publish(path, iteration)
 
     def publish(self, path: Path, iteration: int) -> None:
         """Publish the complete local checkpoint ``path`` as ``iter-N``, then prune the mirror."""
         prefix = CheckpointManager.name(iteration)
+        best = _best_validated(path)
+        if best is not None:
+            self.protected = {best}
         if not has_manifest(self.store, prefix):
             self._clear_leftovers(prefix)
             # Hard links (a copy across file systems): the upload must leave the local manifest out,

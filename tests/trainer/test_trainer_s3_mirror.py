@@ -150,10 +150,13 @@ def test_mirror_keeps_the_best_validated_checkpoint_and_a_fresh_pod_gets_it_back
     mirror = CheckpointMirror(root_uri, keep_last=1)
     local = tmp_path / "run" / "checkpoints"
     for iteration in (2, 4, 6):
-        mirror.protected = {2}  # what the trainer's on_checkpoint hands over
         mirror.publish(_validated_checkpoint(local, iteration, objectives), iteration)
-    assert mirror.complete() == [2, 6]  # keep_last 1, and the best
+    assert mirror.protected == {2} and mirror.complete() == [2, 6]  # keep_last 1, and the best its history names
+    # a pod restarted with a newer local checkpoint (8) publishes it without ever having been told the best
+    restarted = CheckpointMirror(root_uri, keep_last=1)
+    _validated_checkpoint(local, 8, {**objectives, 8: 0.1})
+    assert restarted.restore(local, "abc") is None and restarted.complete() == [2, 8]
     fresh = tmp_path / "fresh" / "checkpoints"
-    assert mirror.restore(fresh, "abc") == 6
-    assert is_complete(fresh / "iter-000006") and is_complete(fresh / "iter-000002")
+    assert mirror.restore(fresh, "abc") == 8
+    assert is_complete(fresh / "iter-000008") and is_complete(fresh / "iter-000002")
     assert (fresh / "iter-000002" / "torch" / "model.pt").read_bytes() == b"ww"
