@@ -23,6 +23,11 @@ def train(
     rewards: list,
     iterations: int,
     learning_rate: float,
+    validation_every: int,
+    validation_num_prompts: int,
+    validation_max_regression: dict,
+    validation_stop_after_breaches: int,
+    validation_patience: int,
     overrides: list,
     store_uri: str,
     model_name: str,
@@ -62,6 +67,11 @@ def train(
         "rewards": rewards,
         "iterations": iterations,
         "learning_rate": learning_rate,
+        "validation_every": validation_every,
+        "validation_num_prompts": validation_num_prompts,
+        "validation_max_regression": validation_max_regression,
+        "validation_stop_after_breaches": validation_stop_after_breaches,
+        "validation_patience": validation_patience,
     }
     record = train_task(
         config_uri,
@@ -95,3 +105,10 @@ def train(
     for name in ("first_reward", "last_reward"):
         if getattr(record, name) is not None:
             metrics.log_metric(name, getattr(record, name))
+    # The validation curve and the chosen iteration, in the run's metrics tab.
+    for point in record.validation_curve:
+        metrics.log_metric(f"validation.objective.iter-{point['iteration']:06d}", point["objective"])
+    if record.selected_iteration is not None:
+        metrics.log_metric("validation.selected_iteration", record.selected_iteration)
+    if record.validation_curve:
+        metrics.log_metric("validation.early_stopped", 0 if record.early_stop is None else 1)

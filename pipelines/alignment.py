@@ -63,6 +63,12 @@ DEFAULTS = {
     ],
     "iterations": 300,
     "learning_rate": 0.0,  # 0: the strategy's own (G²RPO 2e-6, DanceGRPO/MixGRPO 1e-5)
+    # Validation during training (train.validation); 0 / {}: the config file's setting.
+    "validation_every": 0,  # > 0: validate every N iterations and export the best validated checkpoint
+    "validation_num_prompts": 0,
+    "validation_max_regression": {},  # out-of-domain metric -> allowed drop (as the gates' max_regression)
+    "validation_stop_after_breaches": 0,
+    "validation_patience": 0,
     "overrides": [],
     "test_size": 400,
     "split_seed": 0,
@@ -133,6 +139,11 @@ def build_pipeline(profile: PlacementProfile):
         rewards: list = d["rewards"],
         iterations: int = d["iterations"],
         learning_rate: float = d["learning_rate"],
+        validation_every: int = d["validation_every"],
+        validation_num_prompts: int = d["validation_num_prompts"],
+        validation_max_regression: dict = d["validation_max_regression"],
+        validation_stop_after_breaches: int = d["validation_stop_after_breaches"],
+        validation_patience: int = d["validation_patience"],
         overrides: list = d["overrides"],
         test_size: int = d["test_size"],
         split_seed: int = d["split_seed"],
@@ -164,6 +175,11 @@ def build_pipeline(profile: PlacementProfile):
                 rewards=rewards,
                 iterations=iterations,
                 learning_rate=learning_rate,
+                validation_every=validation_every,
+                validation_num_prompts=validation_num_prompts,
+                validation_max_regression=validation_max_regression,
+                validation_stop_after_breaches=validation_stop_after_breaches,
+                validation_patience=validation_patience,
                 overrides=overrides,
                 store_uri=store_uri,
                 model_name=model_name,

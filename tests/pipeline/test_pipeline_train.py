@@ -181,3 +181,60 @@ def test_the_pipelines_learning_rate_zero_leaves_the_strategys_own(tmp_path):
         output_dir=tmp_path / "o",
     )
     assert config.train.learning_rate == 3e-6 and config.learning_rate == 3e-6
+
+
+def test_the_pipelines_validation_parameters_turn_it_on_and_unset_keep_the_files(tmp_path):
+    from g2rpo.steps.train_task import run_config_for
+
+    unset = {
+        "validation_every": 0,
+        "validation_num_prompts": 0,
+        "validation_max_regression": {},
+        "validation_stop_after_breaches": 0,
+        "validation_patience": 0,
+    }
+    where = dict(base_model_uri=str(tmp_path / "m"), prompts="p.txt", output_dir=tmp_path / "o")
+    # configs/shapes-cpu.yaml has its own validation block: unset parameters leave it as the file has it
+    shapes = str(ROOT / "configs" / "shapes-cpu.yaml")
+    from_file = run_config_for(shapes, {}, **where).train.validation
+    assert from_file.enabled and from_file.max_regression["shapes_background"] == 0.05
+    assert run_config_for(shapes, unset, **where).train.validation == from_file
+    # the default config has none (off); a positive validation_every turns it on with the other values
+    off = run_config_for("configs/flux-dev-h200.yaml", unset, **where).train.validation
+    assert off.enabled is False
+    chosen = {
+        **unset,
+        "validation_every": 25,
+        "validation_num_prompts": 16,
+        "validation_max_regression": {"clip": 0.01},
+        "validation_stop_after_breaches": 2,
+    }
+    config = run_config_for(
+        "configs/flux-dev-h200.yaml",
+        {**chosen, "rewards": [{"name": "hps_v21"}, {"name": "clip", "weight": 0.0}]},
+        **where,
+    )
+    validation = config.train.validation
+    assert (validation.enabled, validation.every, validation.num_prompts) == (True, 25, 16)
+    assert validation.max_regression == {"clip": 0.01} and validation.stop_after_breaches == 2
+    assert validation.patience is None
+
+
+def test_the_train_tasks_record_names_the_validated_iteration_it_exported(tiny_flux_dir, tmp_path):
+    store = (tmp_path / "store").as_uri()
+    record = train_task(
+        CONFIG,
+        {"iterations": 4, "validation_every": 2, "validation_num_prompts": 2},
+        [*OVERRIDES, "train.validation.seeds=[0]"],
+        prompts=PROMPTS,
+        base_model_uri=str(tiny_flux_dir),
+        publish_uri=f"{store}/exports/g2rpo-tiny",
+        record_dir=tmp_path / "record",
+        work_dir=tmp_path / "work",
+    )
+    assert [p["iteration"] for p in record.validation_curve] == [0, 2, 4]
+    objectives = {p["iteration"]: p["objective"] for p in record.validation_curve[1:]}
+    assert record.selected_iteration == max(objectives, key=lambda i: (objectives[i], -i))
+    assert record.selection_reason.startswith("highest validated objective") and record.early_stop is None
+    published = json.loads(open_store(record.export_uri).get_bytes("base_model.json")[0])
+    assert published["selected_iteration"] == record.selected_iteration
