@@ -93,7 +93,7 @@ ablation: $(STAMP)
 
 # Re-freeze the resolved environment after changing dependencies in pyproject.toml.
 lock:
-	$(PIP) freeze --exclude-editable | grep -v '^g2rpo' > constraints.txt
+	$(PIP) freeze --all --exclude-editable | grep -v -e '^g2rpo' -e '^pip==' > constraints.txt
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

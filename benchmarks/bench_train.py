@@ -17,6 +17,10 @@ part of every phase, so the split says where the *calls* go, not how Flux.1-dev 
 (there the sampling forwards dominate: ~2k sampling forwards vs 8 training forward/backwards per
 prompt).
 
+After the timed iterations, one validation pass (:meth:`Trainer.validate`, ``train.validation``'s
+defaults: 8 prompts × 2 seeds, the deterministic ODE sampler over the run's T steps, decoded and
+scored) is timed too: what one validation adds to the run, beside an iteration's cost.
+
 Writes ``benchmarks/results/bench_train.json`` and prints a table.
 Usage: ``python -m benchmarks.bench_train [--iterations 3] [--threads 1]``.
 """
@@ -78,6 +82,7 @@ def run_setting(name: str, model_dir: Path, work: Path, iterations: int) -> dict
     for _ in range(iterations):
         records.append(trainer.step())
     wall = (time.perf_counter() - start) / iterations
+    validation = trainer.validate()
     phases = {
         p: sum(r.seconds[p] for r in records) / iterations for p in ("sampling", "decoding", "reward", "training")
     }
@@ -98,6 +103,9 @@ def run_setting(name: str, model_dir: Path, work: Path, iterations: int) -> dict
         "training_forwards": last.training_forwards,
         "training_backwards": last.training_backwards,
         "decoded_images": records[-1].extra["decoded_images"],
+        "validation_seconds": validation.seconds,
+        "validation_forwards": validation.forwards,
+        "validation_images": validation.forwards // alg.num_steps,
     }
 
 
@@ -125,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "bench_train.json").write_text(json.dumps(result, indent=1))
-    header = f"{'setting':<12} {'T':>3} {'G':>3} {'|M|':>3} {'Λ':<9} {'P':>2} {'s/iter':>7} {'sample':>7} {'decode':>7} {'reward':>7} {'train':>7} {'NFE samp':>8} {'calls':>6} {'NFE train':>9} {'images':>6}"
+    header = f"{'setting':<12} {'T':>3} {'G':>3} {'|M|':>3} {'Λ':<9} {'P':>2} {'s/iter':>7} {'sample':>7} {'decode':>7} {'reward':>7} {'train':>7} {'NFE samp':>8} {'calls':>6} {'NFE train':>9} {'images':>6} {'val s':>6} {'val NFE':>7}"
     print(header)
     print("-" * len(header))
     for r in rows:
@@ -134,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['setting']:<12} {r['num_steps']:>3} {r['group_size']:>3} {r['trained_steps']:>3} "
             f"{str(r['strides']):<9} {r['prompts_per_iteration']:>2} {r['seconds_per_iteration']:>7.3f} "
             f"{p['sampling']:>7.3f} {p['decoding']:>7.3f} {p['reward']:>7.3f} {p['training']:>7.3f} "
-            f"{r['sampling_forwards']:>8} {r['model_calls']:>6} {r['training_forwards']:>9} {r['decoded_images']:>6}"
+            f"{r['sampling_forwards']:>8} {r['model_calls']:>6} {r['training_forwards']:>9} {r['decoded_images']:>6} "
+            f"{r['validation_seconds']:>6.3f} {r['validation_forwards']:>7}"
         )
     print(f"wrote {RESULTS / 'bench_train.json'}")
     return 0

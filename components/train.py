@@ -23,11 +23,16 @@ def train(
     rewards: list,
     iterations: int,
     learning_rate: float,
+    validation_every: int,
+    validation_num_prompts: int,
+    validation_max_regression: dict,
+    validation_stop_after_breaches: int,
+    validation_patience: int,
     overrides: list,
     store_uri: str,
     model_name: str,
     nodes: int,
-    gpus_per_node: int,
+    gpus_per_node: str,
     checkpoint_store_uri: str,
     run_id: str,
     task_name: str,
@@ -49,7 +54,10 @@ def train(
     from g2rpo.progress import quiet_library_bars_in_logs
 
     quiet_library_bars_in_logs()  # a pod's log: no loading bars of carriage returns (before transformers loads)
+    from g2rpo.launch.trainjob import gpus_per_node_from
     from g2rpo.steps.train_task import checkpoint_uri_for, train_task, trainjob_for
+
+    gpus = gpus_per_node_from(gpus_per_node)  # a string parameter: the driver reads accelerator counts as strings
 
     choices = {
         "strategy": strategy,
@@ -59,6 +67,11 @@ def train(
         "rewards": rewards,
         "iterations": iterations,
         "learning_rate": learning_rate,
+        "validation_every": validation_every,
+        "validation_num_prompts": validation_num_prompts,
+        "validation_max_regression": validation_max_regression,
+        "validation_stop_after_breaches": validation_stop_after_breaches,
+        "validation_patience": validation_patience,
     }
     record = train_task(
         config_uri,
@@ -69,13 +82,13 @@ def train(
         publish_uri=f"{store_uri.rstrip('/')}/exports/{model_name}",
         record_dir=model.path,
         nodes=nodes,
-        gpus_per_node=gpus_per_node,
+        gpus_per_node=gpus,
         checkpoint_uri=checkpoint_uri_for(store_uri, run_id, task_name, checkpoint_store_uri),
         trainjob=trainjob_for(
             image=trainer_image,
             run_id=run_id,
             task=task_name,
-            gpus_per_node=gpus_per_node,
+            gpus_per_node=gpus,
             node_selector=node_selector,
             tolerations=tolerations,
             shm_size=shm_size,
@@ -92,3 +105,10 @@ def train(
     for name in ("first_reward", "last_reward"):
         if getattr(record, name) is not None:
             metrics.log_metric(name, getattr(record, name))
+    # The validation curve and the chosen iteration, in the run's metrics tab.
+    for point in record.validation_curve:
+        metrics.log_metric(f"validation.objective.iter-{point['iteration']:06d}", point["objective"])
+    if record.selected_iteration is not None:
+        metrics.log_metric("validation.selected_iteration", record.selected_iteration)
+    if record.validation_curve:
+        metrics.log_metric("validation.early_stopped", 0 if record.early_stop is None else 1)

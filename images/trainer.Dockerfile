@@ -28,17 +28,28 @@ RUN uv python install ${PYTHON_VERSION} \
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
-# torch first (DeepSpeed's build imports it), at the versions pyproject.toml and constraints.txt pin.
-RUN pip install -c constraints.txt torch==2.14.1 torchvision==0.29.1
+COPY images/trainer/ /opt/g2rpo-build/
+# torch first (DeepSpeed's build imports it) and the build's own tools, at the versions pyproject.toml
+# and constraints.txt pin (--no-build-isolation: nothing unpinned is fetched for the build).
+RUN pip install -c constraints.txt torch==2.14.1 torchvision==0.29.1 setuptools==84.2.1 nvidia-ml-py==13.580.126
 # The ops prebuilt for sm_90: FusedAdam (a DeepSpeed optimizer chosen through deepspeed.extra) and
 # CPUAdam (ZeRO optimizer offload). The trainer's default torch AdamW needs neither, but a job must
 # never JIT-compile on an H200 node (no nvcc there, and minutes lost per rank).
-ENV TORCH_CUDA_ARCH_LIST="9.0" \
+# DS_ACCELERATOR=cuda: the build has no GPU, and DeepSpeed would otherwise pick the CPU accelerator,
+# compile both ops with g++ only and record accelerator 'cpu', which an H200 node's DeepSpeed refuses
+# to load (it recompiles them and fails). The compiler wrappers make CPUAdam portable instead of
+# -march=native for the build host (images/trainer/portable-cc.sh).
+ENV DS_ACCELERATOR=cuda \
+    TORCH_CUDA_ARCH_LIST="9.0" \
     DS_BUILD_OPS=0 \
     DS_BUILD_FUSED_ADAM=1 \
     DS_BUILD_CPU_ADAM=1
-RUN pip install -c constraints.txt --no-build-isolation deepspeed==0.19.8 \
-    && python -c "from deepspeed.git_version_info import installed_ops as ops; missing = [op for op in ('fused_adam', 'cpu_adam') if not ops.get(op)]; assert not missing, f'DeepSpeed ops not prebuilt: {missing}'"
+RUN mkdir -p /opt/portable-cc \
+    && install -m 0755 /opt/g2rpo-build/portable-cc.sh /opt/portable-cc/gcc \
+    && install -m 0755 /opt/g2rpo-build/portable-cc.sh /opt/portable-cc/g++ \
+    && CC=/opt/portable-cc/gcc CXX=/opt/portable-cc/g++ \
+       pip install -c constraints.txt --no-build-isolation deepspeed==0.19.8 \
+    && python /opt/g2rpo-build/check_deepspeed_ops.py fused_adam cpu_adam
 COPY g2rpo ./g2rpo
 RUN pip install -c constraints.txt . \
     && pip check \
@@ -56,6 +67,7 @@ RUN apt-get update \
     && useradd --uid 10001 --gid 10001 --create-home --home-dir /home/g2rpo --shell /usr/sbin/nologin g2rpo
 COPY --from=build /opt/python /opt/python
 COPY --from=build /opt/venv /opt/venv
+COPY --from=build /opt/g2rpo-build/check_deepspeed_ops.py /opt/g2rpo-build/check_deepspeed_ops.py
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     HOME=/home/g2rpo \
@@ -66,5 +78,7 @@ ENV PATH=/opt/venv/bin:$PATH \
 WORKDIR /home/g2rpo
 # Numeric, so Kubernetes can verify runAsNonRoot without resolving a user name.
 USER 10001:10001
+# Again as the runtime user, where no compiler exists: the ops load prebuilt or the build fails.
+RUN DS_ACCELERATOR=cuda python /opt/g2rpo-build/check_deepspeed_ops.py fused_adam cpu_adam
 ENTRYPOINT []
 CMD ["g2rpo", "--help"]

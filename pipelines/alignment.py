@@ -2,8 +2,18 @@
 inside an exit handler that records how the run ended.
 
 :func:`build_pipeline` makes the pipeline for one placement profile (:mod:`pipelines.placement`): the
-profile's node selector and tolerations become parameter defaults (an operator changes the pool per
-run), the rest (GPUs, /dev/shm, the S3 secret's name, pod labels, timeouts) is fixed at compile time.
+profile's node selector, tolerations and GPUs per node become parameter defaults (an operator changes the
+pool and the GPU count per run), the rest (CPU and memory, /dev/shm, the S3 secret's name, pod labels,
+timeouts) is fixed at compile time.
+
+``gpus_per_node`` is a *string* parameter ("8"): KFP 2.17's driver fills an accelerator count that comes
+from a pipeline input only when the value is a string, and drops the limit without a word when it is a
+number (``resolvePodSpecInputRuntimeParameter`` in the backend's driver; KFP's own SDK test data pass
+machine fields from ``str`` pipeline inputs the same way,
+``sdk/python/test_data/pipelines/pipeline_with_string_machine_fields_pipeline_input.py``). The train
+component reads it back as a number with :func:`g2rpo.launch.trainjob.gpus_per_node_from`, and submit
+and schedule check it before any request. ``tests/pipeline/test_pipeline_backend.py`` runs the committed
+YAML through the 2.17 backend's own code to show what each pod gets.
 :func:`compile_pipeline` writes the YAML that ``pipelines/compiled/`` holds.
 
 Caching is off on every task: KFP caches by default, a cached train or evaluate would reuse last run's
@@ -53,6 +63,12 @@ DEFAULTS = {
     ],
     "iterations": 300,
     "learning_rate": 0.0,  # 0: the strategy's own (G²RPO 2e-6, DanceGRPO/MixGRPO 1e-5)
+    # Validation during training (train.validation); 0 / {}: the config file's setting.
+    "validation_every": 0,  # > 0: validate every N iterations and export the best validated checkpoint
+    "validation_num_prompts": 0,
+    "validation_max_regression": {},  # out-of-domain metric -> allowed drop (as the gates' max_regression)
+    "validation_stop_after_breaches": 0,
+    "validation_patience": 0,
     "overrides": [],
     "test_size": 400,
     "split_seed": 0,
@@ -101,7 +117,7 @@ def build_pipeline(profile: PlacementProfile):
     """The pipeline function for ``profile`` (see the module docstring)."""
     d = DEFAULTS
     node_selector_default, tolerations_default = dict(profile.node_selector), list(profile.tolerations)
-    gpus_default = profile.gpus_per_node
+    gpus_default = str(profile.gpus_per_node)  # a string: see the module docstring
     deadline = trainjob_deadline(profile)
 
     @dsl.pipeline(
@@ -123,6 +139,11 @@ def build_pipeline(profile: PlacementProfile):
         rewards: list = d["rewards"],
         iterations: int = d["iterations"],
         learning_rate: float = d["learning_rate"],
+        validation_every: int = d["validation_every"],
+        validation_num_prompts: int = d["validation_num_prompts"],
+        validation_max_regression: dict = d["validation_max_regression"],
+        validation_stop_after_breaches: int = d["validation_stop_after_breaches"],
+        validation_patience: int = d["validation_patience"],
         overrides: list = d["overrides"],
         test_size: int = d["test_size"],
         split_seed: int = d["split_seed"],
@@ -131,7 +152,7 @@ def build_pipeline(profile: PlacementProfile):
         gates_uri: str = d["gates_uri"],
         nodes: int = d["nodes"],
         checkpoint_store_uri: str = d["checkpoint_store_uri"],
-        gpus_per_node: int = gpus_default,
+        gpus_per_node: str = gpus_default,
         node_selector: dict = node_selector_default,
         tolerations: list = tolerations_default,
         pushgateway_url: str = d["pushgateway_url"],
@@ -154,6 +175,11 @@ def build_pipeline(profile: PlacementProfile):
                 rewards=rewards,
                 iterations=iterations,
                 learning_rate=learning_rate,
+                validation_every=validation_every,
+                validation_num_prompts=validation_num_prompts,
+                validation_max_regression=validation_max_regression,
+                validation_stop_after_breaches=validation_stop_after_breaches,
+                validation_patience=validation_patience,
                 overrides=overrides,
                 store_uri=store_uri,
                 model_name=model_name,

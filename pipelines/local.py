@@ -99,7 +99,7 @@ def local_arguments(shared: Path, iterations: int, model: Path) -> dict[str, Any
         "test_size": HELD_OUT,
         "eval_seeds": [0, 1, 2],
         "gates_uri": str(CHECKOUT / "configs" / "shapes-gates.yaml"),
-        "gpus_per_node": 1,
+        "gpus_per_node": "1",
     }
 
 
@@ -316,12 +316,31 @@ def _watch_training(tmp: Path, console: _QuietConsole, stop: threading.Event, it
         text = files[-1].read_text(encoding="utf-8")
         complete = text[: text.rfind("\n") + 1].splitlines()  # a record being written has no newline yet
         for line in complete[seen:]:
-            console.say(f"    {_iteration_line(json.loads(line), iterations)}")
+            shown = _record_line(json.loads(line), iterations)
+            if shown:
+                console.say(f"    {shown}")
         return max(seen, len(complete))
 
     while not stop.wait(TRAIN_WATCH_S):
         seen = show_new()
     seen = show_new()  # the records written since the last look
+
+
+def _record_line(record: dict[str, Any], iterations: int) -> str | None:
+    """The line of one ``metrics.jsonl`` record: an iteration, a validation, an early stop; other events none."""
+    event = record.get("event")
+    if event is None:
+        return _iteration_line(record, iterations)
+    if event == "validation":
+        means = " · ".join(f"{_short(name)} {m['mean']:.3f}" for name, m in record["metrics"].items())
+        beyond = f", beyond tolerance: {', '.join(record['breached'])}" if record["breached"] else ""
+        chosen = record["selected_iteration"]
+        return f"validate {record['iteration']}/{iterations}: objective {record['objective']:.4f} ({means}{beyond})" + (
+            "" if chosen is None else f"; export would take {chosen}"
+        )
+    if event == "early_stop":
+        return f"early stop at {record['iteration']}/{iterations}: {record['reason']}"
+    return None
 
 
 def _iteration_line(record: dict[str, Any], iterations: int) -> str:

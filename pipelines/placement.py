@@ -12,6 +12,7 @@ from pathlib import Path
 from pydantic import Field
 
 from g2rpo.config import COUNT_MAX, Section, load_config
+from g2rpo.launch.trainjob import MAX_GPUS_PER_NODE
 
 __all__ = ["DEFAULT_PROFILE", "PlacementProfile", "Timeouts", "load_profile"]
 
@@ -33,7 +34,7 @@ class PlacementProfile(Section):
     """A cluster's placement of the alignment pipeline."""
 
     accelerator_type: str = Field(description="the GPU resource name, e.g. nvidia.com/gpu")
-    gpus_per_node: int = Field(ge=1, le=16, description="GPUs of the train task's pod (one node)")
+    gpus_per_node: int = Field(ge=1, le=MAX_GPUS_PER_NODE, description="GPUs of the train task's pod (one node)")
     cpu_limit: str = Field(description="CPU limit of the train task, e.g. '96'")
     memory_limit: str = Field(description="memory limit of the train task, e.g. 1600Gi")
     shm_size: str = Field(description="size of the memory emptyDir mounted at /dev/shm on the train task")

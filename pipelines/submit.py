@@ -36,6 +36,7 @@ from typing import Any
 import yaml
 
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.launch.trainjob import gpus_per_node_from
 from pipelines.alignment import PIPELINE_NAME, build_pipeline, compile_pipeline
 from pipelines.check import check_arguments
 from pipelines.cron import next_fire_times
@@ -126,6 +127,12 @@ def parse_arguments(items: list[str] | tuple[str, ...], profile: PlacementProfil
         if isinstance(value, bool) and inputs[name] != "Boolean" or not isinstance(value, expected):
             problems.append(problem(name, text, f"must be {inputs[name]}"))
             continue
+        if name == "gpus_per_node":  # a string parameter holding a number (pipelines/alignment.py)
+            try:
+                value = str(gpus_per_node_from(value))
+            except G2RPOError as exc:
+                problems.append(str(exc))
+                continue
         arguments[name] = value
     if problems:
         raise G2RPOError("bad pipeline arguments:\n  - " + "\n  - ".join(problems))

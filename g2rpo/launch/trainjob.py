@@ -8,8 +8,13 @@ One pod trains on up to one node (``torchrun`` inside the task). For more nodes 
   with the resolved run config passed in the environment (:data:`CONFIG_ENV`);
 - its name is a function of the KFP run and task (:func:`job_name`): a retried task finds its job and
   follows it instead of starting a second one;
-- placement (node selector, tolerations, ``/dev/shm``, the S3 secret) rides in ``spec.runtimePatches``,
+- placement (node selector, tolerations, ``/dev/shm``, service account) rides in ``spec.runtimePatches``,
   GPUs per node in ``spec.trainer.resourcesPerNode``, the deadline in ``spec.activeDeadlineSeconds``;
+- the S3 credentials reach the pods through the runtime (the chart's ``s3.existingSecret``), never as env
+  in ``runtimePatches``: the Trainer's admission webhook (v2.3, and master) refuses a TrainJob whose
+  patches set env on container ``node`` (HTTP 403, "must not have envs for the ... node containers").
+  Before creating a job the launcher reads the runtime and refuses, naming the fix, when its ``node``
+  container does not read every variable of :attr:`TrainJobLaunch.s3_secret_keys` from that Secret;
 - the task waits with an explicit timeout sized for training (the SDK's default is 600 s), streams
   node-0's log into its own, and raises a :class:`~g2rpo.errors.G2RPOError` carrying the job's
   ``Failed`` condition message when the job fails.
@@ -57,11 +62,13 @@ from g2rpo.errors import G2RPOError, problem
 
 __all__ = [
     "CONFIG_ENV",
+    "MAX_GPUS_PER_NODE",
     "S3_SECRET_KEYS",
     "TRAINING_RUNTIME",
     "Placement",
     "TrainJobLaunch",
     "TrainJobOutcome",
+    "gpus_per_node_from",
     "job_name",
     "launch_trainjob",
     "train_command",
@@ -86,6 +93,8 @@ ANNOTATION_TASK = "g2rpo.io/kfp-task"
 # the task waits a little longer than the deadline and reports the job's DeadlineExceeded message.
 DEFAULT_DEADLINE_S = 3 * 24 * 3600
 DEADLINE_GRACE_S = 15 * 60
+# The most GPUs one node holds (the placement profile's bound too).
+MAX_GPUS_PER_NODE = 16
 
 
 @dataclass(frozen=True)
@@ -110,7 +119,9 @@ class TrainJobLaunch:
     runtime: str = TRAINING_RUNTIME
     placement: Placement = field(default_factory=Placement)
     env: dict[str, str] = field(default_factory=dict)
-    s3_secret: str | None = None  # a Secret holding S3_SECRET_KEYS; its name only, never its values
+    # The Secret the runtime's pods read S3_SECRET_KEYS from (its name only, never its values): checked
+    # against the runtime before a job is created; None: no check.
+    s3_secret: str | None = None
     # The Secret's data keys -> the environment variables the pods read them as (default: S3_SECRET_KEYS as named).
     s3_secret_keys: dict[str, str] = field(default_factory=lambda: {key: key for key in S3_SECRET_KEYS})
     active_deadline_s: int = DEFAULT_DEADLINE_S
@@ -130,6 +141,24 @@ class TrainJobOutcome:
     name: str
     namespace: str
     followed: bool
+
+
+def gpus_per_node_from(value: str | int) -> int:
+    """The pipeline's ``gpus_per_node`` parameter as a number of GPUs (1 to :data:`MAX_GPUS_PER_NODE`).
+
+    The parameter is a string ("8") because KFP's driver reads an accelerator count from a pipeline
+    input only as a string (pipelines/alignment.py); anything but a whole number in range is refused
+    here, before a pod or a TrainJob asks the scheduler for it."""
+    text = str(value).strip()
+    if isinstance(value, bool) or not text.isdecimal() or not 1 <= int(text) <= MAX_GPUS_PER_NODE:
+        raise G2RPOError(
+            problem(
+                "gpus_per_node",
+                value,
+                f"give the GPUs of one node as a whole number from 1 to {MAX_GPUS_PER_NODE}, e.g. gpus_per_node=8",
+            )
+        )
+    return int(text)
 
 
 def job_name(run_id: str, task: str) -> str:
@@ -157,15 +186,12 @@ def trainjob_options(launch: TrainJobLaunch, name: str, command: list[str]) -> l
     if placement.shm_size:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": placement.shm_size}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
-    env = [
-        {"name": variable, "valueFrom": {"secretKeyRef": {"name": launch.s3_secret, "key": key}}}
-        for key, variable in (launch.s3_secret_keys.items() if launch.s3_secret else ())
-    ]
-    container = ContainerPatch(name=NODE_JOB, env=env or None, volume_mounts=mounts or None)
+    # No env here: the Trainer's webhook refuses env patches of container "node" (module docstring).
+    container = ContainerPatch(name=NODE_JOB, volume_mounts=mounts or None)
     pod = PodSpecPatch(
         service_account_name=placement.service_account,
         volumes=volumes or None,
-        containers=[container] if env or mounts else None,
+        containers=[container] if mounts else None,
         node_selector=dict(placement.node_selector) or None,
         tolerations=[dict(t) for t in placement.tolerations] or None,
     )
@@ -220,6 +246,8 @@ def launch_trainjob(
         _check_same_run(existing, launch, namespace, name)
         echo(f"following TrainJob {namespace}/{name} (started by an earlier attempt of this task)")
     else:
+        if launch.s3_secret:
+            _check_runtime_reads_the_secret(api, launch, namespace)
         container = CustomTrainerContainer(
             image=launch.image,
             num_nodes=nodes,
@@ -264,6 +292,63 @@ def _check(launch: TrainJobLaunch, nodes: int) -> None:
         )
     if problems:
         raise G2RPOError("cannot launch the TrainJob:\n  - " + "\n  - ".join(problems))
+
+
+def _read_runtime(api: k8s.CustomObjectsApi, launch: TrainJobLaunch, namespace: str) -> dict[str, Any] | None:
+    """The runtime the job will use, looked up as the SDK does: a TrainingRuntime in the namespace, else the
+    ClusterTrainingRuntime of that name; None when neither exists (the SDK's create then names the fix)."""
+    group, version = "trainer.kubeflow.org", "v1alpha1"
+    reads = (
+        lambda: api.get_namespaced_custom_object(group, version, namespace, "trainingruntimes", launch.runtime),
+        lambda: api.get_cluster_custom_object(group, version, "clustertrainingruntimes", launch.runtime),
+    )
+    for read in reads:
+        try:
+            return read()
+        except k8s.ApiException as exc:
+            if exc.status != 404:
+                raise G2RPOError(
+                    f"cannot read runtime {launch.runtime}: HTTP {exc.status} {exc.reason}; the task's service "
+                    "account needs get on trainingruntimes and clustertrainingruntimes (the Helm chart's roles)"
+                ) from None
+    return None
+
+
+def _check_runtime_reads_the_secret(api: k8s.CustomObjectsApi, launch: TrainJobLaunch, namespace: str) -> None:
+    """Refuse to start a job whose pods would not get the S3 credentials: every variable of
+    ``launch.s3_secret_keys`` must be set on the runtime's ``node`` container, from ``launch.s3_secret``
+    when it comes from a Secret (a plain value, e.g. the chart's ``s3.endpoint``, is fine)."""
+    runtime = _read_runtime(api, launch, namespace)
+    if runtime is None:
+        return
+    jobs = (((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
+    pods = [
+        ((j.get("template") or {}).get("spec") or {}).get("template") or {} for j in jobs if j.get("name") == NODE_JOB
+    ]
+    containers = [
+        c for pod in pods for c in (pod.get("spec") or {}).get("containers") or [] if c.get("name") == NODE_JOB
+    ]
+    env = {e.get("name"): e for c in containers for e in c.get("env") or []}
+    problems = []
+    for key, variable in launch.s3_secret_keys.items():
+        ref = ((env.get(variable) or {}).get("valueFrom") or {}).get("secretKeyRef")
+        if variable not in env:
+            problems.append(f"{variable}: not set on the runtime's container {NODE_JOB!r}")
+        elif ref is not None and ref.get("name") != launch.s3_secret:
+            problems.append(f"{variable}: read from Secret {ref.get('name')!r}, not {launch.s3_secret!r}")
+        elif ref is not None and ref.get("key") != key:
+            problems.append(f"{variable}: read from key {ref.get('key')!r} of the Secret, not {key!r}")
+    if problems:
+        raise G2RPOError(
+            problem(
+                "runtime",
+                launch.runtime,
+                "its pods would not get the S3 credentials of Secret "
+                f"{launch.s3_secret!r} ({'; '.join(problems)}): install the Helm chart with "
+                f"s3.existingSecret={launch.s3_secret} and the Secret's keys (s3.accessKeyIdKey, "
+                "s3.secretAccessKeyKey, s3.endpointKey), or name that Secret in the placement profile",
+            )
+        )
 
 
 def _label_value(text: str) -> str:

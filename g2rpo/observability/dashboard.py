@@ -160,6 +160,42 @@ PANELS: tuple[Panel, ...] = (
         unit="s",
     ),
     Panel(
+        "Validation during training",
+        "Held-out validation metrics",
+        "Mean of each metric over the fixed validation prompts × seeds (ODE sampler) with its 95 % interval, "
+        "at every validation of the run (train.validation). Trained rewards should rise; a falling out-of-domain "
+        "metric is reward hacking, and past its max_regression that checkpoint cannot be exported.",
+        (
+            (f"g2rpo_training_validation_mean{{{RUN}}}", "{{run_id}} {{metric}}"),
+            (f"g2rpo_training_validation_ci{{{RUN}}}", "{{run_id}} {{metric}} {{bound}}"),
+        ),
+    ),
+    Panel(
+        "Validation during training",
+        "Objective, chosen checkpoint and early stop",
+        "The validated objective (trained rewards' weighted sum), the iteration the export would take now, "
+        "the out-of-domain metrics beyond tolerance at the last validation, and 1 once the run stopped early.",
+        (
+            (f"g2rpo_training_validation_objective{{{RUN}}}", "{{run_id}} objective"),
+            (f"g2rpo_training_validation_selected_iteration{{{RUN}}}", "{{run_id}} chosen iteration"),
+            (f"g2rpo_training_validation_breached_metrics{{{RUN}}}", "{{run_id}} metrics beyond tolerance"),
+            (f"g2rpo_training_early_stopped{{{RUN}}}", "{{run_id}} stopped early"),
+        ),
+    ),
+    Panel(
+        "Validation during training",
+        "Validation cost",
+        "Seconds per second spent validating against training's phases (rank 0): what the validation "
+        "schedule costs the run.",
+        (
+            (f"rate(g2rpo_training_validation_seconds_total{{{RUN}}}[{RATE}])", "{{run_id}} validation s/s"),
+            (
+                f"sum by (run_id) (rate(g2rpo_training_phase_seconds_sum{{{RUN}}}[{RATE}]))",
+                "{{run_id}} training s/s",
+            ),
+        ),
+    ),
+    Panel(
         "Evaluation and promotion",
         "Evaluation metrics by version",
         "Mean of each evaluation metric over prompts × seeds with its 95 % interval, per evaluated version and "

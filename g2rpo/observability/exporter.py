@@ -3,7 +3,8 @@
 :class:`TrainingExporter` is a trainer callback (it implements the
 :class:`g2rpo.training.trainer.TrainerCallback` protocol by its method names, without importing
 training): ``on_iteration_end`` copies the iteration's record into
-:class:`~g2rpo.observability.metrics.TrainingMetrics`, ``on_checkpoint`` the checkpoint's time. The
+:class:`~g2rpo.observability.metrics.TrainingMetrics`, ``on_checkpoint`` the checkpoint's time,
+``on_validation`` each validation pass (``train.validation``) and whether the run stopped early. The
 HTTP server starts when the exporter is made (so a scrape sees the run while models load) and
 :meth:`TrainingExporter.close` stops it after ``linger_seconds``, which gives the scraper a chance
 to see the last iteration of a run that ends between two scrapes.
@@ -87,6 +88,18 @@ class TrainingExporter:
 
     def on_checkpoint(self, trainer: Any, path: Any, iteration: int) -> None:
         self.metrics.observe_checkpoint(iteration)
+
+    def on_validation(self, trainer: Any, record: Any, selection: Any) -> None:
+        self.metrics.observe_validation(
+            iteration=record.iteration,
+            metrics={name: (m.mean, m.ci_low, m.ci_high) for name, m in record.metrics.items()},
+            objective=record.objective,
+            breached=len(record.breached),
+            forwards=record.forwards,
+            seconds=record.seconds,
+            selected_iteration=None if selection is None else selection.iteration,
+            stopped=getattr(trainer, "stop_reason", None) is not None,
+        )
 
     # ------------------------------------------------------------------ lifetime
 

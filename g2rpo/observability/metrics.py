@@ -138,6 +138,38 @@ class TrainingMetrics:
         self.last_checkpoint_iteration = gauge(
             "g2rpo_training_last_checkpoint_iteration", "Iteration of the last complete checkpoint"
         )
+        self.validation_mean = gauge(
+            "g2rpo_training_validation_mean",
+            "Last validation's mean score per metric (fixed prompts and seeds, ODE sampler; train.validation)",
+            "metric",
+        )
+        self.validation_ci = gauge(
+            "g2rpo_training_validation_ci",
+            "Bounds of the last validation's 95 % interval of the mean per metric (bound: low, high)",
+            "metric",
+            "bound",
+        )
+        self.validation_objective = gauge(
+            "g2rpo_training_validation_objective", "Last validation's objective: the trained rewards' weighted sum"
+        )
+        self.validation_iteration = gauge("g2rpo_training_validation_iteration", "Iteration of the last validation")
+        self.validation_breached = gauge(
+            "g2rpo_training_validation_breached_metrics",
+            "Out-of-domain metrics of the last validation beyond their tolerance of the first validation",
+        )
+        self.validation_selected = gauge(
+            "g2rpo_training_validation_selected_iteration",
+            "The validated iteration the export would take now (-1: none yet)",
+        )
+        self.validation_forwards = counter(
+            "g2rpo_training_validation_forwards_total", "Transformer forwards of the validation passes (every rank)"
+        )
+        self.validation_seconds = counter(
+            "g2rpo_training_validation_seconds_total", "Wall seconds of the validation passes on rank 0"
+        )
+        self.early_stopped = gauge(
+            "g2rpo_training_early_stopped", "1 once the run stopped early (train.validation), else 0"
+        )
         if target_iterations is not None:
             self.target_iterations.labels(**self.run).set(target_iterations)
 
@@ -183,6 +215,32 @@ class TrainingMetrics:
         self.optimizer_steps.labels(**run).inc(stats["optimizer_steps"])
         for phase, value in seconds.items():
             self.phase_seconds.labels(**run, phase=phase).observe(value)
+
+    def observe_validation(
+        self,
+        *,
+        iteration: int,
+        metrics: Mapping[str, tuple[float, float, float]],
+        objective: float,
+        breached: int,
+        forwards: int,
+        seconds: float,
+        selected_iteration: int | None,
+        stopped: bool,
+    ) -> None:
+        """One validation pass; ``metrics`` maps a metric to its (mean, CI low, CI high)."""
+        run = self.run
+        for name, (mean, low, high) in metrics.items():
+            self.validation_mean.labels(**run, metric=name).set(mean)
+            self.validation_ci.labels(**run, metric=name, bound="low").set(low)
+            self.validation_ci.labels(**run, metric=name, bound="high").set(high)
+        self.validation_objective.labels(**run).set(objective)
+        self.validation_iteration.labels(**run).set(iteration)
+        self.validation_breached.labels(**run).set(breached)
+        self.validation_selected.labels(**run).set(-1 if selected_iteration is None else selected_iteration)
+        self.validation_forwards.labels(**run).inc(forwards)
+        self.validation_seconds.labels(**run).inc(seconds)
+        self.early_stopped.labels(**run).set(1 if stopped else 0)
 
     def observe_checkpoint(self, iteration: int, now: float | None = None) -> None:
         self.checkpoints.labels(**self.run).inc()

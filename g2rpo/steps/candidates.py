@@ -26,7 +26,7 @@ from g2rpo.steps.records import CandidatesRecord, TrainRecord, read_record, writ
 from g2rpo.steps.train import matching_evaluation
 from g2rpo.training.run_config import RunConfig
 
-__all__ = ["ChampionRef", "champion_of", "evaluate_candidates", "report_html"]
+__all__ = ["ChampionRef", "champion_of", "evaluate_candidates", "report_html", "validation_html"]
 
 
 @dataclass(frozen=True)
@@ -104,7 +104,7 @@ def evaluate_candidates(
         push_evaluations(PushTarget(pushgateway_url, pipeline=pipeline), by_version)
     write_record(record, output_dir)
     Path(report_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(report_path).write_text(report_html(record, challenger, champion, settings), encoding="utf-8")
+    Path(report_path).write_text(report_html(record, challenger, champion, settings, trained), encoding="utf-8")
     return record
 
 
@@ -113,8 +113,11 @@ def report_html(
     challenger: EvaluateResult,
     champion: EvaluateResult | None,
     settings: S3Settings | None = None,
+    trained: TrainRecord | None = None,
 ) -> str:
-    """One self-contained HTML page (what the KFP UI shows): the metrics side by side and each grid image."""
+    """One self-contained HTML page (what the KFP UI shows): the metrics side by side, each grid image,
+    and, when the run validated during training (``trained``), its validation curve and the iteration
+    the challenger's export holds."""
     metrics = sorted(set(record.challenger_means) | set(record.champion_means))
     rows = "".join(
         f"<tr><td>{html.escape(m)}</td><td>{record.challenger_means.get(m, float('nan')):.4f}</td>"
@@ -139,7 +142,39 @@ def report_html(
                 f"<h2>{html.escape(label)}</h2><img alt='{html.escape(label)} samples' src='data:image/png;base64,{png}'>"
             )
         parts.append(f"<p><code>{html.escape(result.output_uri)}</code></p>")
+    if trained is not None and trained.validation_curve:
+        parts.append(validation_html(trained))
     return "\n".join(parts) + "\n"
+
+
+def validation_html(trained: TrainRecord) -> str:
+    """The run's validation curve as a table (one row per validation; the exported one marked) with
+    the chosen iteration, why, and the early stop if there was one."""
+    curve = trained.validation_curve
+    metrics = list(curve[0]["means"])
+    head = "".join(f"<th>{html.escape(m)}</th>" for m in metrics)
+    rows = []
+    for point in curve:
+        chosen = point["iteration"] == trained.selected_iteration
+        cells = "".join(f"<td>{point['means'][m]:.4f}</td>" for m in metrics)
+        beyond = html.escape(", ".join(point["breached"])) or "—"
+        mark = " style='font-weight:bold'" if chosen else ""
+        label = f"{point['iteration']}{' (exported)' if chosen else ''}{' (baseline)' if point is curve[0] else ''}"
+        rows.append(f"<tr{mark}><td>{label}</td><td>{point['objective']:.4f}</td>{cells}<td>{beyond}</td></tr>")
+    if trained.selected_iteration is None:
+        chosen_text = f"The export holds the last iteration ({trained.iterations})."
+    else:
+        chosen_text = (
+            f"The export holds iteration {trained.selected_iteration} of {trained.iterations}: "
+            f"{html.escape(trained.selection_reason or '')}."
+        )
+    stop = "" if trained.early_stop is None else f"<p>Stopped early: {html.escape(trained.early_stop)}.</p>"
+    return (
+        "<h2>Validation during training</h2>"
+        f"<p>{chosen_text}</p>{stop}"
+        "<table><tr><th>iteration</th><th>objective</th>"
+        f"{head}<th>beyond tolerance</th></tr>{''.join(rows)}</table>"
+    )
 
 
 def _cell(value: float | None) -> str:

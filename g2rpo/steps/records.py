@@ -41,6 +41,15 @@ class TrainRecord(Section):
     iterations: int = Field(ge=0, description="iterations the run completed")
     first_reward: float | None = Field(None, description="mean rollout reward of the run's first iteration")
     last_reward: float | None = Field(None, description="mean rollout reward of its last iteration")
+    selected_iteration: int | None = Field(
+        None, description="the validated iteration the export holds (train.validation); None: the last iteration"
+    )
+    selection_reason: str | None = Field(None, description="why that iteration was chosen")
+    early_stop: str | None = Field(None, description="why the run stopped early; None: it ran its iterations")
+    validation_curve: list[dict] = Field(
+        default_factory=list,
+        description="per validation: iteration, objective, breached metrics, per-metric means (empty: validation off)",
+    )
 
 
 class CandidatesRecord(Section):

@@ -55,6 +55,13 @@ PARAMETER_KEYS = {
     "rewards": "rewards.models",  # [{name, weight, ...}, ...]
     "iterations": "train.iterations",
     "learning_rate": "train.learning_rate",
+    # Validation during training (g2rpo.training.validation); each left at its "unset" value keeps the
+    # config file's setting. A positive validation_every also turns validation on.
+    "validation_every": "train.validation.every",
+    "validation_num_prompts": "train.validation.num_prompts",
+    "validation_max_regression": "train.validation.max_regression",  # {metric: allowed drop}
+    "validation_stop_after_breaches": "train.validation.stop_after_breaches",
+    "validation_patience": "train.validation.patience",
 }
 RUN_CONFIG_FILE = "run-config.yaml"
 PRODUCER = f"g2rpo pipeline train {g2rpo.__version__}"
@@ -73,6 +80,16 @@ def resolve_config_path(config_uri: str) -> Path:
 
 # Parameters whose value 0 leaves the key to the strategy section (see run_config_for).
 STRATEGY_DEFAULT_WHEN_ZERO = frozenset({"learning_rate"})
+# Parameters whose value 0 (or {}) leaves the key to the config file: a KFP parameter has no null.
+FILE_VALUE_WHEN_UNSET = frozenset(
+    {
+        "validation_every",
+        "validation_num_prompts",
+        "validation_max_regression",
+        "validation_stop_after_breaches",
+        "validation_patience",
+    }
+)
 
 
 def run_config_for(
@@ -95,7 +112,10 @@ def run_config_for(
         f"{PARAMETER_KEYS[name]}={json.dumps(value)}"
         for name, value in choices.items()
         if not (name in STRATEGY_DEFAULT_WHEN_ZERO and value == 0)
+        and not (name in FILE_VALUE_WHEN_UNSET and value in (0, {}))
     ]
+    if choices.get("validation_every", 0):
+        items.append("train.validation.enabled=true")
     items += list(overrides)
     items += [
         f"model.path={json.dumps(base_model_uri)}",
@@ -227,9 +247,26 @@ def train_task(
         iterations=int(summary["iterations"]),
         first_reward=summary.get("first_reward"),
         last_reward=summary.get("last_reward"),
+        **_validation_fields(summary.get("validation"), base_model),
     )
     write_record(record, record_dir)
     return record
+
+
+def _validation_fields(validation: dict[str, Any] | None, base_model: dict[str, Any]) -> dict[str, Any]:
+    """The record's validation fields: from the run's summary, or (a TrainJob's run, whose summary
+    stays in its pods) the chosen iteration the export's base_model.json names."""
+    if validation is None:
+        selected = base_model.get("selected_iteration")
+        if selected is None or base_model.get("selection_reason") in (None, "the last iteration"):
+            return {}
+        return {"selected_iteration": selected, "selection_reason": base_model["selection_reason"]}
+    return {
+        "selected_iteration": validation["selected_iteration"] if validation["exported_best"] else None,
+        "selection_reason": validation["selection_reason"] if validation["exported_best"] else None,
+        "early_stop": validation["early_stop"],
+        "validation_curve": validation["curve"],
+    }
 
 
 def _torchrun(config_file: Path, work_dir: Path, gpus: int, checkpoint_uri: str | None) -> dict[str, Any]:

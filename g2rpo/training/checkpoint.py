@@ -22,8 +22,10 @@ list), and when none matches resume stops with the list of mismatches. A checkpo
 ``train.resume`` that does not match is refused.
 
 Retention: the last ``keep_last`` complete checkpoints, plus every iteration listed in
-``keep_iterations`` (explicitly named ones), are kept; older ones are removed after a newer one is
-complete.
+``keep_iterations`` (explicitly named ones) and the best validated one so far
+(:attr:`CheckpointManager.protected`, :mod:`g2rpo.training.validation`), are kept; older ones are
+removed after a newer one is complete. A run with validation also stores its validation history in
+each checkpoint (``validation.json``), so a resume continues it.
 
 Resume refuses a checkpoint made under another config hash (model + algorithm + data sections;
 run length and output paths may change) with an error naming both hashes and the fix.
@@ -201,6 +203,9 @@ class CheckpointManager:
         self.world_size = world_size
         self._barrier = barrier or (lambda: None)
         self._verified: set[Path] = set()  # checkpoints whose digests matched in this process
+        # Kept by prune like keep_iterations, but set by the trainer as the run goes: the best
+        # validated checkpoint so far (g2rpo.training.validation), which the export may need.
+        self.protected: set[int] = set()
 
     @staticmethod
     def name(iteration: int) -> str:
@@ -292,8 +297,12 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ save
 
-    def save(self, state: TrainerState, driver: Any, ema: Any = None) -> Path:
-        """Write one checkpoint (collective: every rank calls it). Returns its directory."""
+    def save(self, state: TrainerState, driver: Any, ema: Any = None, json_files: dict[str, Any] | None = None) -> Path:
+        """Write one checkpoint (collective: every rank calls it). Returns its directory.
+
+        ``json_files`` (rank 0's): more of the trainer's state, each written as ``name`` (JSON) and
+        listed in the manifest like every other file.
+        """
         target = self.path(state.iteration)
         # Every rank checks (no rank writes a manifest before two barriers below), so all raise together.
         if is_complete(target):
@@ -314,6 +323,8 @@ class CheckpointManager:
             (target / "trainer_state.json").write_text(
                 json.dumps(asdict(state), indent=1, sort_keys=True), encoding="utf-8"
             )
+            for name, content in (json_files or {}).items():
+                (target / name).write_text(json.dumps(content, indent=1, sort_keys=True), encoding="utf-8")
         self._barrier()  # every rank's files are on disk before the manifest says so
         if self.rank == 0:
             write_dir_manifest(
@@ -327,9 +338,10 @@ class CheckpointManager:
         return target
 
     def prune(self) -> list[Path]:
-        """Remove complete checkpoints beyond the last ``keep_last`` (named ones stay)."""
+        """Remove complete checkpoints beyond the last ``keep_last`` (named and protected ones stay)."""
         done = self.complete()
-        removable = [(i, p) for i, p in done[: max(len(done) - self.keep_last, 0)] if i not in self.keep_iterations]
+        kept = self.keep_iterations | self.protected
+        removable = [(i, p) for i, p in done[: max(len(done) - self.keep_last, 0)] if i not in kept]
         for _, path in removable:
             # Drop the manifest first: a crash mid-removal leaves an incomplete dir, never a broken "complete" one.
             (path / MANIFEST).unlink(missing_ok=True)
@@ -448,7 +460,10 @@ def export_model(
         **(extra or {}),
     }
     (directory / "base_model.json").write_text(json.dumps(info, indent=1, sort_keys=True), encoding="utf-8")
-    metadata = {"kind": f"export-{kind}", **{k: v for k, v in (extra or {}).items() if k in ("iterations", "ema")}}
+    metadata = {
+        "kind": f"export-{kind}",
+        **{k: v for k, v in (extra or {}).items() if k in ("iterations", "ema", "selected_iteration")},
+    }
     write_dir_manifest(
         directory, producer=f"g2rpo.training.trainer.export {__version__}", config_hash=config_hash, metadata=metadata
     )

@@ -9,14 +9,16 @@ Layout under the run's mirror URI (one per run identity, e.g. ``s3://bucket/runs
 :class:`CheckpointMirror` is a :class:`~g2rpo.training.trainer.TrainerCallback`: after each local
 checkpoint is complete, rank 0 publishes it (:func:`~g2rpo.artifacts.manifest.publish_dir`, so the
 prefix counts only once its manifest is written) and only then removes the mirrored checkpoints that
-retention (``train.keep_last``, ``train.keep_iterations``) no longer keeps, each manifest first.
+retention (``train.keep_last``, ``train.keep_iterations``, and the best validated checkpoint so far,
+which the trainer protects: :mod:`g2rpo.training.validation`) no longer keeps, each manifest first.
 The previous checkpoint therefore stays in S3 until the new one is complete. A prefix left without
 a manifest by a pod killed mid-upload is this run's own leftover (one writer per run identity): the
 next publish of that iteration clears it first.
 
 :meth:`CheckpointMirror.restore` (before training starts) downloads the newest complete mirrored
 checkpoint into ``output.dir/checkpoints/`` when the local directory has nothing as new, and
-publishes a newer local one the mirror lacks; the trainer's ``train.resume=auto`` then resumes from
+publishes a newer local one the mirror lacks; with validation on, the best validated checkpoint that
+newest one names (its ``validation.json``) is downloaded too, so the export can take it; the trainer's ``train.resume=auto`` then resumes from
 it as from any local checkpoint (the config-hash check included). Multi-node runs need
 ``output.dir`` on a volume every node shares, as local checkpoints already do (ZeRO shards of every
 rank sit in one checkpoint directory).
@@ -24,6 +26,7 @@ rank sit in one checkpoint directory).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -41,7 +44,8 @@ from g2rpo.artifacts.manifest import (
 from g2rpo.artifacts.storage import S3Settings, open_store
 from g2rpo.errors import G2RPOError
 from g2rpo.training.checkpoint import CheckpointManager, is_complete, manifest_metadata
-from g2rpo.training.trainer import Trainer, TrainerCallback
+from g2rpo.training.trainer import VALIDATION_FILE, Trainer, TrainerCallback
+from g2rpo.training.validation import ValidationRecord, select_best
 
 __all__ = ["CheckpointMirror"]
 
@@ -64,6 +68,9 @@ class CheckpointMirror(TrainerCallback):
         self.keep_iterations = set(keep_iterations)
         self.settings = settings
         self.store = open_store(self.uri, settings)
+        # The best validated checkpoint (kept like keep_iterations), as named by the validation history of
+        # the checkpoint published last: the trainer's own choice at that point, also after a restart.
+        self.protected: set[int] = set()
 
     # ------------------------------------------------------------------ what the mirror holds
 
@@ -99,6 +106,9 @@ class CheckpointMirror(TrainerCallback):
     def publish(self, path: Path, iteration: int) -> None:
         """Publish the complete local checkpoint ``path`` as ``iter-N``, then prune the mirror."""
         prefix = CheckpointManager.name(iteration)
+        best = _best_validated(path)
+        if best is not None:
+            self.protected = {best}
         if not has_manifest(self.store, prefix):
             self._clear_leftovers(prefix)
             # Hard links (a copy across file systems): the upload must leave the local manifest out,
@@ -121,9 +131,10 @@ class CheckpointMirror(TrainerCallback):
         self.prune()
 
     def prune(self) -> list[int]:
-        """Remove mirrored checkpoints beyond the last ``keep_last`` complete ones (named ones stay)."""
+        """Remove mirrored checkpoints beyond the last ``keep_last`` complete ones (named and protected ones stay)."""
         done = self.complete()
-        removable = [i for i in done[: max(len(done) - self.keep_last, 0)] if i not in self.keep_iterations]
+        kept = self.keep_iterations | self.protected
+        removable = [i for i in done[: max(len(done) - self.keep_last, 0)] if i not in kept]
         for iteration in removable:
             prefix = CheckpointManager.name(iteration)
             self.store.delete(f"{prefix}/{MANIFEST_NAME}")  # first: never a "complete" prefix with files missing
@@ -159,11 +170,27 @@ class CheckpointMirror(TrainerCallback):
                 "(model, algorithm and data sections): resume with the config it was made with, or give this run "
                 "a fresh checkpoint URI"
             )
-        target = checkpoints / CheckpointManager.name(remote)
+        self._download(checkpoints, remote)
+        best = _best_validated(checkpoints / CheckpointManager.name(remote))
+        if best is not None and best != remote and best not in _local_complete(checkpoints):
+            self._download(checkpoints, best)
+        return remote
+
+    def _download(self, checkpoints: Path, iteration: int) -> None:
+        target = checkpoints / CheckpointManager.name(iteration)
         if target.exists():  # a save killed before its manifest: it held nothing complete
             shutil.rmtree(target)
-        download_dir(self.uri_of(remote), target, self.settings)
-        return remote
+        download_dir(self.uri_of(iteration), target, self.settings)
+
+
+def _best_validated(checkpoint: Path) -> int | None:
+    """The best validated iteration a checkpoint's validation history names (None without validation)."""
+    path = checkpoint / VALIDATION_FILE
+    if not path.is_file():
+        return None
+    history = [ValidationRecord.from_json(r) for r in json.loads(path.read_text(encoding="utf-8"))["history"]]
+    selection = select_best(history)
+    return None if selection is None else selection.iteration
 
 
 def _local_complete(checkpoints: Path) -> list[int]:

@@ -41,6 +41,7 @@ from g2rpo.rewards.config import RewardsConfig
 from g2rpo.strategies.config import AlgorithmConfig
 from g2rpo.training.deepspeed_config import DeepSpeedSection
 from g2rpo.training.memory import available_memory, memory_problem, rollout_memory
+from g2rpo.training.validation import ValidationSection, validation_problems
 
 __all__ = [
     "ModelSection",
@@ -229,6 +230,10 @@ class TrainSection(Section):
     )
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms (bit-exact resume on CPU)")
     progress: bool = Field(True, description="show a progress bar (reward and loss in its postfix)")
+    validation: ValidationSection = Field(
+        default_factory=ValidationSection,
+        description="validation during training: held-out curves, best-checkpoint export, early stop (off by default)",
+    )
 
 
 class OutputSection(Section):
@@ -287,7 +292,15 @@ def cross_field_problems(config: Any) -> list[str]:
     sections as attributes, some None (those that did not validate on their own): a check runs
     when every section it reads is there, so field problems do not hide these."""
     model, train, ds, output = (getattr(config, n, None) for n in ("model", "train", "deepspeed", "output"))
+    rewards, algorithm = getattr(config, "rewards", None), getattr(config, "algorithm", None)
     problems = []
+    if train is not None and rewards is not None and algorithm is not None:
+        problems += validation_problems(
+            train.validation,
+            [spec.name for spec in rewards.models],
+            [spec.weight for spec in rewards.models],
+            algorithm.num_steps,
+        )
     if model is not None and not model.path:
         problems.append(problem("model.path", "", "set the directory of a diffusers Flux pipeline"))
     if train is not None and ds is not None:
@@ -315,6 +328,16 @@ def cross_field_problems(config: Any) -> list[str]:
             )
     if output is not None and train is not None and output.export_ema and not train.ema.enabled:
         problems.append(problem("output.export_ema", True, "needs train.ema.enabled=true"))
+    if output is not None and train is not None and output.export_ema and train.validation.enabled:
+        if train.validation.select_best:
+            problems.append(
+                problem(
+                    "train.validation.select_best",
+                    True,
+                    "validation scores the raw weights, so it cannot choose among EMA exports: set "
+                    "output.export_ema=false, or train.validation.select_best=false to export the last EMA weights",
+                )
+            )
     if train is not None and train.resume not in ("auto", "never") and not Path(train.resume).exists():
         problems.append(problem("train.resume", train.resume, "use auto, never, or an existing checkpoint directory"))
     return problems

@@ -16,12 +16,12 @@ from typing import Any
 import helm_python
 import yaml
 
+from tests.shared_checkout import shared_path
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "g2rpo"
-# ``../shared/crds`` beside the repository (CI); a worktree one level deeper finds the same folder.
-CRD_DIR = next(
-    (d / "shared" / "crds" for d in REPO.parents if (d / "shared" / "crds").is_dir()), REPO.parent / "shared" / "crds"
-)
+# ``../shared/crds`` beside the repository (CI); a clone without it skips the CRD-schema tests.
+CRD_DIR = shared_path("crds")
 RELEASE = "g2rpo"
 NAMESPACE = "kubeflow"
 KUBE_VERSION = "1.33.0"
@@ -114,6 +114,12 @@ def render(values: dict[str, Any] | None = None, chart: Path = CHART, namespace:
             continue
         docs.extend(doc for doc in yaml.safe_load_all(manifests[path]) if doc)
     return docs
+
+
+def training_runtime(values: dict[str, Any] | None = None) -> dict:
+    """The ClusterTrainingRuntime the chart renders for ``values``."""
+    (runtime,) = [doc for doc in render(values) if doc["kind"] == "ClusterTrainingRuntime"]
+    return runtime
 
 
 def kinds(docs: list[dict]) -> list[str]:

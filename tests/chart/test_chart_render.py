@@ -17,6 +17,7 @@ import yaml
 
 import g2rpo
 from g2rpo.launch.trainjob import NODE_JOB, TRAINING_RUNTIME, Placement
+from pipelines.placement import load_profile
 from tests.chart.chart_render import (
     CHART,
     CRD_DIR,
@@ -34,6 +35,7 @@ from tests.chart.chart_render import (
     pod_specs,
     render,
 )
+from tests.shared_checkout import require_shared
 
 CUSTOM_KINDS = {"ClusterTrainingRuntime", "PodMonitor", "ServiceMonitor", "PrometheusRule"}
 
@@ -50,7 +52,8 @@ def rendered(chart_copy):
 
 @pytest.fixture(scope="module")
 def crd_schemas():
-    assert CRD_DIR.is_dir(), f"the CRD schemas are read from {CRD_DIR} (the repository's parent holds shared/)"
+    require_shared("crds")  # the CRD schemas are read from ../shared/crds (CI has it)
+    assert CRD_DIR.is_dir(), CRD_DIR
     return load_crd_schemas()
 
 
@@ -238,6 +241,13 @@ def test_retraining_cronjob_submits_with_the_release_service_account(rendered):
     assert args[-2:] == ["--experiment", "g2rpo"]
     [token] = pod["volumes"]
     assert token["projected"]["sources"][0]["serviceAccountToken"]["audience"] == "pipelines.kubeflow.org"
+
+
+def test_the_placement_profiles_service_account_is_the_charts(rendered):
+    # `g2rpo pipeline submit` runs every pod (and a TrainJob's) as the profile's account: the one the chart
+    # creates and grants the launcher's calls, not a name that does not exist, nor KFP's pipeline-runner.
+    account = _one(rendered["defaults"], "ServiceAccount")
+    assert account["metadata"]["name"] == load_profile().service_account
 
 
 def test_monitors_select_the_training_pods_and_the_pushgateway(rendered):

@@ -10,10 +10,15 @@ CUDA torch was built for and its DeepSpeed ops are prebuilt for sm_90; COPY sour
 from __future__ import annotations
 
 import fnmatch
+import os
 import re
 import shlex
+import shutil
+import subprocess
+import sys
 import tomllib
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 import pytest
@@ -21,6 +26,9 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 IMAGES = {"trainer": REPO / "images" / "trainer.Dockerfile", "component": REPO / "images" / "component.Dockerfile"}
+PORTABLE_CC = REPO / "images" / "trainer" / "portable-cc.sh"
+CHECK_SCRIPT_FILE = REPO / "images" / "trainer" / "check_deepspeed_ops.py"
+CHECK_SCRIPT = "/opt/g2rpo-build/check_deepspeed_ops.py"  # where the trainer image has it
 INSTRUCTIONS = {
     "FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME",
     "USER", "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL",
@@ -103,6 +111,8 @@ def pip_installs(stage: Stage) -> list[list[str]]:
             else:
                 commands[-1].append(token)
         for words in commands:
+            while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):
+                words = words[1:]  # VAR=value before the command: its environment
             if words[:2] == ["pip", "install"] or words[1:4] == ["-m", "pip", "install"]:
                 out.append(words[words.index("install") + 1 :])
     return out
@@ -202,15 +212,81 @@ def test_the_trainer_cuda_matches_torch_and_its_ops_are_prebuilt_for_sm90():
     assert "devel" in stages[-2].image and "devel" not in stages[-1].image, "nvcc in the build stage only"
     env = env_values(stages[-2])
     assert env["TORCH_CUDA_ARCH_LIST"] == "9.0"
+    # No GPU in a docker build: without this DeepSpeed picks the CPU accelerator and builds CPU ops.
+    assert env["DS_ACCELERATOR"] == "cuda"
     built = {
         key.removeprefix("DS_BUILD_").lower()
         for key, value in env.items()
         if key.startswith("DS_BUILD_") and value == "1"
     }
-    assert built, "some DeepSpeed ops are prebuilt"
-    runs = " ".join(i.value for i in stages[-2].instructions if i.keyword == "RUN")
-    checked = re.search(r"for op in \(([^)]*)\)", runs)
-    assert checked and set(re.findall(r"'(\w+)'", checked.group(1))) == built, "the build asserts every op it prebuilds"
+    assert built == {"fused_adam", "cpu_adam"}, "the two ops the trainer can reach are prebuilt"
+    (install,) = [
+        " ".join(i.value.split()) for i in stages[-2].instructions if i.keyword == "RUN" and "deepspeed==" in i.value
+    ]
+    check = f"python {CHECK_SCRIPT} "
+    assert check in install, "the build checks the ops it built"
+    assert set(install.split(check)[1].split()[:2]) == built, "the build checks every op it prebuilds"
+    # The runtime stage checks again after its last USER: as the runtime user, with no compiler there.
+    runtime = stages[-1].instructions
+    last_user = max(i for i, ins in enumerate(runtime) if ins.keyword == "USER")
+    (recheck,) = [ins.value for ins in runtime[last_user:] if ins.keyword == "RUN"]
+    assert recheck.startswith("DS_ACCELERATOR=cuda ") and set(recheck.split(check)[1].split()) == built
+
+
+def test_the_trainers_cpu_ops_are_built_for_a_portable_cpu_not_the_build_host():
+    stages = parse_dockerfile(IMAGES["trainer"].read_text())
+    (install,) = [
+        " ".join(i.value.split()) for i in stages[-2].instructions if i.keyword == "RUN" and "deepspeed==" in i.value
+    ]
+    # DeepSpeed's CPUAdam builder passes -march=native (no setting overrides it): the wrappers rewrite it.
+    assert "CC=/opt/portable-cc/gcc CXX=/opt/portable-cc/g++ pip install" in install
+    assert "install -m 0755 /opt/g2rpo-build/portable-cc.sh /opt/portable-cc/gcc" in install
+    assert "install -m 0755 /opt/g2rpo-build/portable-cc.sh /opt/portable-cc/g++" in install
+    copies = [i.value.split() for i in stages[-2].instructions if i.keyword == "COPY"]
+    assert ["images/trainer/", "/opt/g2rpo-build/"] in copies
+
+
+@pytest.mark.skipif(not Path("/usr/bin/g++").exists(), reason="no /usr/bin/g++ on this machine to wrap")
+def test_the_portable_compiler_wrapper_targets_x86_64_v3(tmp_path):
+    # The real wrapper around the real g++: what -march=native and DeepSpeed's AVX-512 macro turn into.
+    wrapper = tmp_path / "g++"
+    shutil.copy(PORTABLE_CC, wrapper)
+    wrapper.chmod(0o755)
+    command = [str(wrapper), "-march=native", "-D__AVX512__", '-DG2RPO_NOTE="two words"', "-dM", "-E", "-x", "c++"]
+    macros = subprocess.run([*command, "/dev/null"], capture_output=True, text=True, check=True).stdout
+    defined = {line.split()[1] for line in macros.splitlines() if line.startswith("#define ")}
+    assert {"__AVX2__", "__FMA__", "__AVX256__"} <= defined
+    assert not {"__AVX512F__", "__AVX512__"} & defined
+    assert '#define G2RPO_NOTE "two words"' in macros  # arguments with spaces pass through whole
+
+
+def test_the_ops_check_refuses_a_deepspeed_built_for_the_cpu():
+    # The venv's DeepSpeed is what a GPU-less build without DS_ACCELERATOR=cuda makes: the check must say so.
+    done = subprocess.run(
+        [sys.executable, str(CHECK_SCRIPT_FILE), "fused_adam", "cpu_adam"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "DS_ACCELERATOR": "cuda"},
+        timeout=300,
+    )
+    assert done.returncode == 1
+    assert "DeepSpeed was built for accelerator 'cpu': build it with DS_ACCELERATOR=cuda" in done.stderr
+    assert "fused_adam: not prebuilt; build with DS_BUILD_FUSED_ADAM=1" in done.stderr
+
+
+def test_every_package_the_trainer_build_pulls_in_is_locked():
+    # pip install -c constraints.txt leaves anything the lock does not name unpinned: DeepSpeed's
+    # requirements, what its CUDA build adds (NVML's bindings) and the build backend must all be in it.
+    pins = read_constraints()
+    runtime_requirements = [r for r in metadata.requires("deepspeed") or [] if "extra ==" not in r]
+    requirements = {normalise(re.split(r"[ ;<>=!~\[]", r)[0]) for r in runtime_requirements}
+    needed = requirements | {"nvidia-ml-py", "setuptools"}
+    assert needed - set(pins) == set()
+    stages = parse_dockerfile(IMAGES["trainer"].read_text())
+    installs = pip_installs(stages[-2])
+    first_deepspeed = next(i for i, args in enumerate(installs) if "deepspeed==0.19.8" in args)
+    before = {normalise(w.partition("==")[0]) for args in installs[:first_deepspeed] for w in args}
+    assert {"setuptools", "nvidia-ml-py", "torch"} <= before, "the build's tools come pinned, before the build"
 
 
 def test_no_credentials_in_env_or_arg(image):

@@ -23,8 +23,14 @@ GROUP_PATH = "/apis/trainer.kubeflow.org/v1alpha1"
 CREATED = "2026-11-30T12:00:00Z"
 
 
-def torch_runtime(name: str, image: str = "ghcr.io/g2rpo/g2rpo:test") -> dict[str, Any]:
-    """A ClusterTrainingRuntime of the shape the Helm chart ships: torch, one replicated job "node"."""
+def torch_runtime(name: str, image: str = "ghcr.io/g2rpo/g2rpo:test", s3_secret: str = "g2rpo-s3") -> dict[str, Any]:
+    """A ClusterTrainingRuntime of the shape the Helm chart ships: torch, one replicated job "node" whose
+    container reads the S3 credentials from ``s3_secret`` (tests/launch/test_trainer_check.py serves the
+    chart's own rendered runtime instead)."""
+    s3_env = [
+        {"name": key, "valueFrom": {"secretKeyRef": {"name": s3_secret, "key": key}}}
+        for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+    ]
     return {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "ClusterTrainingRuntime",
@@ -45,6 +51,7 @@ def torch_runtime(name: str, image: str = "ghcr.io/g2rpo/g2rpo:test") -> dict[st
                                                 {
                                                     "name": "node",
                                                     "image": image,
+                                                    "env": s3_env,
                                                     "resources": {"limits": {"nvidia.com/gpu": "8"}},
                                                 }
                                             ]
@@ -73,6 +80,7 @@ def condition(kind: str, message: str, reason: str = "") -> dict[str, Any]:
 @dataclass
 class KubeAPI:
     runtime_name: str
+    runtime: dict[str, Any] | None = None  # the ClusterTrainingRuntime served (default: torch_runtime(runtime_name))
     script: Callable[[dict[str, Any], int], dict[str, Any] | None] = lambda job, polls: None
     log_lines: list[str] = field(default_factory=lambda: ["rank 0: iteration 0", "rank 0: done"])
     calls: list[dict[str, Any]] = field(default_factory=list)
@@ -149,7 +157,7 @@ class KubeAPI:
             return _not_found("trainingruntimes", path.rsplit("/", 1)[1])
         if method == "GET" and (m := re.fullmatch(rf"{GROUP_PATH}/clustertrainingruntimes/([^/]+)", path)):
             if m.group(1) == self.runtime_name:
-                return 200, torch_runtime(self.runtime_name)
+                return 200, self.runtime or torch_runtime(self.runtime_name)
             return _not_found("clustertrainingruntimes", m.group(1))
         if m := re.fullmatch(rf"{GROUP_PATH}/namespaces/([^/]+)/trainjobs(?:/([^/]+))?", path):
             return self._trainjobs(method, m.group(1), m.group(2), body)

@@ -47,7 +47,12 @@ def produced(prom, tiny_flux_dir, tmp_path_factory):
     config = tiny_run_config(
         tiny_flux_dir,
         tmp / RUN_ID,
-        train={"iterations": ITERATIONS, "checkpoint_every": 2},
+        train={
+            "iterations": ITERATIONS,
+            "checkpoint_every": 2,
+            # validation at 0, 2 and the end (3): the dashboard's validation panels read these series
+            "validation": {"enabled": True, "every": 2, "num_prompts": 2, "seeds": [0]},
+        },
         observability={
             "metrics_port": prom.exporter_port,
             "metrics_address": "127.0.0.1",

@@ -44,7 +44,7 @@ def test_train_placement_lands_in_the_platform_spec():
     inputs = spec["root"]["inputDefinitions"]["parameters"]
     assert inputs["node_selector"]["defaultValue"] == {"nvidia.com/gpu.product": "NVIDIA-H200"}
     assert inputs["tolerations"]["defaultValue"] == profile.tolerations
-    assert inputs["gpus_per_node"]["defaultValue"] == 8
+    assert inputs["gpus_per_node"] == {"defaultValue": "8", "isOptional": True, "parameterType": "STRING"}
     resources = spec["deploymentSpec"]["executors"]["exec-train"]["container"]["resources"]
     assert resources["accelerator"]["resourceType"] == "nvidia.com/gpu"
     assert resources["accelerator"]["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--gpus_per_node']}}"

@@ -71,6 +71,8 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     (run_root,) = [p for p in root.iterdir() if p.is_dir()]
     report = (run_root / "evaluate" / "report").read_text()
     assert "challenger" in report and "data:image/png;base64," in report
+    # configs/shapes-cpu.yaml validates during training: at 0 and at the end of this 1-iteration run
+    assert "<h2>Validation during training</h2>" in report and "<td>0 (baseline)</td>" in report
     # kfp.local keeps a Metrics artifact's values in the task's executor output.
     executor = json.loads((run_root / "train" / "executor_output.json").read_text())
     assert executor["artifacts"]["metrics"]["artifacts"][0]["metadata"]["iterations"] == 1

@@ -48,6 +48,7 @@ def test_submit_sends_experiment_pipeline_platform_spec_and_parameters(capsys):
                 "learning_rate=3e-6",
                 "granularities=[1,2]",
                 "node_selector={pool: h200-spot}",
+                "gpus_per_node=4",
             ]
         )
         assert code == 0
@@ -61,6 +62,7 @@ def test_submit_sends_experiment_pipeline_platform_spec_and_parameters(capsys):
         "granularities": [1, 2],
         # Merged over the profile's labels: the pool changes, the GPU product stays.
         "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H200", "pool": "h200-spot"},
+        "gpus_per_node": "4",  # a string: the only form KFP's driver turns into a GPU limit (pipelines/alignment.py)
     }
     assert run["service_account"] == load_profile().service_account
     _check_pipeline_spec(run)
@@ -101,6 +103,9 @@ def test_submit_with_the_charts_service_account_overrides_the_profiles(capsys):
         (["submit", "itrations=3"], "valid parameters: base_model_uri"),
         (["submit", "iterations=many"], "iterations='many': must be Integer"),
         (["submit", "granularities"], "write name=value"),
+        (["submit", "gpus_per_node=four"], "gpus_per_node='four': give the GPUs of one node as a whole number"),
+        (["submit", "gpus_per_node=0"], "gpus_per_node='0': give the GPUs of one node as a whole number from 1 to 16"),
+        (["schedule", "--cron", "0 0 3 * * *", "gpus_per_node=2.5"], "gpus_per_node='2.5'"),
         (["schedule", "--cron", "0 3 * * *"], "has 5 fields"),
         (["schedule", "--cron", "0 0 25 * * *"], "hours '25' is outside 0-23"),
         (["schedule", "--cron", "0 0 3 * * FUNDAY"], "day of week 'FUNDAY'"),

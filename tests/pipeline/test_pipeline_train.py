@@ -26,6 +26,7 @@ from g2rpo.launch.trainjob import CONFIG_ENV, TRAINING_RUNTIME, job_name
 from g2rpo.steps.train_task import checkpoint_uri_for, train_task, trainjob_for
 from g2rpo.training.mirror import CheckpointMirror
 from pipelines.placement import load_profile
+from tests.chart.chart_render import training_runtime
 from tests.launch.kubeapi import KubeAPI, condition
 from tests.trainer.trainer_testlib import subprocess_env
 
@@ -114,7 +115,8 @@ def test_a_multi_node_train_task_launches_the_runs_trainjob(tiny_flux_dir, s3_en
         deadline_s=7200,
     )
     failed = {"conditions": [condition("Failed", "node-1 exited with code 137 (OOMKilled)", "TrainingFailed")]}
-    with KubeAPI(TRAINING_RUNTIME, script=lambda job, polls: failed) as api:
+    # The chart's own runtime: the launcher checks that its pods read the profile's Secret.
+    with KubeAPI(TRAINING_RUNTIME, runtime=training_runtime(), script=lambda job, polls: failed) as api:
         # In a pod the SDK reads the in-cluster config and namespace; here they point at the loopback API.
         launch = replace(launch, namespace=NAMESPACE, client_configuration=api.configuration(), poll_interval_s=1)
         with pytest.raises(G2RPOError, match=r"TrainingFailed: node-1 exited with code 137 \(OOMKilled\)"):
@@ -148,9 +150,7 @@ def test_a_multi_node_train_task_launches_the_runs_trainjob(tiny_flux_dir, s3_en
     assert pod["serviceAccountName"] == profile.service_account
     assert pod["volumes"] == [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": profile.shm_size}}]
     (container,) = pod["containers"]
-    assert {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]} == {
-        env: {"name": profile.s3_secret_name, "key": key} for key, env in profile.s3_secret_keys.items()
-    }
+    assert "env" not in container  # the runtime carries the Secret's env (the Trainer refuses env patches)
     assert s3_env.env["AWS_SECRET_ACCESS_KEY"] not in json.dumps(job)  # the Secret's name, never its values
 
 
@@ -181,3 +181,60 @@ def test_the_pipelines_learning_rate_zero_leaves_the_strategys_own(tmp_path):
         output_dir=tmp_path / "o",
     )
     assert config.train.learning_rate == 3e-6 and config.learning_rate == 3e-6
+
+
+def test_the_pipelines_validation_parameters_turn_it_on_and_unset_keep_the_files(tmp_path):
+    from g2rpo.steps.train_task import run_config_for
+
+    unset = {
+        "validation_every": 0,
+        "validation_num_prompts": 0,
+        "validation_max_regression": {},
+        "validation_stop_after_breaches": 0,
+        "validation_patience": 0,
+    }
+    where = dict(base_model_uri=str(tmp_path / "m"), prompts="p.txt", output_dir=tmp_path / "o")
+    # configs/shapes-cpu.yaml has its own validation block: unset parameters leave it as the file has it
+    shapes = str(ROOT / "configs" / "shapes-cpu.yaml")
+    from_file = run_config_for(shapes, {}, **where).train.validation
+    assert from_file.enabled and from_file.max_regression["shapes_background"] == 0.05
+    assert run_config_for(shapes, unset, **where).train.validation == from_file
+    # the default config has none (off); a positive validation_every turns it on with the other values
+    off = run_config_for("configs/flux-dev-h200.yaml", unset, **where).train.validation
+    assert off.enabled is False
+    chosen = {
+        **unset,
+        "validation_every": 25,
+        "validation_num_prompts": 16,
+        "validation_max_regression": {"clip": 0.01},
+        "validation_stop_after_breaches": 2,
+    }
+    config = run_config_for(
+        "configs/flux-dev-h200.yaml",
+        {**chosen, "rewards": [{"name": "hps_v21"}, {"name": "clip", "weight": 0.0}]},
+        **where,
+    )
+    validation = config.train.validation
+    assert (validation.enabled, validation.every, validation.num_prompts) == (True, 25, 16)
+    assert validation.max_regression == {"clip": 0.01} and validation.stop_after_breaches == 2
+    assert validation.patience is None
+
+
+def test_the_train_tasks_record_names_the_validated_iteration_it_exported(tiny_flux_dir, tmp_path):
+    store = (tmp_path / "store").as_uri()
+    record = train_task(
+        CONFIG,
+        {"iterations": 4, "validation_every": 2, "validation_num_prompts": 2},
+        [*OVERRIDES, "train.validation.seeds=[0]"],
+        prompts=PROMPTS,
+        base_model_uri=str(tiny_flux_dir),
+        publish_uri=f"{store}/exports/g2rpo-tiny",
+        record_dir=tmp_path / "record",
+        work_dir=tmp_path / "work",
+    )
+    assert [p["iteration"] for p in record.validation_curve] == [0, 2, 4]
+    objectives = {p["iteration"]: p["objective"] for p in record.validation_curve[1:]}
+    assert record.selected_iteration == max(objectives, key=lambda i: (objectives[i], -i))
+    assert record.selection_reason.startswith("highest validated objective") and record.early_stop is None
+    published = json.loads(open_store(record.export_uri).get_bytes("base_model.json")[0])
+    assert published["selected_iteration"] == record.selected_iteration

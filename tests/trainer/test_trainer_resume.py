@@ -71,6 +71,58 @@ def test_sigkill_mid_iteration_then_resume_is_bit_identical(tiny_model, uninterr
     assert first == second
 
 
+VALIDATED = {
+    "train.iterations": ITERATIONS,
+    "train.checkpoint_every": 100,  # only the validated iterations are checkpointed
+    "train.keep_last": 1,
+    "rewards.models": [
+        {"name": "jpeg_compressibility"},
+        {"name": "sharpness", "weight": 0.0},
+        {"name": "total_variation", "weight": 0.0},
+    ],
+    # iteration 6 breaches the held-out sharpness tolerance on this seed, so 2 is the best
+    # (tests/trainer/test_trainer_validation.py measures the curve)
+    "train.validation": {
+        "enabled": True,
+        "every": 2,
+        "num_prompts": 3,
+        "seeds": [0, 1],
+        "micro_batch": 4,
+        "max_regression": {"sharpness": 0.001},
+    },
+}
+
+
+def _validation_history(checkpoint: Path) -> list[dict]:
+    """The stored history without the wall seconds (the one number a rerun cannot repeat)."""
+    history = json.loads((checkpoint / "validation.json").read_text())["history"]
+    return [{k: v for k, v in record.items() if k != "seconds"} for record in history]
+
+
+def test_sigkill_with_validation_resumes_history_and_best_bit_identical(tiny_model, tmp_path):
+    straight = tmp_path / "straight"
+    assert run_train(tiny_overrides(tiny_model, straight, **VALIDATED)).returncode == 0
+    out = tmp_path / "killed"
+    config = tiny_overrides(tiny_model, out, **VALIDATED)
+    killed = run_train(config, fault="iteration:5")  # after checkpoint 4; the best so far is 2
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    # keep_last 1 would have removed 2; it is kept because it is the best validated one
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["iter-000002", "iter-000004"]
+    resumed = run_train(config)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    # the resumed run's history (baseline and best-so-far included) is the uninterrupted one's
+    final = "iter-000006"
+    assert _validation_history(out / "checkpoints" / final) == _validation_history(straight / "checkpoints" / final)
+    assert [r["iteration"] for r in _validation_history(out / "checkpoints" / final)] == [0, 2, 4, 6]
+    # validation ran after the resume only where the killed run had not recorded it (6), never 0 again
+    validated = [e["iteration"] for e in _events(out) if e.get("event") == "validation"]
+    assert validated == [0, 2, 4, 6]
+    for run in (straight, out):
+        info = json.loads((run / "export" / "base_model.json").read_text())
+        assert info["selected_iteration"] == 2, info
+    _assert_same_weights(straight, out)
+
+
 def test_lora_sigkill_then_resume_equals_an_uninterrupted_run(tiny_model, tmp_path):
     # The LoRA adapters alone train (and are checkpointed); their initial values come from the
     # run seed, so the uninterrupted run and the killed-and-resumed one start alike too.

@@ -19,6 +19,8 @@ from g2rpo.artifacts.storage import open_store
 from g2rpo.errors import G2RPOError
 from g2rpo.training.checkpoint import CheckpointManager, TrainerState, is_complete
 from g2rpo.training.mirror import CheckpointMirror
+from g2rpo.training.trainer import VALIDATION_FILE
+from g2rpo.training.validation import ValidationRecord
 from tests.tiny_flux_fixture import make_tiny_flux
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -127,3 +129,34 @@ def test_a_local_checkpoint_newer_than_the_mirror_is_published_on_restart(tmp_pa
     _checkpoint(local, 4)  # saved, but the pod died before it was mirrored
     assert mirror.restore(local, "abc") is None
     assert mirror.complete() == [2, 4]
+
+
+def _validated_checkpoint(root: Path, iteration: int, objectives: dict[int, float]) -> Path:
+    """A checkpoint whose validation history (iterations 0, 2, … up to ``iteration``) has the given objectives."""
+    history = [
+        ValidationRecord(i, {}, objective, [], 0, 0.0).as_json()
+        for i, objective in objectives.items()
+        if i <= iteration
+    ]
+    manager = CheckpointManager(root, config_hash="abc", keep_last=10)
+    state = TrainerState(iteration, iteration * 2, "abc", 1, "torch")
+    files = {VALIDATION_FILE: {"identity": {}, "history": history}}
+    return manager.save(state, _FileDriver(b"w" * iteration), json_files=files)
+
+
+def test_mirror_keeps_the_best_validated_checkpoint_and_a_fresh_pod_gets_it_back(root_uri, tmp_path):
+    # objectives by iteration: 0 baseline, 2 the best (0.9), 4 and 6 lower -> 2 stays the export
+    objectives = {0: 0.5, 2: 0.9, 4: 0.7, 6: 0.6}
+    mirror = CheckpointMirror(root_uri, keep_last=1)
+    local = tmp_path / "run" / "checkpoints"
+    for iteration in (2, 4, 6):
+        mirror.publish(_validated_checkpoint(local, iteration, objectives), iteration)
+    assert mirror.protected == {2} and mirror.complete() == [2, 6]  # keep_last 1, and the best its history names
+    # a pod restarted with a newer local checkpoint (8) publishes it without ever having been told the best
+    restarted = CheckpointMirror(root_uri, keep_last=1)
+    _validated_checkpoint(local, 8, {**objectives, 8: 0.1})
+    assert restarted.restore(local, "abc") is None and restarted.complete() == [2, 8]
+    fresh = tmp_path / "fresh" / "checkpoints"
+    assert mirror.restore(fresh, "abc") == 8
+    assert is_complete(fresh / "iter-000008") and is_complete(fresh / "iter-000002")
+    assert (fresh / "iter-000002" / "torch" / "model.pt").read_bytes() == b"ww"

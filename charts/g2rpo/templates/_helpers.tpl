@@ -75,9 +75,17 @@ seccompProfile:
       key: {{ .Values.s3.secretAccessKeyKey }}
 - name: AWS_REGION
   value: {{ .Values.s3.region | quote }}
-{{- with .Values.s3.endpoint }}
+{{- if .Values.s3.endpoint }}
 - name: AWS_ENDPOINT_URL_S3
-  value: {{ . | quote }}
+  value: {{ .Values.s3.endpoint | quote }}
+{{- else }}
+{{- /* The endpoint from the Secret where it holds one (MinIO, SeaweedFS, Ceph); none: AWS. */}}
+- name: AWS_ENDPOINT_URL_S3
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.s3.existingSecret }}
+      key: {{ .Values.s3.endpointKey }}
+      optional: true
 {{- end }}
 {{- with .Values.s3.registryUri }}
 - name: G2RPO_REGISTRY_URI

@@ -1,0 +1,349 @@
+"""Validation during training: held-out curves, the best checkpoint, and early stop on reward hacking.
+
+Every ``train.validation.every`` iterations (and after the last one) the trainer samples a fixed
+validation set — ``num_prompts`` prompts of the run's training split (the prepare step's
+``train.jsonl``; the test split is never read by the trainer) at fixed ``seeds`` — with the
+deterministic Euler ODE sampler of :mod:`g2rpo.evaluation.sampling`, and scores every image with
+the run's reward models, trained and weight-0 alike. Iteration 0 (the weights before any update) is
+validated too: it is the **baseline** the out-of-domain tolerance is measured from, and never a
+candidate for export. Each validation is one :class:`ValidationRecord`: per metric ``m``::
+
+    mean_m          = (1/N) Σ_i score_m,i                          # N = prompts × seeds
+    CI95_m          = mean_m ± 1.96 · std_m / √N                   # normal approximation, as /metrics
+    objective       = Σ_{m trained} w_m · mean_m                   # the rewards' training weights
+    change_m        = mean_m − mean_m(baseline)                    # every reward is higher-is-better
+    breached        = { m ∈ max_regression : change_m < −max_regression_m }
+
+``max_regression`` is the promotion gates' out-of-domain rule (``g2rpo/artifacts/promotion.py``:
+pass iff Δ ≥ −max_regression) applied against the run's own first validation instead of the
+champion, with the same units: the values of the pipeline's gates file are the ones to copy here.
+
+**Selection** (:func:`select_best`): among the validations after the baseline whose ``breached`` is
+empty, the one with the highest objective (the earliest on a tie); the export is that iteration's
+checkpoint. When every validation breaches, the last one is exported and the reason says so (the
+promotion gates then refuse it, as they did before validation existed).
+
+**Early stop** (:func:`early_stop_reason`): optional; stop when the last ``stop_after_breaches``
+validations all breached, or when the best objective has not improved over the last
+``patience`` validations.
+
+These are pure functions of the list of records, which each checkpoint stores
+(``validation.json``): a resumed run recomputes the same best and the same stop decision. Nothing
+here departs from an anchor — DanceGRPO, MixGRPO and the G²RPO reference keep the last weights;
+TRL and torchtune evaluate on a schedule but do not select.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from g2rpo.config import PROBLEM_SEPARATOR, Section
+from g2rpo.errors import problem
+
+__all__ = [
+    "ValidationSection",
+    "MetricSummary",
+    "ValidationRecord",
+    "Selection",
+    "summarize_metric",
+    "objective",
+    "breached_metrics",
+    "select_best",
+    "early_stop_reason",
+    "validation_prompt_indices",
+    "validation_chunks",
+    "validation_problems",
+]
+
+Z_95 = 1.959964  # two-sided 95 % normal quantile
+
+
+class ValidationSection(Section):
+    """Validation during training (off by default): a fixed held-out pass, best-checkpoint export, early stop."""
+
+    enabled: bool = Field(False, description="validate every `every` iterations, at iteration 0 and at the end")
+    every: int = Field(10, ge=1, description="validate after every this many iterations (each gets a checkpoint)")
+    num_prompts: int = Field(
+        8,
+        ge=1,
+        description="prompts of the training split to validate on, evenly spaced over it (the prepare step's "
+        "train.jsonl; the test split is for the evaluate task and never read here)",
+    )
+    seeds: list[int] = Field(
+        default_factory=lambda: [0, 1],
+        min_length=1,
+        description="sampling seeds; each (prompt, seed) is one deterministic ODE sample, as in g2rpo eval",
+    )
+    metrics: list[str] = Field(
+        default_factory=list,
+        description="reward names to score (each one of rewards.models); empty = every reward, trained and weight-0",
+    )
+    max_regression: dict[str, float] = Field(
+        default_factory=dict,
+        description="out-of-domain tolerance: metric -> largest drop of its mean allowed below the first "
+        "validation's (score units, the promotion gates' max_regression); a validation beyond it cannot be exported",
+    )
+    select_best: bool = Field(
+        True, description="export the best validated checkpoint (see docs/training.md) instead of the last"
+    )
+    stop_after_breaches: int | None = Field(
+        None, ge=1, description="early stop after this many validations in a row breach max_regression; null = never"
+    )
+    patience: int | None = Field(
+        None, ge=1, description="early stop when the objective has not improved for this many validations; null = never"
+    )
+    micro_batch: int = Field(
+        8,
+        ge=1,
+        description="(prompt, seed) rows per sampling chunk; chunks are shared round-robin by the ranks, so the "
+        "result does not depend on the world size",
+    )
+    max_forwards: int | None = Field(
+        None,
+        ge=1,
+        description="bound on one validation's transformer forwards (prompts × seeds × algorithm.num_steps); a "
+        "config above it is refused; null = no bound",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ValidationSection:
+        problems = []
+        if len(set(self.seeds)) != len(self.seeds):
+            problems.append(problem("train.validation.seeds", self.seeds, "list each seed once"))
+        if len(set(self.metrics)) != len(self.metrics):
+            problems.append(problem("train.validation.metrics", self.metrics, "list each reward once"))
+        negative = {k: v for k, v in self.max_regression.items() if not (v >= 0 and math.isfinite(v))}
+        if negative:
+            problems.append(
+                problem(
+                    "train.validation.max_regression",
+                    negative,
+                    "give each metric a finite drop ≥ 0 in score units (0: no drop allowed)",
+                )
+            )
+        if self.stop_after_breaches is not None and not self.max_regression:
+            problems.append(
+                problem(
+                    "train.validation.stop_after_breaches",
+                    self.stop_after_breaches,
+                    "counts breaches of max_regression, which is empty: set max_regression for the out-of-domain "
+                    "metrics, or leave stop_after_breaches null",
+                )
+            )
+        if problems:
+            raise ValueError(PROBLEM_SEPARATOR.join(problems))
+        return self
+
+    def forwards(self, num_steps: int) -> int:
+        """Transformer forwards of one validation pass (every rank together)."""
+        return self.num_prompts * len(self.seeds) * num_steps
+
+
+def validation_problems(
+    validation: ValidationSection, reward_names: list[str], weights: list[float], num_steps: int
+) -> list[str]:
+    """The checks that need the rewards and the algorithm (called from the run config's cross-field checks)."""
+    if not validation.enabled:
+        return []
+    problems = []
+    known = set(reward_names)
+    unknown = [m for m in validation.metrics if m not in known]
+    if unknown:
+        problems.append(
+            problem("train.validation.metrics", unknown, f"name rewards of rewards.models: {', '.join(reward_names)}")
+        )
+    scored = set(validation.metrics or reward_names)
+    trained = [n for n, w in zip(reward_names, weights) if w != 0]
+    missing = [n for n in trained if n not in scored]
+    if missing:
+        problems.append(
+            problem(
+                "train.validation.metrics",
+                validation.metrics,
+                f"must include the trained rewards {missing}: the objective is their weighted sum",
+            )
+        )
+    outside = [m for m in validation.max_regression if m not in scored]
+    if outside:
+        problems.append(
+            problem(
+                "train.validation.max_regression",
+                outside,
+                f"names metrics validation does not score; use some of {sorted(scored)}",
+            )
+        )
+    in_domain = [m for m in validation.max_regression if m in trained]
+    if in_domain:
+        problems.append(
+            problem(
+                "train.validation.max_regression",
+                in_domain,
+                "names trained rewards: the tolerance guards the out-of-domain (weight-0) metrics; the trained "
+                "ones form the objective",
+            )
+        )
+    cost = validation.forwards(num_steps)
+    if validation.max_forwards is not None and cost > validation.max_forwards:
+        problems.append(
+            problem(
+                "train.validation.max_forwards",
+                validation.max_forwards,
+                f"one validation costs {validation.num_prompts} prompts × {len(validation.seeds)} seeds × "
+                f"{num_steps} steps = {cost} forwards: lower num_prompts or seeds, or raise the bound",
+            )
+        )
+    return problems
+
+
+# --------------------------------------------------------------------------- records
+
+
+@dataclass(frozen=True)
+class MetricSummary:
+    """One metric of one validation: mean and its 95 % interval over N (prompt, seed) samples."""
+
+    mean: float
+    ci_low: float
+    ci_high: float
+    n: int
+
+
+@dataclass(frozen=True)
+class ValidationRecord:
+    """One validation pass (what ``metrics.jsonl``'s ``validation`` event and ``validation.json`` hold)."""
+
+    iteration: int  # iterations trained when validated (0 = the weights before any update)
+    metrics: dict[str, MetricSummary]
+    objective: float
+    breached: list[str]  # out-of-domain metrics beyond max_regression of the baseline (empty for it)
+    forwards: int  # transformer forwards, every rank together
+    seconds: float  # wall seconds of the pass on rank 0
+    changes: dict[str, float] = field(default_factory=dict)  # mean − baseline mean, per metric
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ValidationRecord:
+        metrics = {k: MetricSummary(**v) for k, v in data["metrics"].items()}
+        return cls(**{**data, "metrics": metrics})
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The checkpoint to export and why."""
+
+    iteration: int
+    reason: str
+    within_tolerance: bool
+
+
+def summarize_metric(values: list[float]) -> MetricSummary:
+    """Mean and normal 95 % interval of one metric's finite scores (sample std, ddof = 1; NaN bounds for
+    fewer than 2). ``n`` counts the finite scores: a reward that returned NaN/inf for some images shows
+    there, and one that returned nothing finite has a NaN mean."""
+    values = [v for v in values if math.isfinite(v)]
+    n = len(values)
+    if n == 0:
+        return MetricSummary(math.nan, math.nan, math.nan, 0)
+    mean = math.fsum(values) / n
+    if n < 2:
+        return MetricSummary(mean, math.nan, math.nan, n)
+    std = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    half = Z_95 * std / math.sqrt(n)
+    return MetricSummary(mean, mean - half, mean + half, n)
+
+
+def objective(means: dict[str, float], weights: dict[str, float]) -> float:
+    """Σ_m w_m · mean_m over the trained rewards (w_m ≠ 0): what the run maximises, measured held out."""
+    return math.fsum(w * means[name] for name, w in weights.items() if w != 0)
+
+
+def breached_metrics(
+    means: dict[str, float], baseline: dict[str, float], max_regression: dict[str, float]
+) -> list[str]:
+    """Out-of-domain metrics whose mean fell more than their tolerance below the baseline's.
+
+    The gates' rule with the baseline as champion: pass iff ``mean − baseline ≥ −max_regression``; a
+    NaN mean (no finite score) does not pass.
+    """
+    return [m for m, tol in max_regression.items() if not means[m] - baseline[m] >= -tol]
+
+
+def select_best(history: list[ValidationRecord]) -> Selection | None:
+    """The validation to export (see the module docstring); None before the first candidate."""
+    candidates = history[1:]  # history[0] is the baseline
+    if not candidates:
+        return None
+    # A NaN objective (a trained reward with no finite score) is never the best.
+    within = [r for r in candidates if not r.breached and math.isfinite(r.objective)]
+    if within:
+        best = max(within, key=lambda r: (r.objective, -r.iteration))  # earliest of equal objectives
+        reason = (
+            f"highest validated objective {best.objective:.4f} among {len(within)} of {len(candidates)} validations "
+            "within the out-of-domain tolerance"
+        )
+        if len(within) < len(candidates):
+            late = [r.iteration for r in candidates if r.breached]
+            reason += f" (beyond it: iterations {late})"
+        return Selection(best.iteration, reason, True)
+    last = candidates[-1]
+    return Selection(
+        last.iteration,
+        f"every validation breached the out-of-domain tolerance ({', '.join(last.breached)} at the last): "
+        "exporting the last checkpoint",
+        False,
+    )
+
+
+def early_stop_reason(
+    history: list[ValidationRecord], stop_after_breaches: int | None, patience: int | None
+) -> str | None:
+    """Why to stop after the last validation of ``history``, or None to go on.
+
+    - breaches: the last ``stop_after_breaches`` candidates all breached the tolerance;
+    - patience: the best objective among the candidates was reached more than ``patience``
+      validations ago (the baseline counts as the first best, so a run that never improves on the
+      untrained weights stops too).
+    """
+    candidates = history[1:]
+    if stop_after_breaches is not None and len(candidates) >= stop_after_breaches:
+        recent = candidates[-stop_after_breaches:]
+        if all(r.breached for r in recent):
+            names = sorted({m for r in recent for m in r.breached})
+            return (
+                f"{stop_after_breaches} validations in a row breached the out-of-domain tolerance "
+                f"({', '.join(names)}; iterations {[r.iteration for r in recent]})"
+            )
+    if patience is not None and len(history) > patience:
+        scored = [i for i in range(len(history)) if math.isfinite(history[i].objective)]
+        best_at = max(scored, key=lambda i: (history[i].objective, -i)) if scored else 0
+        if len(history) - 1 - best_at >= patience:
+            return (
+                f"the objective has not improved for {len(history) - 1 - best_at} validations (best "
+                f"{history[best_at].objective:.4f} at iteration {history[best_at].iteration})"
+            )
+    return None
+
+
+# --------------------------------------------------------------------------- the validation set
+
+
+def validation_prompt_indices(num_prompts: int, available: int) -> list[int]:
+    """``num_prompts`` indices evenly spaced over ``available`` training prompts: ``⌊i·U/P⌋``.
+
+    Evenly spaced rather than the first P, so a prompt file sorted by class (as the shapes task's
+    is) is covered across its classes. Fewer prompts than asked: every prompt once.
+    """
+    count = min(num_prompts, available)
+    return [i * available // count for i in range(count)]
+
+
+def validation_chunks(rows: int, micro_batch: int) -> list[range]:
+    """Row ranges of ``micro_batch`` rows; chunk c is sampled by rank ``c mod W`` (the same chunks,
+    hence the same batches and images, at every world size)."""
+    return [range(start, min(start + micro_batch, rows)) for start in range(0, rows, micro_batch)]

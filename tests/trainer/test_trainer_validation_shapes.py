@@ -1,0 +1,74 @@
+"""Reward hacking on the shapes task, caught by validation during training: the last checkpoint breaks
+the shapes gates' held-out tolerance and an earlier validated one, within it, is exported instead.
+
+Written against the quickly pretrained shapes model of the test fixture (``quick_shapes_dir``), with a
+learning rate (3e-3, the demo's 1e-4) that makes the hacking show within 10 iterations on it; the
+shipped pretrained model is the one to point it at (the demo's 100-iteration run shows it there).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from g2rpo.artifacts.promotion import decide, load_gates
+from g2rpo.artifacts.scores import EvalScores, ScoreItem
+from g2rpo.config import load_config
+from g2rpo.tasks.shapes import sample_scenes
+from g2rpo.training.run_config import RunConfig
+from g2rpo.training.trainer import train_from_config
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # ~25 s on 2 CPU cores
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _as_scores(means: dict[str, float]) -> EvalScores:
+    """One item holding the validation means: the gates' paired Δ is then the difference of means."""
+    return EvalScores(prompt_set="validation", seeds=[0], items=[ScoreItem(prompt_id="mean", seed=0, scores=means)])
+
+
+def test_shapes_run_exports_the_validated_checkpoint_the_held_out_gates_accept(quick_shapes_dir, tmp_path):
+    prompts = tmp_path / "shapes-prompts.txt"
+    prompts.write_text("\n".join(s.prompt for s in sample_scenes(16, seed=0)) + "\n")
+    config = load_config(
+        RunConfig,
+        ROOT / "configs" / "shapes-cpu.yaml",
+        [
+            f"model.path={quick_shapes_dir}",
+            f"data.prompts={prompts}",
+            f"output.dir={tmp_path / 'run'}",
+            "train.iterations=10",
+            "train.learning_rate=3e-3",
+            "train.progress=false",
+            "train.validation.every=2",
+            "train.validation.stop_after_breaches=null",
+        ],
+    )
+    summary = train_from_config(config)["validation"]
+    curve = {point["iteration"]: point for point in summary["curve"]}
+    assert list(curve) == [0, 2, 4, 6, 8, 10]
+    # Measured (CPU, this seed): JPEG bits rise from 5.19 to 5.53 per pixel by iteration 10, a drop of
+    # 0.33 in compressibility, beyond the gates' 0.25; iterations 2-8 stay within every tolerance.
+    assert curve[10]["breached"] == ["jpeg_compressibility"]
+    chosen = summary["selected_iteration"]
+    assert chosen != 10 and not curve[chosen]["breached"] and summary["within_tolerance"]
+    assert chosen == max((i for i in curve if i and not curve[i]["breached"]), key=lambda i: curve[i]["objective"])
+
+    # The shapes gates themselves, with the run's first validation as the champion: the last checkpoint's
+    # held-out regression gate fails, the chosen one's all pass.
+    gates, _ = load_gates(ROOT / "configs" / "shapes-gates.yaml")
+    baseline = _as_scores(curve[0]["means"])
+    held_out = {m for m, gate in gates.metrics.items() if gate.domain == "out"}
+
+    def held_out_failures(iteration: int) -> list[str]:
+        decision = decide(_as_scores(curve[iteration]["means"]), baseline, gates)
+        return [r.metric for r in decision.results if r.metric in held_out and not r.passed]
+
+    assert held_out_failures(10) == ["jpeg_compressibility"]
+    assert held_out_failures(chosen) == []
+    exported = json.loads((tmp_path / "run" / "export" / "base_model.json").read_text())
+    assert exported["selected_iteration"] == chosen and exported["iterations"] == 10
+    assert "beyond it: iterations [10]" in exported["selection_reason"]
