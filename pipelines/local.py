@@ -97,7 +97,7 @@ def local_arguments(shared: Path, iterations: int, model: Path) -> dict[str, Any
         "learning_rate": 1e-4,
         "overrides": ["train.prompts_per_iteration=4", "train.checkpoint_every=10", "train.progress=false"],
         "test_size": HELD_OUT,
-        "eval_seeds": [0, 1, 2],
+        "eval_seeds": [0, 1, 2, 3],
         "gates_uri": str(CHECKOUT / "configs" / "shapes-gates.yaml"),
         "gpus_per_node": "1",
     }

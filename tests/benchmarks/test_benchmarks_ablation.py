@@ -71,6 +71,35 @@ def test_summary_reads_each_view_on_its_own_axis():
     assert summary["cost"]["cheap"]["iterations_for_budget"]["mean"] == 8
 
 
+def test_each_method_gets_the_swept_rate_with_the_best_validation_gain():
+    def run(method, lr, colour, shape):
+        base = dict.fromkeys(ablation.METRICS, 0.5)
+        return {"method": method, "lr": lr, "evals": [base, {**base, "shapes_colour": colour, "shapes_shape": shape}]}
+
+    # gains (mean of the two trained rewards): a@1e-4 (0.1 + 0.0)/2 = 0.05, a@3e-4 (0.2 − 0.1)/2 = 0.05
+    # (a tie keeps the first), a@1e-3 (0.3 + 0.1)/2 = 0.2; b@1e-4 0.1, b@3e-4 −0.25
+    sweep = [run("a", 1e-4, 0.6, 0.5), run("a", 3e-4, 0.7, 0.4), run("a", 1e-3, 0.8, 0.6)]
+    sweep += [run("b", 1e-4, 0.7, 0.5), run("b", 3e-4, 0.3, 0.2)]
+    chosen = ablation.choose_learning_rates(sweep, "multi")
+    assert {m: c["lr"] for m, c in chosen.items()} == {"a": 1e-3, "b": 1e-4}
+    assert chosen["a"]["objective"] == pytest.approx(0.2) and chosen["b"]["objective"] == pytest.approx(0.1)
+
+
+def test_power_compares_the_widest_interval_with_the_best_gain():
+    def row(mean, ci):
+        return {m: {"mean": mean, "ci95": ci, "n": 5} for m in ablation.METRICS}
+
+    views = {
+        v: {"x": row(0.8, 0.02), "y": row(0.6, 0.05)} for v in ("equal_iterations", "equal_compute", "equal_wall_time")
+    }
+    summary = {"multi": {**views, "base": dict.fromkeys(ablation.METRICS, 0.5)}}
+    # best gain 0.8 − 0.5 = 0.3; widest half-width 0.05 ≤ 0.3 / 3 = 0.1: powered
+    power = ablation.power(summary)["multi/equal_compute/shapes_colour"]
+    assert power == {"best_gain": pytest.approx(0.3), "max_ci95": 0.05, "powered": True}
+    views["equal_compute"]["y"] = row(0.6, 0.11)  # 0.11 > 0.1: not
+    assert ablation.power(summary)["multi/equal_compute/shapes_colour"]["powered"] is False
+
+
 @pytest.mark.integration
 def test_quick_ablation_trains_real_strategies_to_one_budget(tmp_path):
     from g2rpo.models.shapes import ShapesPretraining, pretrain_shapes
@@ -99,3 +128,11 @@ def test_quick_ablation_trains_real_strategies_to_one_budget(tmp_path):
     assert runs["g2rpo"]["evals"][0] == runs["dancegrpo"]["evals"][0]
     assert {"multi_vs_iteration.png", "multi_vs_compute.png", "multi_vs_seconds.png"} == set(result["plots"])
     assert "at equal compute" in (out / "ablation.md").read_text()
+    # every finished run is saved on its own: a second invocation trains nothing and summarises the same runs
+    saved = sorted((out / "runs").glob("*.json"))
+    assert len(saved) == 2
+    stamps = [p.stat().st_mtime_ns for p in saved]
+    assert ablation.main(["--quick", "--jobs", "1", "--model", str(model), "--out", str(out)]) == 0
+    assert [p.stat().st_mtime_ns for p in sorted((out / "runs").glob("*.json"))] == stamps
+    again = json.loads((out / "ablation.json").read_text())
+    assert again["summary"] == result["summary"] and again["runs"] == result["runs"]

@@ -34,8 +34,8 @@ def within_quality_bounds(report) -> list[str]:
         problems.append(f"shape score {report.means['shapes_shape']:.3f} < 0.4")
     if report.means["shapes_background"] < 0.9:
         problems.append(f"background {report.means['shapes_background']:.3f} < 0.9")
-    if report.flat_colour_groups > 0.6:
-        problems.append(f"{report.flat_colour_groups:.0%} of prompts agree in colour on every seed (> 60 %)")
+    if report.flat_colour_groups > 0.7:
+        problems.append(f"{report.flat_colour_groups:.0%} of prompts agree in colour on every seed (> 70 %)")
     return problems
 
 

@@ -16,10 +16,10 @@ from g2rpo.artifacts.registry import Registry
 from g2rpo.cli import main
 from g2rpo.errors import G2RPOError
 from g2rpo.models.tiny import TINY_MARKER
-from g2rpo.rewards.shapes import IN_DOMAIN, OUT_OF_DOMAIN
+from g2rpo.rewards.shapes import IN_DOMAIN, IN_DOMAIN_CHECKS, OUT_OF_DOMAIN
 from g2rpo.steps.gate import decide_challenger
 from g2rpo.steps.train_task import train_task
-from g2rpo.tasks.shapes import parse_prompt, sample_scenes
+from g2rpo.tasks.shapes import all_scenes
 from tests.tiny_flux_fixture import QUICK_SHAPES_FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,15 +81,17 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     assert record["base_model_uri"] == str(tmp_path / "shapes-flux")
     run_config = yaml.safe_load((run_root / "train" / "model" / "run-config.yaml").read_text())
     weights = {spec["name"]: spec["weight"] for spec in run_config["rewards"]["models"]}
-    assert weights == {**dict.fromkeys(IN_DOMAIN, 1.0), **dict.fromkeys(OUT_OF_DOMAIN, 0.0)}
+    assert weights == {**dict.fromkeys(IN_DOMAIN, 1.0), **dict.fromkeys(IN_DOMAIN_CHECKS + OUT_OF_DOMAIN, 0.0)}
     evaluation = json.loads((run_root / "evaluate" / "evaluation" / "record.json").read_text())
     assert evaluation["champion_version"] is None
-    assert sorted(evaluation["challenger_means"]) == sorted(IN_DOMAIN + OUT_OF_DOMAIN)
+    assert sorted(evaluation["challenger_means"]) == sorted(IN_DOMAIN + IN_DOMAIN_CHECKS + OUT_OF_DOMAIN)
     images = sorted((Path(evaluation["challenger_eval_uri"].removeprefix("file://")) / "images").glob("*.png"))
-    assert len(images) == 8 * 3  # the 8 held-out shapes prompts (of 16) × seeds 0, 1, 2
+    assert len(images) == 64 * 4  # the 64 prompts the prepare task holds out (of 360) × seeds 0–3
     assert Image.open(images[0]).size == (64, 64)
     prompts = (shared / "shapes-prompts.txt").read_text().splitlines()
-    assert prompts == [s.prompt for s in sample_scenes(16, seed=0)] and all(parse_prompt(p) for p in prompts)
+    assert prompts == [s.prompt for s in all_scenes()]
+    train = (run_root / "prepare").rglob("train.jsonl")
+    assert sum(1 for line in next(train).read_text().splitlines() if line.strip()) == 360 - 64
     status = json.loads((run_root / "report-status" / "record").read_text())
     assert status["state"] == "SUCCEEDED" and status["failed_task"] == ""
     assert not list(Path(shared).glob("*.tmp"))
@@ -121,7 +123,7 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     # A model folder made with other pretraining settings is refused before anything runs.
     assert main(["pipeline", "run-local", "--out", str(out), "--shared", str(shared), "--name", "other",
                  "--model", str(tmp_path / "shapes-flux")]) == 2  # fmt: skip
-    assert "was pretrained with other settings: vae_steps=2 (wanted 600)" in capsys.readouterr().err
+    assert "was pretrained with other settings: vae_steps=2 (wanted 1500)" in capsys.readouterr().err
     assert not (out / "other").exists()
 
     # A gates file naming a metric the run did not evaluate: refused before anything is registered.
