@@ -444,12 +444,15 @@ def run_key(spec: RunSpec) -> str:
     return f"{what}-{digest}"
 
 
-def run_all(specs: list[RunSpec], folder: Path, jobs: int, label: str) -> list[dict[str, Any]]:
+def run_all(specs: list[RunSpec], folder: Path, jobs: int, label: str, train: bool = True) -> list[dict[str, Any]]:
     """Every spec's run, trained now unless ``folder`` already holds it (each run is written there
-    when it finishes, so an interrupted benchmark resumes where it stopped)."""
+    when it finishes, so an interrupted benchmark resumes where it stopped). ``train=False``: only
+    the runs already there."""
     folder.mkdir(parents=True, exist_ok=True)
     done = {spec: folder / f"{run_key(spec)}.json" for spec in specs}
-    todo = [spec for spec, path in done.items() if not path.is_file()]
+    todo = [spec for spec, path in done.items() if not path.is_file()] if train else []
+    if not train:
+        specs = [spec for spec in specs if done[spec].is_file()]
     print(
         f"{label}: {len(specs) - len(todo)} of {len(specs)} runs already in {folder}; training {len(todo)}", flush=True
     )
@@ -505,6 +508,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group-size", type=int, default=SHARED_ALGORITHM["group_size"], help="G (paper 12)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 methods, 1 seed, 1 iteration, T=4, G=4")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (finished runs in OUT/runs/)")
+    parser.add_argument(
+        "--partial",
+        action="store_true",
+        help="train nothing: summarise the finished runs in OUT/runs/ (the seeds every method has finished)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.methods, args.rewards, args.seeds, args.iterations, args.evals = "dancegrpo,g2rpo", "multi", 1, 1, 1
@@ -571,7 +579,10 @@ def main(argv: list[str] | None = None) -> int:
                 args.out / "runs",
                 args.jobs,
                 f"learning-rate sweep ({setting}, validation split)",
+                train=not args.partial,
             )
+            if {r["method"] for r in sweep} != set(methods):
+                raise SystemExit(f"--partial: the learning-rate sweep ({setting}) has not finished for every method")
             chosen[setting] = choose_learning_rates(sweep, setting)
             print(f"chosen learning rates ({setting}): { {m: c['lr'] for m, c in chosen[setting].items()} }")
         # Seed-major order: the methods share the machine's load alike, and a partial run has whole seeds.
@@ -581,7 +592,17 @@ def main(argv: list[str] | None = None) -> int:
             for s in settings
             for m in methods
         ]
-        runs = run_all(specs, args.out / "runs", args.jobs, "main runs (held-out split)")
+        runs = run_all(specs, args.out / "runs", args.jobs, "main runs (held-out split)", train=not args.partial)
+        if args.partial:  # whole seeds only: every method of every setting finished
+            complete = {
+                seed
+                for seed in range(args.seeds)
+                if sum(r["seed"] == seed for r in runs) == len(methods) * len(settings)
+            }
+            runs = [r for r in runs if r["seed"] in complete]
+            if not runs:
+                raise SystemExit("--partial: no seed has finished for every method yet")
+            print(f"--partial: {len(complete)} complete seed(s) of {args.seeds}: {sorted(complete)}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
@@ -601,6 +622,8 @@ def main(argv: list[str] | None = None) -> int:
             "validation_prompts": validation,
         },
         "learning_rates": chosen,
+        "partial": args.partial,
+        "seeds_summarised": sorted({r["seed"] for r in runs}),
         "machine": {"platform": platform.platform(), "torch": torch.__version__, "jobs": args.jobs},
         "model": {
             "path": str(model),
