@@ -81,7 +81,7 @@ def evaluate(
     it defaults to the local location the export records. ``baseline_uri`` is another published
     evaluation on the same prompts and seeds: the report then pairs the two. ``output_uri`` must not
     hold a published artifact yet; a partial evaluation there is continued when its inputs match
-    (all checked before any sampling). Every rank returns the result. With ``pushgateway`` rank 0
+    (all checked before any sampling); one holding files that are not an evaluation's is refused. Every rank returns the result. With ``pushgateway`` rank 0
     pushes the summaries there, labelled ``version=version_label`` (a gateway that is down is a warning).
     """
     started = time.perf_counter()
@@ -104,6 +104,7 @@ def evaluate(
                 "already holds a published artifact; artifacts are immutable: choose a new URI",
             )
         )
+    resume.check_output(store, output_uri)
     metrics = [get_spec(spec.name).name for spec in config.rewards.models]  # an unknown name lists the valid ones
     prompt_set = read_prompt_set(config.prompts, config.num_prompts, settings)
     prompts = prompt_set.prompts
