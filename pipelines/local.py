@@ -47,7 +47,7 @@ from g2rpo.tasks.shapes import sample_scenes, write_prompts
 from pipelines.alignment import build_pipeline
 from pipelines.placement import load_profile
 
-__all__ = ["LOG_FILE", "LocalRun", "local_arguments", "run_local"]
+__all__ = ["LOG_FILE", "LocalRun", "local_arguments", "run_local", "verdict"]
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 COMPLETE_MARKER = ".complete"  # written into the pipeline root when the run has finished
@@ -190,7 +190,8 @@ class _QuietConsole(io.TextIOBase):
         self._streaming = False  # inside a task's streamed logs
         self._in_executor_input = False
         self._started: dict[str, float] = {}
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # held by the training watch across its own say() calls
+        self.before_task_end: Callable[[], None] | None = None
 
     def writable(self) -> bool:
         return True
@@ -223,6 +224,8 @@ class _QuietConsole(io.TextIOBase):
         self._console.flush()
 
     def _line(self, line: str) -> None:
+        if _FINISHED.search(line) and self.before_task_end is not None:
+            self.before_task_end()  # the train task's last records, before the line that says it ended
         if match := _EXECUTING.search(line):
             self._started[match.group(1)] = time.monotonic()
             self._streaming = False
@@ -262,8 +265,10 @@ def _console(log: TextIO, verbose: bool, tmp: Path, iterations: int) -> Iterator
             yield
         return
     console = _QuietConsole(log, sys.stdout)  # the stdout of before the redirection
+    watch = _TrainingWatch(tmp, console, iterations)
+    console.before_task_end = watch.catch_up
     stop = threading.Event()
-    watcher = threading.Thread(target=_watch_training, args=(tmp, console, stop, iterations), daemon=True)
+    watcher = threading.Thread(target=watch.run, args=(stop,), daemon=True)
     with warnings.catch_warnings(), contextlib.redirect_stdout(console):
         # kfp.local warns, per task, that the images and the cluster settings have no effect here.
         warnings.showwarning = lambda message, category, *_: console.note(f"{category.__name__}: {message}")
@@ -292,24 +297,30 @@ class _Tee(io.TextIOBase):
             stream.flush()
 
 
-def _watch_training(tmp: Path, console: _QuietConsole, stop: threading.Event, iterations: int) -> None:
+class _TrainingWatch:
     """Print the train task's iteration records (its ``metrics.jsonl`` under the run's temp folder) as
-    they appear: the train task itself prints nothing until it ends."""
-    seen = 0
+    they appear: the train task itself prints nothing until it ends. The console calls :meth:`catch_up`
+    before it prints a task's end, so no record is printed after the line that says training ended."""
 
-    def show_new() -> int:
-        files = sorted(tmp.glob("g2rpo-train-*/metrics.jsonl"))
-        if not files:
-            return seen
-        text = files[-1].read_text(encoding="utf-8")
-        complete = text[: text.rfind("\n") + 1].splitlines()  # a record being written has no newline yet
-        for line in complete[seen:]:
-            console.say(f"    {_iteration_line(json.loads(line), iterations)}")
-        return max(seen, len(complete))
+    def __init__(self, tmp: Path, console: _QuietConsole, iterations: int):
+        self._tmp, self._console, self._iterations = tmp, console, iterations
+        self._seen = 0
 
-    while not stop.wait(TRAIN_WATCH_S):
-        seen = show_new()
-    seen = show_new()  # the records written since the last look
+    def run(self, stop: threading.Event) -> None:
+        while not stop.wait(TRAIN_WATCH_S):
+            self.catch_up()
+        self.catch_up()  # the records written since the last look
+
+    def catch_up(self) -> None:
+        with self._console.lock:  # one reader at a time, and no task line between its records
+            files = sorted(self._tmp.glob("g2rpo-train-*/metrics.jsonl"))
+            if not files:
+                return
+            text = files[-1].read_text(encoding="utf-8")
+            complete = text[: text.rfind("\n") + 1].splitlines()  # a record being written has no newline yet
+            for line in complete[self._seen :]:
+                self._console.say(f"    {_iteration_line(json.loads(line), self._iterations)}")
+            self._seen = max(self._seen, len(complete))
 
 
 def _iteration_line(record: dict[str, Any], iterations: int) -> str:
@@ -369,6 +380,21 @@ def _means_line(means: dict[str, float]) -> str:
 def _short(metric: str) -> str:
     """``shapes_colour`` → ``colour``, ``jpeg_compressibility`` → ``jpeg``: the console's metric names."""
     return metric.removeprefix("shapes_").removesuffix("_compressibility")
+
+
+def verdict(run: LocalRun) -> str:
+    """The run's one closing line: ``PROMOTED vN`` or ``REFUSED vN: <why>`` — the model's verdict, worded
+    apart from the run's state (a run that succeeded may well refuse its model)."""
+    decision = run.decision
+    if not decision:
+        return f"NO VERDICT: the run {run.state} before its decision (see {run.log})"
+    version = decision["version"]
+    if run.champion == version:
+        return f"PROMOTED v{version}"
+    if decision["passed"]:  # the gates held at decide, but promote did not move the alias
+        return f"REFUSED v{version}: the promote task did not make it champion (the run {run.state}; see {run.log})"
+    failed = [reason.replace(": FAIL: ", ": ", 1) for reason in decision["reasons"] if ": FAIL: " in reason]
+    return f"REFUSED v{version}: " + "; ".join(failed)
 
 
 def _collect(run_dir: Path, root: Path, arguments: dict[str, Any], log: Path, base_means: dict[str, float]) -> LocalRun:

@@ -180,7 +180,7 @@ def _schedule(args: argparse.Namespace) -> int:
 def _run_local(args: argparse.Namespace) -> int:
     _use_source_tree()
     from g2rpo.errors import G2RPOError, problem
-    from pipelines.local import run_local
+    from pipelines.local import run_local, verdict
     from pipelines.submit import parse_arguments
 
     if args.iterations < 1:
@@ -202,16 +202,12 @@ def _run_local(args: argparse.Namespace) -> int:
         pretraining=pretraining,
         verbose=args.verbose,
     )
-    print(f"\ng2rpo pipeline run-local: {run.state} ({time.monotonic() - started:.0f} s)")
+    # The run's state (did every task run?) and the model's verdict (was it promoted?) are worded apart,
+    # and the verdict is the last line, said once: the decide task printed the gates and their reasons.
+    ran = "every task ran" if run.state == "SUCCEEDED" else "see the log"
+    print(f"\ng2rpo pipeline run-local: run {run.state} ({ran}; {time.monotonic() - started:.0f} s)")
     for label, path in run.outputs.items():
         print(f"  {label:<22} {path}")
-    decision = run.decision
-    if decision:
-        verdict = "PROMOTED" if decision["passed"] else "REFUSED"
-        against = "no champion yet" if decision["champion"] is None else f"champion v{decision['champion']}"
-        print(f"  {decision['model']} v{decision['version']} vs {against}: {verdict}")
-        for reason in decision["reasons"]:
-            print(f"    {reason}")
     evaluation = run.outputs.get("evaluate/evaluation")
     if evaluation is not None and (evaluation / "record.json").is_file():
         record = json.loads((evaluation / "record.json").read_text(encoding="utf-8"))
@@ -224,6 +220,7 @@ def _run_local(args: argparse.Namespace) -> int:
         for metric in record["challenger_means"]:
             values = (f"{means[metric]:.4f}" if metric in means else "—" for means in columns.values())
             print(f"  {metric:<22} " + "".join(f"{value:>14}" for value in values))
-    print(f"  champion               {'none' if run.champion is None else f'v{run.champion}'}")
+    print(f"  champion now           {'none' if run.champion is None else f'v{run.champion}'}")
     print(f"  log                    {run.log}")
+    print(verdict(run))
     return 0 if run.state == "SUCCEEDED" else 1

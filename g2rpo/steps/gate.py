@@ -155,7 +155,10 @@ def promote_challenger(
         settings=settings,
         pushgateway=_target(pushgateway_url, pipeline),
     )
-    print(format_decision(result.decision), flush=True)
+    if result.passed:  # decide printed the gates' table: one line here, so no reason is said twice
+        print(f"{decided.model} v{decided.version}: the gates still hold; champion → v{decided.version}", flush=True)
+    else:
+        print(format_decision(result.decision), flush=True)
     if not result.passed:
         raise G2RPOError(
             f"{decided.model} v{decided.version} no longer passes the gates (recorded); see the reasons above"

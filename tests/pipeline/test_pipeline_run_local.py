@@ -5,6 +5,7 @@ training iteration per run)."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from g2rpo.rewards.shapes import IN_DOMAIN, OUT_OF_DOMAIN
 from g2rpo.steps.gate import decide_challenger
 from g2rpo.steps.train_task import train_task
 from g2rpo.tasks.shapes import parse_prompt, sample_scenes
+from pipelines.local import LocalRun, _QuietConsole, _TrainingWatch, verdict
 from tests.tiny_flux_fixture import QUICK_SHAPES_FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,13 +60,17 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     assert "pretraining the shapes model into" in printed
     assert "base model on the held-out prompts" not in printed and not (out / "first" / "gates.yaml").exists()
     assert json.loads((tmp_path / "shapes-flux" / TINY_MARKER).read_text())["task"] == "shapes"
-    assert "g2rpo pipeline run-local: SUCCEEDED" in printed
-    assert f"{MODEL} v1 vs no champion yet: PROMOTED" in printed
+    # The run's state and the model's verdict worded apart; the verdict once, as the last line.
+    assert "g2rpo pipeline run-local: run SUCCEEDED (every task ran;" in printed
+    assert printed.splitlines()[-1] == "PROMOTED v1"
+    assert [line for line in printed.splitlines() if line.startswith(("PROMOTED", "REFUSED"))] == ["PROMOTED v1"]
+    assert "PASSED" not in printed and "FAILED" not in printed
     assert registry.read_state(MODEL)[0].aliases == {"champion": 1}
     # Quiet by default: a line per task and the tasks' own lines; kfp.local's all go to the log.
     assert "[KFP Executor" not in printed and "executor_input" not in printed and " - INFO - " not in printed
     assert "train: SUCCESS" in printed and "evaluate: SUCCESS" in printed
     assert "train 1/1: colour " in printed  # the training record, read while the task ran
+    assert printed.index("train 1/1: colour ") < printed.index("train: SUCCESS") < printed.index("evaluate …")
     log = (out / "first" / "pipeline.log").read_text()
     assert "[KFP Executor" in log and "Executing task" in log and "Got executor_input" in log
     root = out / "first" / "pipeline-root"
@@ -99,7 +105,9 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     printed = capsys.readouterr().out
     assert "pretrained before; its settings match" in printed and "pretraining the shapes" not in printed
     assert "Executing task" in printed and "[KFP Executor" in printed
-    assert f"{MODEL} v2 vs champion v1: REFUSED" in printed
+    assert f"{MODEL} v2 vs champion v1: " in printed and "gate(s) not met" in printed
+    verdict = printed.splitlines()[-1]
+    assert verdict.startswith("REFUSED v2: ") and "improvement +0.0000 < required 0.005" in verdict
     # By default the base model is evaluated on the same held-out items first; its means are the
     # floors a first version would need (with a champion, the champion is the bar).
     gates = yaml.safe_load((out / "second" / "gates.yaml").read_text())["metrics"]
@@ -157,3 +165,33 @@ def test_unknown_choices_are_refused(tmp_path):
             record_dir=tmp_path / "r",
             work_dir=tmp_path / "w",
         )
+
+
+def test_the_last_training_records_are_printed_before_the_line_that_says_training_ended(tmp_path):
+    """The quiet console reads the train task's records every few seconds; the records written since
+    its last look must come out before "train: SUCCESS", not after "evaluate …"."""
+    (tmp_path / "g2rpo-train-x").mkdir()
+    record = {"iteration": 0, "reward_names": ["shapes_colour"], "reward_mean": [[0.5, 0.7]], "seconds": {"step": 1.0}}
+    (tmp_path / "g2rpo-train-x" / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    console_out, log = io.StringIO(), io.StringIO()
+    console = _QuietConsole(log, console_out)
+    console.before_task_end = _TrainingWatch(tmp_path, console, iterations=1).catch_up  # the watch never polled
+    console.write("x - INFO - Executing task 'train'\n")
+    console.write("x - INFO - Task 'train' finished with status SUCCESS\n")
+    console.write("x - INFO - Executing task 'evaluate'\n")
+    lines = console_out.getvalue().splitlines()
+    assert lines[0].endswith("train …") and lines[1] == "    train 1/1: colour 0.600 (1.0 s)"
+    assert lines[2].endswith("train: SUCCESS (0 s)") and lines[3].endswith("evaluate …")
+
+
+def test_the_verdict_is_one_line_worded_apart_from_the_runs_state(tmp_path):
+    def run(state: str, decision: dict, champion: int | None) -> LocalRun:
+        return LocalRun(tmp_path, tmp_path, state, {}, decision, champion, tmp_path / "pipeline.log", {})
+
+    refused = {"version": 2, "passed": False, "reasons": ["a: pass: fine", "b: FAIL: mean 1 misses the floor (≥ 2)"]}
+    assert verdict(run("SUCCEEDED", refused, 1)) == "REFUSED v2: b: mean 1 misses the floor (≥ 2)"
+    assert verdict(run("SUCCEEDED", {"version": 1, "passed": True, "reasons": []}, 1)) == "PROMOTED v1"
+    assert verdict(run("FAILED", {"version": 3, "passed": True, "reasons": []}, 1)).startswith(
+        "REFUSED v3: the promote task did not make it champion (the run FAILED"
+    )
+    assert verdict(run("FAILED", {}, None)).startswith("NO VERDICT: the run FAILED before its decision")
