@@ -30,7 +30,7 @@ from typing import Any
 import g2rpo
 from g2rpo.artifacts.storage import open_store
 from g2rpo.config import load_config, parse_overrides, to_yaml
-from g2rpo.errors import G2RPOError, problem
+from g2rpo.errors import G2RPOError, did_you_mean, problem
 from g2rpo.launch.trainjob import DEFAULT_DEADLINE_S, Placement, TrainJobLaunch
 from g2rpo.steps.records import TrainRecord, write_record
 from g2rpo.steps.train import publish_export, train
@@ -88,7 +88,8 @@ def run_config_for(
     then the model, prompts and output folder of this task. Every problem is reported at once."""
     unknown = sorted(set(choices) - set(PARAMETER_KEYS))
     if unknown:
-        raise G2RPOError(problem("choices", unknown, f"unknown; valid: {', '.join(PARAMETER_KEYS)}"))
+        guesses = "".join(did_you_mean(name, PARAMETER_KEYS) for name in unknown)
+        raise G2RPOError(problem("choices", unknown, f"unknown{guesses}; valid: {', '.join(PARAMETER_KEYS)}"))
     # A KFP parameter has no null: learning_rate 0 (never a valid rate) means "the strategy's own"
     # (G²RPO 2e-6, DanceGRPO and MixGRPO 1e-5: algorithm.<strategy>.learning_rate).
     items = [
