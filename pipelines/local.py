@@ -23,12 +23,13 @@ import io
 import json
 import os
 import re
+import shutil
 import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -71,6 +72,7 @@ class LocalRun:
     champion: int | None
     log: Path  # everything kfp.local printed
     base_means: dict[str, float]  # the base model on the evaluation's prompts and seeds; {} if not evaluated
+    reports: dict[str, Path] = field(default_factory=dict)  # name -> an HTML report copied to a .html path
 
 
 def local_arguments(shared: Path, iterations: int, model: Path) -> dict[str, Any]:
@@ -411,6 +413,12 @@ def _collect(run_dir: Path, root: Path, arguments: dict[str, Any], log: Path, ba
         Path(arguments["registry_uri"].removeprefix("file://")) / "models" / arguments["model_name"] / "state.json"
     )
     champion = json.loads(state_file.read_text())["aliases"].get("champion") if state_file.is_file() else None
+    # A KFP HTML artifact is a file without an extension: a browser opened on it shows its source.
+    # Copies with one, in the run folder, open as pages.
+    reports = {}
+    for output, name in (("decide/report", "decision-report.html"), ("evaluate/report", "evaluation-summary.html")):
+        if output in outputs and outputs[output].is_file():
+            reports[name] = Path(shutil.copyfile(outputs[output], run_dir / name))
     return LocalRun(
         run_dir=run_dir,
         pipeline_root=root,
@@ -420,4 +428,5 @@ def _collect(run_dir: Path, root: Path, arguments: dict[str, Any], log: Path, ba
         champion=champion,
         log=log,
         base_means=base_means,
+        reports=reports,
     )

@@ -220,6 +220,9 @@ def _run_local(args: argparse.Namespace) -> int:
         for metric in record["challenger_means"]:
             values = (f"{means[metric]:.4f}" if metric in means else "—" for means in columns.values())
             print(f"  {metric:<22} " + "".join(f"{value:>14}" for value in values))
+        print(f"  evaluation report      {where}/report.html")
+    for name, path in run.reports.items():
+        print(f"  {name.removesuffix('.html').replace('-', ' '):<22} {path}")
     print(f"  champion now           {'none' if run.champion is None else f'v{run.champion}'}")
     print(f"  log                    {run.log}")
     print(verdict(run))

@@ -4,7 +4,10 @@
 evaluates the trained export (the train task's :class:`~g2rpo.steps.records.TrainRecord`) with the
 evaluation that samples as the run did (:func:`~g2rpo.steps.train.matching_evaluation`), then — when the
 model has a champion — the champion's export on exactly the same prompts, seeds and sampler, so the
-promotion gates compare paired items. Both evaluations are published under the run's store; the task's
+promotion gates compare paired items. The challenger's evaluation always has a baseline, evaluated
+first: the champion, else the base model it was trained from, so that its report (and the decision
+report) shows the paired differences and the same prompts' images side by side. The evaluations are
+published under the run's store; the task's
 folder receives a :class:`~g2rpo.steps.records.CandidatesRecord` and a self-contained ``report.html``,
 and with a Pushgateway URL both summaries are pushed there (:func:`g2rpo.observability.push_evaluations`).
 """
@@ -71,13 +74,6 @@ def evaluate_candidates(
     config = load_config(RunConfig, Path(train_dir) / trained.run_config)
     evaluation = matching_evaluation(config, prompts, num_prompts=num_prompts, seeds=seeds)
     base = f"{store_uri.rstrip('/')}/evaluations"
-    challenger = evaluate(
-        trained.export_uri,
-        evaluation,
-        f"{base}/{unique_prefix('challenger')}",
-        base_model_uri=trained.base_model_uri,
-        settings=settings,
-    )
     champion_ref = champion_of(registry_uri, model, settings)
     champion = None
     if champion_ref is not None:
@@ -89,12 +85,31 @@ def evaluate_candidates(
             base_model_uri=trained.base_model_uri,
             settings=settings,
         )
+        baseline, baseline_label = champion, f"champion v{champion_ref.version}"
+    else:  # a first version: the base model is what it must be compared with
+        baseline = evaluate(
+            trained.base_model_uri, evaluation, f"{base}/{unique_prefix('base-model')}", settings=settings
+        )
+        baseline_label = "base model"
+    challenger = evaluate(
+        trained.export_uri,
+        evaluation,
+        f"{base}/{unique_prefix('challenger')}",
+        base_model_uri=trained.base_model_uri,
+        baseline_uri=baseline.output_uri,
+        settings=settings,
+        baseline_label=baseline_label,
+    )
     record = CandidatesRecord(
         challenger_eval_uri=challenger.output_uri,
         champion_eval_uri=None if champion is None else champion.output_uri,
         champion_version=None if champion_ref is None else champion_ref.version,
         challenger_means=challenger.means,
         champion_means={} if champion is None else champion.means,
+        baseline_label=baseline_label,
+        baseline_eval_uri=baseline.output_uri,
+        baseline_means=baseline.means,
+        trained_metrics=evaluation.trained_metrics or [],
     )
     if pushgateway_url:
         # One push for both: a second push of the job would replace the first.

@@ -73,13 +73,15 @@ def evaluate(
     progress: bool = False,
     pushgateway: PushTarget | None = None,
     version_label: str = "",
+    baseline_label: str = "",
 ) -> EvaluateResult:
     """Evaluate the model at ``model_uri`` on ``config``'s prompts × seeds × step counts; publish at
     ``output_uri``.
 
     ``base_model_uri`` is the Flux pipeline an export was trained from (its VAE and text encoders);
     it defaults to the local location the export records. ``baseline_uri`` is another published
-    evaluation on the same prompts and seeds: the report then pairs the two. ``output_uri`` must not
+    evaluation on the same prompts and seeds: the report then pairs the two, naming it ``baseline_label``
+    (e.g. ``champion v3``, ``base model``) when given. ``output_uri`` must not
     hold a published artifact yet; a partial evaluation there is continued when its inputs match
     (all checked before any sampling); one holding files that are not an evaluation's is refused. Every rank returns the result. With ``pushgateway`` rank 0
     pushes the summaries there, labelled ``version=version_label`` (a gateway that is down is a warning).
@@ -132,7 +134,9 @@ def evaluate(
         say(f"assembling {len(chunks)} chunk(s) → {output_uri}")
         with tempfile.TemporaryDirectory(prefix="g2rpo-eval-") as tmp:
             root = Path(tmp)
-            metadata = assemble(root, model_uri, config, prompt_set, chunks, store, output_uri, baseline, paired_steps)
+            metadata = assemble(
+                root, model_uri, config, prompt_set, chunks, store, output_uri, baseline, paired_steps, baseline_label
+            )
             publish_dir(
                 root,
                 output_uri,

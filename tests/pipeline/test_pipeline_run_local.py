@@ -71,6 +71,10 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     assert "train: SUCCESS" in printed and "evaluate: SUCCESS" in printed
     assert "train 1/1: colour " in printed  # the training record, read while the task ran
     assert printed.index("train 1/1: colour ") < printed.index("train: SUCCESS") < printed.index("evaluate …")
+    # the decision report, at a path a browser opens as a page
+    report_path = out / "first" / "decision-report.html"
+    assert f"  decision report        {report_path}\n" in printed
+    assert "v1: gates met — promoted to champion" in report_path.read_text()
     log = (out / "first" / "pipeline.log").read_text()
     assert "[KFP Executor" in log and "Executing task" in log and "Got executor_input" in log
     root = out / "first" / "pipeline-root"
@@ -88,6 +92,8 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     assert weights == {**dict.fromkeys(IN_DOMAIN, 1.0), **dict.fromkeys(OUT_OF_DOMAIN, 0.0)}
     evaluation = json.loads((run_root / "evaluate" / "evaluation" / "record.json").read_text())
     assert evaluation["champion_version"] is None
+    assert evaluation["baseline_label"] == "base model"  # a first version is compared with its base model
+    assert sorted(evaluation["trained_metrics"]) == sorted(IN_DOMAIN)
     assert sorted(evaluation["challenger_means"]) == sorted(IN_DOMAIN + OUT_OF_DOMAIN)
     images = sorted((Path(evaluation["challenger_eval_uri"].removeprefix("file://")) / "images").glob("*.png"))
     assert len(images) == 8 * 3  # the 8 held-out shapes prompts (of 16) × seeds 0, 1, 2
@@ -121,7 +127,8 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     (run_root,) = [p for p in (out / "second" / "pipeline-root").iterdir() if p.is_dir()]
     assert not (run_root / "promote").exists()  # dsl.If skipped it
     evaluation = json.loads((run_root / "evaluate" / "evaluation" / "record.json").read_text())
-    assert evaluation["champion_version"] == 1
+    assert evaluation["champion_version"] == 1 and evaluation["baseline_label"] == "champion v1"
+    assert "v2: REFUSED" in (out / "second" / "decision-report.html").read_text()
     assert evaluation["champion_means"] == evaluation["challenger_means"]
 
     # A model folder made with other pretraining settings is refused before anything runs.
