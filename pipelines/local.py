@@ -361,16 +361,19 @@ def _evaluate_base(folder: Path, arguments: dict[str, Any]) -> dict[str, float]:
 
 def _gates_with_floors(gates_uri: str, base: dict[str, float], path: Path) -> Path:
     """``gates_uri``'s gates with floors for a first version (no champion): an in-domain reward must
-    reach the base model's mean, an out-of-domain metric may fall at most its ``max_regression`` below."""
+    beat the base model's mean by its ``min_improvement`` (what a champion would be held to), an
+    out-of-domain metric may fall at most its ``max_regression`` below it."""
     gates, _ = load_gates(gates_uri)
     metrics = {}
     for name, gate in gates.metrics.items():
         sign = 1 if gate.direction == "higher" else -1
-        floor = None if name not in base else base[name] - sign * (gate.max_regression or 0.0)
+        margin = (gate.min_improvement or 0.0) if gate.domain == "in" else -(gate.max_regression or 0.0)
+        floor = None if name not in base else base[name] + sign * margin
         metrics[name] = gate.model_copy(update={"floor": floor})
     comment = (
         f"{gates_uri} with floors for a first version (no champion): the base model's means on the same\n"
-        "held-out prompts and seeds (in-domain), less the allowed regression (out-of-domain)."
+        "held-out prompts and seeds plus the required improvement (in-domain), less the allowed regression\n"
+        "(out-of-domain)."
     )
     return write_gates(gates.model_copy(update={"metrics": metrics}), path, comment=comment)[0]
 

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import g2rpo
-from g2rpo.commands.demo import quiet_libraries
 from g2rpo.commands.model import add_shapes_model_args, pretraining_settings
 from g2rpo.errors import G2RPOError, problem
 
@@ -73,6 +72,12 @@ def add_commands(subparsers) -> None:
         "promotes or refuses it, with the reason.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    add_run_local_args(local)
+    local.set_defaults(handler=run_local_command)
+
+
+def add_run_local_args(local: argparse.ArgumentParser) -> None:
+    """The options of ``run-local`` (``g2rpo demo`` takes the same: it runs the same command)."""
     local.add_argument("--out", default="runs", help="folder of the run folders")
     local.add_argument("--name", default=None, help="run folder name (default pipeline-<UTC timestamp>)")
     local.add_argument("--shared", default="runs/pipeline-shared", help="prompts, store and registry of every run")
@@ -89,7 +94,6 @@ def add_commands(subparsers) -> None:
         help="S3 endpoint for s3:// store_uri/registry_uri parameters (sets AWS_ENDPOINT_URL_S3 for the tasks)",
     )
     local.add_argument("parameters", nargs="*", metavar="NAME=VALUE", help=_PARAMS_HELP)
-    local.set_defaults(handler=_run_local)
 
 
 def _profile_arg(parser: argparse.ArgumentParser) -> None:
@@ -177,7 +181,8 @@ def _schedule(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_local(args: argparse.Namespace) -> int:
+def run_local_command(args: argparse.Namespace) -> int:
+    """``g2rpo pipeline run-local`` (and ``g2rpo demo``): the pipeline here, then its summary and verdict."""
     _use_source_tree()
     from g2rpo.errors import G2RPOError, problem
     from pipelines.local import run_local, verdict
@@ -227,3 +232,20 @@ def _run_local(args: argparse.Namespace) -> int:
     print(f"  log                    {run.log}")
     print(verdict(run))
     return 0 if run.state == "SUCCEEDED" else 1
+
+
+def quiet_libraries() -> None:
+    """The console gets the run's own lines: hide the libraries' loading bars and their below-error
+    log lines.
+
+    DeepSpeed logs (to stdout) a warning when it finds no GPU, on its first import; a filter on its
+    logger outlives the level that its import sets.
+    """
+    import logging
+
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    diffusers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()
+    logging.getLogger("DeepSpeed").addFilter(lambda record: record.levelno >= logging.ERROR)

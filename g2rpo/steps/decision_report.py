@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import html
+import io
 import json
 from pathlib import Path
 
@@ -45,13 +46,40 @@ def _png(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
+def reward_curves_png(records: list[dict], trained: set[str]) -> bytes:
+    """One panel per reward: its rollout mean per training iteration (the training prompts, before that
+    iteration's update), titled trained or held-out."""
+    import matplotlib  # heavy: only this figure needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = records[0]["reward_names"]
+    fig, axes = plt.subplots(
+        1, len(names), figsize=(2.6 * len(names), 2.6), dpi=100, squeeze=False, layout="constrained"
+    )
+    for r, (ax, name) in enumerate(zip(axes[0], names, strict=True)):
+        curve = [sum(rec["reward_mean"][r]) / len(rec["reward_mean"][r]) for rec in records]
+        ax.plot(range(1, len(curve) + 1), curve, marker="o", markersize=2)
+        ax.set_title(f"{name}\n({'trained' if name in trained else 'held-out'})", fontsize=8)
+        ax.set_xlabel("iteration", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
 def write_decision_report(
     path: str | Path,
     decision: Decision,
     candidates: CandidatesRecord,
     settings: S3Settings | None = None,
+    train_dir: str | Path | None = None,
 ) -> Path:
-    """Write the decision report of ``decision`` on the challenger that ``candidates`` describes."""
+    """Write the decision report of ``decision`` on the challenger that ``candidates`` describes; with
+    ``train_dir`` holding the train task's ``metrics.jsonl``, its reward curves too."""
     e = html.escape
     root = Path(fetch_to_cache(candidates.challenger_eval_uri, settings=settings))
     metrics = json.loads((root / "metrics.json").read_text(encoding="utf-8"))
@@ -113,6 +141,18 @@ def write_decision_report(
             f"<td class='text'>{e(r.reason)}</td></tr>"
         )
     parts.append("</table>")
+
+    records_file = None if train_dir is None else Path(train_dir) / "metrics.jsonl"
+    if records_file is not None and records_file.is_file():
+        records = [json.loads(line) for line in records_file.read_text(encoding="utf-8").splitlines() if line]
+        if records:
+            png = base64.b64encode(reward_curves_png(records, trained)).decode("ascii")
+            parts += [
+                "<h2>Training</h2>",
+                f"<p>Each reward's rollout mean over the {len(records)} iteration(s), on the training prompts "
+                "(the evaluation above is on held-out prompts).</p>",
+                f"<img id='curves' alt='reward curves' src='data:image/png;base64,{png}'>",
+            ]
 
     names = [r.metric for r in decision.results]
     parts += [

@@ -126,7 +126,7 @@ def decide_challenger(
     )
     write_record(record, output_dir)
     if report_path is not None:
-        write_decision_report(report_path, result.decision, candidates, settings)
+        write_decision_report(report_path, result.decision, candidates, settings, train_dir=train_dir)
     return record
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,6 +58,7 @@ PARAMETER_KEYS = {
     "learning_rate": "train.learning_rate",
 }
 RUN_CONFIG_FILE = "run-config.yaml"
+METRICS_FILE = "metrics.jsonl"  # the trainer's iteration records, copied beside the record
 PRODUCER = f"g2rpo pipeline train {g2rpo.__version__}"
 
 
@@ -230,6 +232,10 @@ def train_task(
         last_reward=summary.get("last_reward"),
     )
     write_record(record, record_dir)
+    # The iteration records, for the decision report's reward curves (a multi-node run keeps its own).
+    metrics = Path(config.output.dir) / METRICS_FILE
+    if metrics.is_file():
+        shutil.copyfile(metrics, record_dir / METRICS_FILE)
     return record
 
 

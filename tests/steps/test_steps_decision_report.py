@@ -97,7 +97,11 @@ def test_the_decision_report_tells_the_story_and_renders(tiny_flux_dir, tmp_path
         baseline_means=base.means,
         trained_metrics=["jpeg_compressibility"],
     )
-    report = write_decision_report(tmp_path / "decision.html", decision, candidates)
+    train_dir = tmp_path / "train"  # the train task's folder: its iteration records
+    train_dir.mkdir()
+    records = [{"iteration": i, "reward_names": METRICS, "reward_mean": [[0.1 * i, 0.2], [0.5, 0.4]]} for i in range(3)]
+    (train_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    report = write_decision_report(tmp_path / "decision.html", decision, candidates, train_dir=train_dir)
 
     page = tmp_path / "check.html"
     page.write_text(report.read_text().replace("</body>", _CHECK + "</body>"))
@@ -121,6 +125,8 @@ def test_the_decision_report_tells_the_story_and_renders(tiny_flux_dir, tmp_path
         ]
         assert row[8] == next(r.reason for r in decision.results if r.metric == name)
     # the same 2 prompts × 2 seeds, base model | challenger, every image embedded and loading
-    assert check["pairs"] == 4 and check["images"] == 8 and check["broken"] == 0
+    # and the reward curves of training
+    assert check["pairs"] == 4 and check["images"] == 8 + 1 and check["broken"] == 0
+    assert "rollout mean over the 3 iteration(s)" in report.read_text()
     _chromium(report, tmp_path / "profile", "--window-size=1200,1600", f"--screenshot={tmp_path / 'decision.png'}")
     assert (tmp_path / "decision.png").stat().st_size > 10_000  # a page was drawn (look at it: docs/demo.md)
