@@ -119,32 +119,36 @@ def evaluate_candidates(
         push_evaluations(PushTarget(pushgateway_url, pipeline=pipeline), by_version)
     write_record(record, output_dir)
     Path(report_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(report_path).write_text(report_html(record, challenger, champion, settings), encoding="utf-8")
+    Path(report_path).write_text(report_html(record, challenger, baseline, settings), encoding="utf-8")
     return record
 
 
 def report_html(
     record: CandidatesRecord,
     challenger: EvaluateResult,
-    champion: EvaluateResult | None,
+    baseline: EvaluateResult | None,
     settings: S3Settings | None = None,
 ) -> str:
-    """One self-contained HTML page (what the KFP UI shows): the metrics side by side and each grid image."""
-    metrics = sorted(set(record.challenger_means) | set(record.champion_means))
+    """One self-contained HTML page (what the KFP UI shows): the metrics of the challenger and its
+    baseline side by side, each labelled trained or held-out, and each grid image."""
+    metrics = sorted(set(record.challenger_means) | set(record.baseline_means))
+    trained = set(record.trained_metrics)
     rows = "".join(
-        f"<tr><td>{html.escape(m)}</td><td>{record.challenger_means.get(m, float('nan')):.4f}</td>"
-        f"<td>{_cell(record.champion_means.get(m))}</td></tr>"
+        f"<tr><td>{html.escape(m)}</td><td>{'trained' if m in trained else 'held-out'}</td>"
+        f"<td>{record.challenger_means.get(m, float('nan')):.4f}</td><td>{_cell(record.baseline_means.get(m))}</td></tr>"
         for m in metrics
     )
-    champion_head = "—" if record.champion_version is None else f"champion v{record.champion_version}"
+    baseline_head = record.baseline_label or "—"
     parts = [
         "<!doctype html><meta charset='utf-8'><title>g2rpo evaluation</title>",
         "<style>body{font-family:sans-serif}td,th{padding:2px 10px;text-align:right}</style>",
-        "<h1>Evaluation: challenger vs champion</h1>",
-        f"<p>{len(challenger.scores.seeds)} seeds, prompt set {html.escape(challenger.scores.prompt_set)}</p>",
-        f"<table><tr><th>metric (mean)</th><th>challenger</th><th>{champion_head}</th></tr>{rows}</table>",
+        f"<h1>Evaluation: challenger vs {html.escape(baseline_head)}</h1>",
+        f"<p>{len(challenger.scores.seeds)} seeds, prompt set {html.escape(challenger.scores.prompt_set)}; the "
+        "decide task's decision report has the gates, the paired differences and the images side by side</p>",
+        f"<table><tr><th>metric (mean)</th><th>role</th><th>challenger</th><th>{html.escape(baseline_head)}</th></tr>"
+        f"{rows}</table>",
     ]
-    for label, result in (("challenger", challenger), (champion_head, champion)):
+    for label, result in (("challenger", challenger), (baseline_head, baseline)):
         if result is None:
             continue
         store = open_store(result.output_uri, settings)

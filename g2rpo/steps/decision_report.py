@@ -35,6 +35,7 @@ td.text { text-align: left; max-width: 28em; }
 td.pass { color: #067d17; font-weight: bold; } td.fail { color: #b3261e; font-weight: bold; }
 figure { display: inline-block; margin: 0.2em; text-align: center; font-size: 0.75em; }
 figure img { display: block; width: 128px; height: auto; image-rendering: pixelated; }
+#curves { max-width: 100%; height: auto; }
 """
 
 
