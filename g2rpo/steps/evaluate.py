@@ -8,7 +8,7 @@ and scored with every reward), gathers the chunks into the artifact's files
 (:func:`g2rpo.evaluation.assemble.assemble`: :mod:`g2rpo.evaluation.artifact`'s layout with the
 metrics, plots and report of :mod:`g2rpo.evaluation.report`) and publishes them at ``output_uri``
 (the manifest last). It runs in its own process from URIs alone: nothing of a live trainer is
-needed, so the pipeline's evaluate component, ``g2rpo eval`` and ``g2rpo demo`` call it the same way.
+needed, so the pipeline's evaluate component and ``g2rpo eval`` call it the same way.
 
 The chunks are saved under the output before the publish (:mod:`g2rpo.evaluation.resume`): an
 interrupted evaluation, rerun with the same arguments, continues from the chunks already scored.
