@@ -59,7 +59,7 @@ install: $(STAMP) $(CHROMIUM_STAMP) $(DEB_STAMP)
 # The whole DAG (prepare → train → evaluate → decide → promote) through kfp.local on the shapes task:
 # the shapes model is pretrained into runs/shapes-flux on first use (minutes) and reused after; run it
 # again and the new challenger is evaluated against the champion and gated. `g2rpo demo` is the same
-# job as plain step calls, without KFP. Quiet log; `g2rpo pipeline run-local --verbose` shows all.
+# command. Quiet log; `g2rpo pipeline run-local --verbose` shows all.
 demo: $(STAMP)
 	$(VENV)/bin/g2rpo pipeline run-local
 

@@ -1,7 +1,7 @@
 """Component **decide**: register the challenger and apply the promotion gates (:func:`g2rpo.steps.gate.decide_challenger`)."""
 
 from kfp import dsl
-from kfp.dsl import Artifact, Input, Model, Output
+from kfp.dsl import HTML, Artifact, Input, Model, Output
 
 from components.images import G2RPO_IMAGE
 
@@ -16,9 +16,11 @@ def decide(
     source_run: str,
     pushgateway_url: str,
     decision: Output[Artifact],
+    report: Output[HTML],
 ) -> bool:
     """True when the registered challenger passes the gates (the pipeline then runs **promote**); the
-    decision is pushed to ``pushgateway_url`` when one is given."""
+    decision report (gates, paired differences, the same prompts' images side by side) goes to
+    ``report``, and the decision to ``pushgateway_url`` when one is given."""
     # KFP ships this function's source alone, so its imports live inside it.
     from g2rpo.steps.gate import decide_challenger
 
@@ -30,6 +32,7 @@ def decide(
         gates_uri=gates_uri,
         source_run=source_run,
         output_dir=decision.path,
+        report_path=report.path,
         pushgateway_url=pushgateway_url,
     )
     decision.metadata.update(record.model_dump(mode="json"))

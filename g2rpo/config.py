@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from g2rpo.errors import ConfigError, G2RPOError
+from g2rpo.errors import ConfigError, G2RPOError, closest
 
 __all__ = [
     "Section",
@@ -190,6 +190,9 @@ def _field_help(cls: type[BaseModel], loc: tuple[Any, ...]) -> tuple[str | None,
     """Help text of the field at ``loc`` and, for an unknown key, the section class it was found in."""
     model: Any = cls
     for i, part in enumerate(loc):
+        if isinstance(part, int) and typing.get_origin(model) is list:  # an entry of a list of sections
+            model = _unwrap_model(typing.get_args(model)[0])
+            continue
         if not (isinstance(model, type) and issubclass(model, BaseModel)):
             return None, None
         fields = model.model_fields
@@ -198,7 +201,7 @@ def _field_help(cls: type[BaseModel], loc: tuple[Any, ...]) -> tuple[str | None,
         info = fields[part]
         if i == len(loc) - 1:
             return info.description, None
-        model = _unwrap_model(info.annotation)
+        model = info.annotation if typing.get_origin(info.annotation) is list else _unwrap_model(info.annotation)
     return None, None
 
 
@@ -234,18 +237,7 @@ def format_validation_error(cls: type[BaseModel], err: ValidationError) -> list[
         kind = e["type"]
         value = e.get("input")
         if kind == "extra_forbidden":
-            _, section = _field_help(cls, loc)
-            fix = "unknown key; remove it or fix the spelling"
-            if section is not None:
-                fix += f" (valid keys here: {', '.join(sorted(section.model_fields))})"
-                moved = (
-                    section.unknown_key_fix(str(loc[-1]), ".".join(str(p) for p in loc[:-1]))
-                    if issubclass(section, Section)
-                    else None
-                )
-                if moved:
-                    fix += f"; {moved}"
-            lines.append(f"{field}: {fix}")
+            lines.append(unknown_key_problem(cls, loc))
             continue
         if kind == "value_error":
             # Cross-field checks already phrase field, value and fix themselves, several joined by
@@ -269,10 +261,79 @@ def format_validation_error(cls: type[BaseModel], err: ValidationError) -> list[
         line = f"{field}={shown}: {e['msg']}"
         if kind == "missing":
             line = f"{field}: required but not set"
+        if kind == "literal_error" and isinstance(value, str):
+            choices = re.findall(r"'([^']*)'", str(e.get("ctx", {}).get("expected", "")))
+            if match := closest(value, choices):
+                line += f"; did you mean {match!r}?"
         if help_text:
             line += f" (expected: {help_text})"
         lines.append(line)
     return lines
+
+
+def unknown_key_problem(cls: type[BaseModel], loc: tuple[Any, ...]) -> str:
+    """``field: unknown key; ...`` for the key at ``loc`` of ``cls``'s tree: the valid keys of its
+    section, where it belongs when a section knows (:meth:`Section.unknown_key_fix`), else the closest
+    valid key — in its own section, else anywhere in the tree, section-qualified (``group_size`` →
+    ``algorithm.group_size``)."""
+    field = ".".join(str(p) for p in loc)
+    key = str(loc[-1])
+    _, section = _field_help(cls, loc)
+    fix = "unknown key; remove it or fix the spelling"
+    if section is None:
+        return f"{field}: {fix}"
+    fix += f" (valid keys here: {', '.join(sorted(section.model_fields))})"
+    parent = ".".join(str(p) for p in loc[:-1])
+    moved = section.unknown_key_fix(key, parent) if issubclass(section, Section) else None
+    if moved:
+        return f"{field}: {fix}; {moved}"
+    prefix = f"{parent}." if parent else ""
+    if match := closest(key, section.model_fields):
+        return f"{field}: {fix}; did you mean {prefix}{match}?"
+    paths = _key_paths(cls)
+    by_leaf: dict[str, list[str]] = {}
+    for path in paths:
+        by_leaf.setdefault(path.rpartition(".")[2], []).append(path)
+    # Across the whole tree only a near-certain guess: a short key is "close" to too much there.
+    leaf = key if key in by_leaf else closest(key, by_leaf, cutoff=0.8)
+    if leaf is not None:
+        return f"{field}: {fix}; did you mean {' or '.join(by_leaf[leaf][:3])}?"
+    return f"{field}: {fix}"
+
+
+def _key_paths(cls: type[BaseModel], prefix: str = "", depth: int = 0) -> list[str]:
+    """Every dotted key of ``cls``'s tree of sections (lists of sections not entered)."""
+    paths = []
+    for name, info in cls.model_fields.items():
+        paths.append(f"{prefix}{name}")
+        model = _unwrap_model(info.annotation)
+        if depth < 8 and isinstance(model, type) and issubclass(model, BaseModel):
+            paths += _key_paths(model, f"{prefix}{name}.", depth + 1)
+    return paths
+
+
+def unknown_keys(cls: type[BaseModel], data: Any, loc: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    """Where ``data`` (a raw mapping) has keys that ``cls``'s tree of sections lacks. Pydantic reports
+    these itself, except beside a section that fails as a whole (a default that does not validate
+    ends the validation before the extra keys are looked at); :func:`load_config` adds them then."""
+    if not isinstance(data, dict):
+        return []
+    found = []
+    for key, value in data.items():
+        if key not in cls.model_fields:
+            found.append((*loc, key))
+            continue
+        annotation = cls.model_fields[key].annotation
+        model = _unwrap_model(annotation)
+        if isinstance(model, type) and issubclass(model, BaseModel):
+            found += unknown_keys(model, value, (*loc, key))
+        elif typing.get_origin(annotation) is list and isinstance(value, list):
+            (item,) = typing.get_args(annotation) or (None,)
+            item = _unwrap_model(item)
+            if isinstance(item, type) and issubclass(item, BaseModel):
+                for index, entry in enumerate(value):
+                    found += unknown_keys(item, entry, (*loc, key, index))
+    return found
 
 
 def load_config(
@@ -291,6 +352,8 @@ def load_config(
         config = cls.model_validate(data)
     except ValidationError as err:
         problems += format_validation_error(cls, err)
+        reported = {tuple(e["loc"]) for e in err.errors() if e["type"] == "extra_forbidden"}
+        problems += [unknown_key_problem(cls, loc) for loc in unknown_keys(cls, data) if loc not in reported]
     if problems:
         raise ConfigError(problems, source=str(path) if path else None)
     return config

@@ -30,7 +30,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -50,7 +50,7 @@ from pipelines.alignment import build_pipeline
 from pipelines.check import check_arguments
 from pipelines.placement import load_profile
 
-__all__ = ["LOG_FILE", "LocalRun", "local_arguments", "run_local"]
+__all__ = ["LOG_FILE", "LocalRun", "local_arguments", "run_local", "verdict"]
 
 CHECKOUT = Path(__file__).resolve().parents[1]
 COMPLETE_MARKER = ".complete"  # written into the pipeline root when the run has finished
@@ -73,6 +73,7 @@ class LocalRun:
     champion: int | None
     log: Path  # everything kfp.local printed
     base_means: dict[str, float]  # the base model on the evaluation's prompts and seeds; {} if not evaluated
+    reports: dict[str, Path] = field(default_factory=dict)  # name -> an HTML report copied to a .html path
 
 
 def local_arguments(shared: Path, iterations: int, model: Path) -> dict[str, Any]:
@@ -202,7 +203,8 @@ class _QuietConsole(io.TextIOBase):
         self._streaming = False  # inside a task's streamed logs
         self._in_executor_input = False
         self._started: dict[str, float] = {}
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # held by the training watch across its own say() calls
+        self.before_task_end: Callable[[], None] | None = None
 
     def writable(self) -> bool:
         return True
@@ -235,6 +237,8 @@ class _QuietConsole(io.TextIOBase):
         self._console.flush()
 
     def _line(self, line: str) -> None:
+        if _FINISHED.search(line) and self.before_task_end is not None:
+            self.before_task_end()  # the train task's last records, before the line that says it ended
         if match := _EXECUTING.search(line):
             self._started[match.group(1)] = time.monotonic()
             self._streaming = False
@@ -274,8 +278,10 @@ def _console(log: TextIO, verbose: bool, tmp: Path, iterations: int) -> Iterator
             yield
         return
     console = _QuietConsole(log, sys.stdout)  # the stdout of before the redirection
+    watch = _TrainingWatch(tmp, console, iterations)
+    console.before_task_end = watch.catch_up
     stop = threading.Event()
-    watcher = threading.Thread(target=_watch_training, args=(tmp, console, stop, iterations), daemon=True)
+    watcher = threading.Thread(target=watch.run, args=(stop,), daemon=True)
     with warnings.catch_warnings(), contextlib.redirect_stdout(console):
         # kfp.local warns, per task, that the images and the cluster settings have no effect here.
         warnings.showwarning = lambda message, category, *_: console.note(f"{category.__name__}: {message}")
@@ -304,26 +310,32 @@ class _Tee(io.TextIOBase):
             stream.flush()
 
 
-def _watch_training(tmp: Path, console: _QuietConsole, stop: threading.Event, iterations: int) -> None:
+class _TrainingWatch:
     """Print the train task's iteration records (its ``metrics.jsonl`` under the run's temp folder) as
-    they appear: the train task itself prints nothing until it ends."""
-    seen = 0
+    they appear: the train task itself prints nothing until it ends. The console calls :meth:`catch_up`
+    before it prints a task's end, so no record is printed after the line that says training ended."""
 
-    def show_new() -> int:
-        files = sorted(tmp.glob("g2rpo-train-*/metrics.jsonl"))
-        if not files:
-            return seen
-        text = files[-1].read_text(encoding="utf-8")
-        complete = text[: text.rfind("\n") + 1].splitlines()  # a record being written has no newline yet
-        for line in complete[seen:]:
-            shown = _record_line(json.loads(line), iterations)
-            if shown:
-                console.say(f"    {shown}")
-        return max(seen, len(complete))
+    def __init__(self, tmp: Path, console: _QuietConsole, iterations: int):
+        self._tmp, self._console, self._iterations = tmp, console, iterations
+        self._seen = 0
 
-    while not stop.wait(TRAIN_WATCH_S):
-        seen = show_new()
-    seen = show_new()  # the records written since the last look
+    def run(self, stop: threading.Event) -> None:
+        while not stop.wait(TRAIN_WATCH_S):
+            self.catch_up()
+        self.catch_up()  # the records written since the last look
+
+    def catch_up(self) -> None:
+        with self._console.lock:  # one reader at a time, and no task line between its records
+            files = sorted(self._tmp.glob("g2rpo-train-*/metrics.jsonl"))
+            if not files:
+                return
+            text = files[-1].read_text(encoding="utf-8")
+            complete = text[: text.rfind("\n") + 1].splitlines()  # a record being written has no newline yet
+            for line in complete[self._seen :]:
+                shown = _record_line(json.loads(line), self._iterations)
+                if shown:
+                    self._console.say(f"    {shown}")
+            self._seen = max(self._seen, len(complete))
 
 
 def _record_line(record: dict[str, Any], iterations: int) -> str | None:
@@ -379,16 +391,19 @@ def _evaluate_base(folder: Path, arguments: dict[str, Any]) -> dict[str, float]:
 
 def _gates_with_floors(gates_uri: str, base: dict[str, float], path: Path) -> Path:
     """``gates_uri``'s gates with floors for a first version (no champion): an in-domain reward must
-    reach the base model's mean, an out-of-domain metric may fall at most its ``max_regression`` below."""
+    beat the base model's mean by its ``min_improvement`` (what a champion would be held to), an
+    out-of-domain metric may fall at most its ``max_regression`` below it."""
     gates, _ = load_gates(gates_uri)
     metrics = {}
     for name, gate in gates.metrics.items():
         sign = 1 if gate.direction == "higher" else -1
-        floor = None if name not in base else base[name] - sign * (gate.max_regression or 0.0)
+        margin = (gate.min_improvement or 0.0) if gate.domain == "in" else -(gate.max_regression or 0.0)
+        floor = None if name not in base else base[name] + sign * margin
         metrics[name] = gate.model_copy(update={"floor": floor})
     comment = (
         f"{gates_uri} with floors for a first version (no champion): the base model's means on the same\n"
-        "held-out prompts and seeds (in-domain), less the allowed regression (out-of-domain)."
+        "held-out prompts and seeds plus the required improvement (in-domain), less the allowed regression\n"
+        "(out-of-domain)."
     )
     return write_gates(gates.model_copy(update={"metrics": metrics}), path, comment=comment)[0]
 
@@ -400,6 +415,21 @@ def _means_line(means: dict[str, float]) -> str:
 def _short(metric: str) -> str:
     """``shapes_colour`` → ``colour``, ``jpeg_compressibility`` → ``jpeg``: the console's metric names."""
     return metric.removeprefix("shapes_").removesuffix("_compressibility")
+
+
+def verdict(run: LocalRun) -> str:
+    """The run's one closing line: ``PROMOTED vN`` or ``REFUSED vN: <why>`` — the model's verdict, worded
+    apart from the run's state (a run that succeeded may well refuse its model)."""
+    decision = run.decision
+    if not decision:
+        return f"NO VERDICT: the run {run.state} before its decision (see {run.log})"
+    version = decision["version"]
+    if run.champion == version:
+        return f"PROMOTED v{version}"
+    if decision["passed"]:  # the gates held at decide, but promote did not move the alias
+        return f"REFUSED v{version}: the promote task did not make it champion (the run {run.state}; see {run.log})"
+    failed = [reason.replace(": FAIL: ", ": ", 1) for reason in decision["reasons"] if ": FAIL: " in reason]
+    return f"REFUSED v{version}: " + "; ".join(failed)
 
 
 def _collect(run_dir: Path, root: Path, arguments: dict[str, Any], log: Path, base_means: dict[str, float]) -> LocalRun:
@@ -416,6 +446,12 @@ def _collect(run_dir: Path, root: Path, arguments: dict[str, Any], log: Path, ba
         Path(arguments["registry_uri"].removeprefix("file://")) / "models" / arguments["model_name"] / "state.json"
     )
     champion = json.loads(state_file.read_text())["aliases"].get("champion") if state_file.is_file() else None
+    # A KFP HTML artifact is a file without an extension: a browser opened on it shows its source.
+    # Copies with one, in the run folder, open as pages.
+    reports = {}
+    for output, name in (("decide/report", "decision-report.html"), ("evaluate/report", "evaluation-summary.html")):
+        if output in outputs and outputs[output].is_file():
+            reports[name] = Path(shutil.copyfile(outputs[output], run_dir / name))
     return LocalRun(
         run_dir=run_dir,
         pipeline_root=root,
@@ -425,4 +461,5 @@ def _collect(run_dir: Path, root: Path, arguments: dict[str, Any], log: Path, ba
         champion=champion,
         log=log,
         base_means=base_means,
+        reports=reports,
     )

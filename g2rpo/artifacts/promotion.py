@@ -298,10 +298,21 @@ def _fmt(x: float | None) -> str:
 
 
 def format_decision(decision: Decision) -> str:
-    """A plain-text table of the decision (what the CLI prints)."""
+    """A plain-text table of the decision (what the CLI prints): one row per gate with its numbers,
+    pass or FAIL, and the reason, so that each reason is said once.
+
+    The head says whether the gates are *met*: "passed" and "failed" are left to the tasks and the
+    run, so that a run that succeeded and a model that was refused are never worded alike.
+    """
     against = f"champion v{decision.champion}" if decision.champion is not None else "absolute floors (no champion)"
-    head = f"{decision.model} v{decision.challenger} vs {against}: {'PASSED' if decision.passed else 'FAILED'}"
-    rows = [("gate", "metric", "challenger", "champion", "Δ", "CI", "result")]
+    failed = sum(not r.passed for r in decision.results)
+    met = (
+        f"all {len(decision.results)} gate(s) met"
+        if not failed
+        else f"{failed} of {len(decision.results)} gate(s) not met"
+    )
+    head = f"{decision.model} v{decision.challenger} vs {against}: {met}"
+    rows = [("gate", "metric", "challenger", "champion", "Δ", "95% CI", "result", "reason")]
     for r in decision.results:
         ci = "—" if r.ci_low is None else f"[{r.ci_low:+.4f}, {r.ci_high:+.4f}]"
         rows.append(
@@ -313,11 +324,11 @@ def format_decision(decision: Decision) -> str:
                 "—" if r.delta is None else f"{r.delta:+.4f}",
                 ci,
                 "pass" if r.passed else "FAIL",
+                r.reason,
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = [head] + ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-    lines += ["  reasons:"] + [f"    {r.metric}: {r.reason}" for r in decision.results]
     return "\n".join(lines)
 
 

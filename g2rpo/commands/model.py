@@ -98,7 +98,7 @@ def _init_tiny(args: argparse.Namespace) -> int:
 
 def add_shapes_model_args(parser: argparse.ArgumentParser) -> None:
     """``--model`` (the pretrained shapes model; default the shipped one) and the pretraining step flags
-    of :func:`add_pretraining_args`: what ``g2rpo demo`` and ``g2rpo pipeline run-local`` train."""
+    of :func:`add_pretraining_args`: what ``g2rpo pipeline run-local`` (and ``g2rpo demo``) train."""
     parser.add_argument(
         "--model",
         default=None,

@@ -16,7 +16,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import g2rpo
-from g2rpo.commands.demo import quiet_libraries
 from g2rpo.commands.model import add_shapes_model_args, pretraining_settings, shapes_model_path
 from g2rpo.errors import G2RPOError, problem
 
@@ -86,6 +85,12 @@ def add_commands(subparsers) -> None:
         "promotes or refuses it, with the reason.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    add_run_local_args(local)
+    local.set_defaults(handler=run_local_command)
+
+
+def add_run_local_args(local: argparse.ArgumentParser) -> None:
+    """The options of ``run-local`` (``g2rpo demo`` takes the same: it runs the same command)."""
     local.add_argument("--out", default="runs", help="folder of the run folders")
     local.add_argument("--name", default=None, help="run folder name (default pipeline-<UTC timestamp>)")
     local.add_argument("--shared", default="runs/pipeline-shared", help="prompts, store and registry of every run")
@@ -102,7 +107,6 @@ def add_commands(subparsers) -> None:
         help="S3 endpoint for s3:// store_uri/registry_uri parameters (sets AWS_ENDPOINT_URL_S3 for the tasks)",
     )
     local.add_argument("parameters", nargs="*", metavar="NAME=VALUE", help=_PARAMS_HELP)
-    local.set_defaults(handler=_run_local)
 
 
 def _profile_arg(parser: argparse.ArgumentParser) -> None:
@@ -198,10 +202,11 @@ def _schedule(args: argparse.Namespace) -> int:
     return 0
 
 
-def _run_local(args: argparse.Namespace) -> int:
+def run_local_command(args: argparse.Namespace) -> int:
+    """``g2rpo pipeline run-local`` (and ``g2rpo demo``): the pipeline here, then its summary and verdict."""
     _use_source_tree()
     from g2rpo.errors import G2RPOError, problem
-    from pipelines.local import run_local
+    from pipelines.local import run_local, verdict
     from pipelines.submit import parse_arguments
 
     if args.iterations < 1:
@@ -223,16 +228,12 @@ def _run_local(args: argparse.Namespace) -> int:
         pretraining=pretraining,
         verbose=args.verbose,
     )
-    print(f"\ng2rpo pipeline run-local: {run.state} ({time.monotonic() - started:.0f} s)")
+    # The run's state (did every task run?) and the model's verdict (was it promoted?) are worded apart,
+    # and the verdict is the last line, said once: the decide task printed the gates and their reasons.
+    ran = "every task ran" if run.state == "SUCCEEDED" else "see the log"
+    print(f"\ng2rpo pipeline run-local: run {run.state} ({ran}; {time.monotonic() - started:.0f} s)")
     for label, path in run.outputs.items():
         print(f"  {label:<22} {path}")
-    decision = run.decision
-    if decision:
-        verdict = "PROMOTED" if decision["passed"] else "REFUSED"
-        against = "no champion yet" if decision["champion"] is None else f"champion v{decision['champion']}"
-        print(f"  {decision['model']} v{decision['version']} vs {against}: {verdict}")
-        for reason in decision["reasons"]:
-            print(f"    {reason}")
     evaluation = run.outputs.get("evaluate/evaluation")
     if evaluation is not None and (evaluation / "record.json").is_file():
         record = json.loads((evaluation / "record.json").read_text(encoding="utf-8"))
@@ -245,6 +246,27 @@ def _run_local(args: argparse.Namespace) -> int:
         for metric in record["challenger_means"]:
             values = (f"{means[metric]:.4f}" if metric in means else "—" for means in columns.values())
             print(f"  {metric:<22} " + "".join(f"{value:>14}" for value in values))
-    print(f"  champion               {'none' if run.champion is None else f'v{run.champion}'}")
+        print(f"  evaluation report      {where}/report.html")
+    for name, path in run.reports.items():
+        print(f"  {name.removesuffix('.html').replace('-', ' '):<22} {path}")
+    print(f"  champion now           {'none' if run.champion is None else f'v{run.champion}'}")
     print(f"  log                    {run.log}")
+    print(verdict(run))
     return 0 if run.state == "SUCCEEDED" else 1
+
+
+def quiet_libraries() -> None:
+    """The console gets the run's own lines: hide the libraries' loading bars and their below-error
+    log lines.
+
+    DeepSpeed logs (to stdout) a warning when it finds no GPU, on its first import; a filter on its
+    logger outlives the level that its import sets.
+    """
+    import logging
+
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    diffusers_logging.disable_progress_bar()
+    transformers_logging.disable_progress_bar()
+    logging.getLogger("DeepSpeed").addFilter(lambda record: record.levelno >= logging.ERROR)

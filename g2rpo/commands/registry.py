@@ -25,16 +25,37 @@ def _registry(args):
     return Registry(_registry_uri(args), settings_from_args(args))
 
 
+def _last_decision(reg, model: str, version: int, champion: int | None) -> str:
+    """A version's last decision in a word or two (``promoted``, ``refused vs v1``, ``undecided``)."""
+    decisions = reg.decisions(model, version)  # in the order they were recorded
+    if not decisions:
+        return "champion (registered so)" if version == champion else "undecided"
+    last = decisions[-1]
+    against = "floors" if last["champion"] is None else f"v{last['champion']}"
+    if not last["passed"]:
+        failed = sum(not r["passed"] for r in last["results"])
+        return f"REFUSED vs {against} ({failed} of {len(last['results'])} gate(s) not met)"
+    return f"promoted over {against}" if version == champion else f"gates met vs {against}, not champion now"
+
+
 def _list(args) -> int:
     reg = _registry(args)
     if args.model is None:
         for model in reg.require_models():
             state, _ = reg.read_state(model)
-            aliases = ", ".join(f"{a}=v{v}" for a, v in sorted(state.aliases.items())) or "no aliases"
+            champion = state.aliases.get("champion")
+            aliases = (
+                ", ".join(
+                    f"{a}=v{v}" + (f" ({_last_decision(reg, model, v, champion)})" if a != "champion" else "")
+                    for a, v in sorted(state.aliases.items())
+                )
+                or "no aliases"
+            )
             print(f"{model}  {len(reg.version_numbers(model))} version(s)  {aliases}")
         return 0
     reg.require_model(args.model)
     state, _ = reg.read_state(args.model)
+    champion = state.aliases.get("champion")
     by_version: dict[int, list[str]] = {}
     for alias, version in state.aliases.items():
         by_version.setdefault(version, []).append(alias)
@@ -42,21 +63,25 @@ def _list(args) -> int:
         record = reg.get_version(args.model, number)
         metrics = "  ".join(f"{m}={s.mean:.4f}" for m, s in sorted(record.eval.metrics.items()))
         tags = ",".join(sorted(by_version.get(number, [])))
-        print(f"v{number:<4} {tags:<20} {record.created_at}  run={record.source_run}  {metrics}")
+        decision = _last_decision(reg, args.model, number, champion)
+        print(f"v{number:<4} {tags:<20} {decision:<44} {record.created_at}  run={record.source_run}  {metrics}")
     return 0
 
 
 def _show(args) -> int:
+    from g2rpo.artifacts.promotion import Decision, format_decision
+
     reg = _registry(args)
     reg.require_model(args.model)
     number = reg.resolve(args.model, args.version)
     record = reg.get_version(args.model, number)
-    print(record.model_dump_json(indent=2))
-    from g2rpo.artifacts.promotion import Decision, format_decision
-
+    state, _ = reg.read_state(args.model)
+    # The decision first (what a reader came for), the full record after it.
+    print(f"{args.model} v{number}: {_last_decision(reg, args.model, number, state.aliases.get('champion'))}")
     for decision in reg.decisions(args.model, number):
-        print()
         print(format_decision(Decision.model_validate(decision)))
+    print()
+    print(record.model_dump_json(indent=2))
     return 0
 
 

@@ -31,6 +31,7 @@ import io
 import json
 import math
 import tempfile
+import textwrap
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -59,6 +60,7 @@ __all__ = [
     "png_bytes",
     "load_png",
     "save_score_grid",
+    "score_grid_figure",
     "load_evaluation",
     "eval_result_from",
 ]
@@ -224,6 +226,15 @@ def png_bytes(image: torch.Tensor) -> bytes:
 
 def save_score_grid(result: EvalResult, path: str | Path, title: str = "") -> Path:
     """A PNG grid: one row per prompt, one column per seed, each image titled with its scores."""
+    fig = score_grid_figure(result, title)
+    path = Path(path)
+    fig.savefig(path)
+    fig.clear()
+    return path
+
+
+def score_grid_figure(result: EvalResult, title: str = ""):
+    """The matplotlib figure :func:`save_score_grid` saves (the caller closes it)."""
     import matplotlib  # heavy: only the grid needs it
 
     matplotlib.use("Agg")
@@ -231,8 +242,17 @@ def save_score_grid(result: EvalResult, path: str | Path, title: str = "") -> Pa
 
     rows, cols = len(result.prompts), len(result.seeds)
     names = list(result.scores)
+    # The whole prompt, wrapped, left of its row (position and background are at its end); the
+    # constrained layout makes room for it, the column heads and the wrapped title, so nothing is cut
+    # or overlaps.
+    width = 1.9 * cols + 2.2
     fig, axes = plt.subplots(
-        rows, cols, figsize=(1.9 * cols + 1.2, (1.7 + 0.15 * len(names)) * rows + 0.7), dpi=100, squeeze=False
+        rows,
+        cols,
+        figsize=(width, (1.7 + 0.15 * len(names)) * rows + 1.0),
+        dpi=100,
+        squeeze=False,
+        layout="constrained",
     )
     for p in range(rows):
         for s in range(cols):
@@ -243,15 +263,13 @@ def save_score_grid(result: EvalResult, path: str | Path, title: str = "") -> Pa
             lines = [f"seed {result.seeds[s]}"] if p == 0 else []
             lines += [f"{name} {float(result.scores[name][p, s]):.3f}" for name in names]
             ax.set_title("\n".join(lines), fontsize=6)
-        text = result.prompts[p]
-        axes[p, 0].set_ylabel(text if len(text) <= 22 else text[:21] + "…", fontsize=6, rotation=0, ha="right")
-    means = ", ".join(f"{name} mean {result.mean(name):.4f}" for name in names)
-    fig.suptitle(f"{title + ': ' if title else ''}{means} (rows: prompts, columns: seeds)", fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+        label = textwrap.fill(f"p{p}: {result.prompts[p]}", width=26)
+        axes[p, 0].set_ylabel(label, fontsize=6, rotation=0, ha="right", va="center")
+    means = ", ".join(f"{name} {result.mean(name):.4f}" for name in names)
+    heading = f"{title + ': ' if title else ''}mean {means} · rows: prompts, columns: seeds"
+    fig.suptitle(textwrap.fill(heading, width=int(width * 72 / 8 / 0.62)), fontsize=8)
+    plt.close(fig)  # out of pyplot's registry; the figure itself stays usable
+    return fig
 
 
 def load_evaluation(output_uri: str, settings: S3Settings | None = None, cache_dir: str | None = None) -> EvalResult:

@@ -33,6 +33,7 @@ def assemble(
     output_uri: str,
     baseline: Baseline | None,
     paired_steps: list[int],
+    baseline_label: str = "",
 ) -> dict:
     """Gather every chunk from the output's partial state into the artifact's files under ``root``;
     the manifest's metadata."""
@@ -142,7 +143,19 @@ def assemble(
             "step counts": ", ".join(f"T={t}" + (" (gated)" if t == num_steps else "") for t in config.step_counts),
             "metrics": ", ".join(metric_names),
             "definitions": "; ".join(f"{m}: {d}" for m, d in scores.definitions.items()),
-            "baseline": baseline.uri if baseline is not None else "none",
+            **(
+                {
+                    "trained on": ", ".join(config.trained_metrics) or "none",
+                    "held-out checks": ", ".join(m for m in metric_names if m not in config.trained_metrics) or "none",
+                }
+                if config.trained_metrics is not None
+                else {}
+            ),
+            "baseline": "none"
+            if baseline is None
+            else f"{baseline_label}: {baseline.uri}"
+            if baseline_label
+            else baseline.uri,
             "output": output_uri,
         },
         num_steps=num_steps,
@@ -155,6 +168,7 @@ def assemble(
         paired=paired or None,
         baseline_by_steps={steps: baseline.by_steps[steps] for steps in paired_steps} if baseline else None,
         baseline_image_of=lambda steps, p, seed: baseline_images[(steps, p, seed)],
+        trained_metrics=config.trained_metrics,
     )
     return {
         "kind": "evaluation",

@@ -90,6 +90,11 @@ class EvaluationConfig(Section):
         default_factory=RewardsConfig,
         description="reward models that score every image (the run config's rewards section; weights are not used)",
     )
+    trained_metrics: list[str] | None = Field(
+        None,
+        description="the metrics the model was trained on (a run's rewards of non-zero weight: the pipeline sets "
+        "them); the report labels these 'trained' and the others 'held-out'; null: not labelled",
+    )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="dtype of the transformer, VAE and text encoders"
     )

@@ -108,9 +108,10 @@ def save_scatter_plot(ours: EvalScores, baseline: EvalScores, metric: str, steps
     ax.scatter(x, y, s=12, alpha=0.7)
     low, high = min(x + y), max(x + y)
     ax.plot([low, high], [low, high], "--", color="grey", linewidth=1)
-    ax.set_xlabel(f"baseline {metric}")
-    ax.set_ylabel(f"this model {metric}")
-    ax.set_title(f"{metric}, T={steps}: above the line = better here", fontsize=8)
+    ax.set_xlabel("baseline", fontsize=8)
+    ax.set_ylabel("this model", fontsize=8)
+    # two short lines: one long line was cut at the figure's edges
+    ax.set_title(f"{metric} (T={steps})\nabove the line: higher here", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -126,6 +127,7 @@ td.prompt { text-align: left; max-width: 18em; }
 figure { display: inline-block; margin: 0.2em; text-align: center; font-size: 0.75em; }
 figure img { display: block; width: 128px; height: auto; image-rendering: pixelated; }
 .pos { color: #067d17; } .neg { color: #b3261e; }
+td.trained { text-align: left; font-weight: bold; } td.held-out { text-align: left; color: #555; }
 """
 
 
@@ -156,11 +158,22 @@ def write_report_html(
     paired: Mapping[str, Mapping[str, Summary]] | None = None,
     baseline_by_steps: Mapping[int, EvalScores] | None = None,
     baseline_image_of: Callable[[int, int, int], str] | None = None,
+    trained_metrics: list[str] | None = None,
 ) -> Path:
     """Write the report: facts, the metrics table, plots, the image grid, and with a baseline the
     paired differences and side-by-side pairs. ``image_of(steps, prompt_index, seed)`` is an image's
-    path relative to the report; ``metrics``/``paired`` are keyed by step count (as text), then metric."""
+    path relative to the report; ``metrics``/``paired`` are keyed by step count (as text), then metric.
+    With ``trained_metrics`` every metric is labelled trained (the model was optimised for it) or
+    held-out (a check it was not trained on)."""
     e = html.escape
+
+    def role(metric: str) -> str:
+        if trained_metrics is None:
+            return ""
+        label = "trained" if metric in trained_metrics else "held-out"
+        return f"<td class='{label}'>{label}</td>"
+
+    role_head = "<th>role</th>" if trained_metrics is not None else ""
     parts = [
         "<!DOCTYPE html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -173,13 +186,13 @@ def write_report_html(
         f"<p>Mean over every (prompt, seed), sample std, n, and the {CONFIDENCE:.0%} percentile-bootstrap CI of the "
         f"mean ({BOOTSTRAP_RESAMPLES} resamples, seed {BOOTSTRAP_SEED}). The promotion gates read T={num_steps} "
         "(scores.json); other step counts are reported, not gated.</p>",
-        "<table id='metrics'><tr><th>metric</th><th>T</th><th>mean</th><th>std</th><th>n</th><th>95% CI</th></tr>",
+        f"<table id='metrics'><tr><th>metric</th>{role_head}<th>T</th><th>mean</th><th>std</th><th>n</th><th>95% CI</th></tr>",
     ]
     for steps, table in metrics.items():
         for metric, s in table.items():
             gated = " (gated)" if int(steps) == num_steps else ""
             parts.append(
-                f"<tr><td class='prompt'>{e(metric)}</td><td>{e(steps)}{gated}</td><td>{_num(s['mean'])}</td>"
+                f"<tr><td class='prompt'>{e(metric)}</td>{role(metric)}<td>{e(steps)}{gated}</td><td>{_num(s['mean'])}</td>"
                 f"<td>{_num(s['std'])}</td><td>{s['n']}</td><td>{_ci(s['ci_low'], s['ci_high'])}</td></tr>"
             )
     parts.append("</table>")
@@ -188,13 +201,14 @@ def write_report_html(
             "<h2>Against the baseline</h2>",
             "<p>Paired by (prompt, seed): Δ = mean of (this − baseline) per image, with its "
             f"{CONFIDENCE:.0%} bootstrap CI; the gates apply each metric's direction to these numbers.</p>",
-            "<table id='paired'><tr><th>metric</th><th>T</th><th>baseline</th><th>this</th><th>Δ</th><th>95% CI of Δ</th><th>n</th></tr>",
+            f"<table id='paired'><tr><th>metric</th>{role_head}<th>T</th><th>baseline</th><th>this</th><th>Δ</th>"
+            "<th>95% CI of Δ</th><th>n</th></tr>",
         ]
         for steps, table in paired.items():
             for metric, s in table.items():
                 sign = "pos" if s["ci_low"] > 0 else "neg" if s["ci_high"] < 0 else ""
                 parts.append(
-                    f"<tr><td class='prompt'>{e(metric)}</td><td>{e(steps)}</td><td>{_num(s['baseline_mean'])}</td>"
+                    f"<tr><td class='prompt'>{e(metric)}</td>{role(metric)}<td>{e(steps)}</td><td>{_num(s['baseline_mean'])}</td>"
                     f"<td>{_num(s['mean'])}</td><td class='{sign}'>{s['delta']:+.4f}</td>"
                     f"<td>{_ci(s['ci_low'], s['ci_high'])}</td><td>{s['n']}</td></tr>"
                 )

@@ -13,7 +13,12 @@ The (step count, prompt, seed) items of an evaluation are cut into fixed chunks 
 that do not depend on what is done or on how many processes run, and a chunk is always sampled as
 one batch, so a resumed evaluation computes every image exactly as an uninterrupted one would. A
 rerun whose inputs differ from ``state.json`` is refused, naming each difference, and nothing is
-deleted; after the publish, :func:`clear` removes the folder.
+deleted — unless no chunk was scored yet (say the model path was wrong): then there is nothing to
+lose and the rerun starts afresh. After the publish, :func:`clear` removes the folder.
+
+The output holds only what an evaluation writes (:func:`foreign_entries`): a folder with other
+files — a user's ``notes.txt`` or own ``grid.png`` — is refused before anything is written there,
+naming them, as the trainer refuses such an ``output.dir``.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from dataclasses import dataclass
 
 from pydantic import Field
 
+from g2rpo.artifacts.manifest import MANIFEST_NAME, MARKER_NAME
 from g2rpo.artifacts.scores import Record
 from g2rpo.artifacts.storage import Store
 from g2rpo.errors import G2RPOError, problem
@@ -38,6 +44,8 @@ __all__ = [
     "ChunkItem",
     "PartialState",
     "plan_chunks",
+    "foreign_entries",
+    "check_output",
     "open_state",
     "done_chunks",
     "read_chunk",
@@ -48,6 +56,24 @@ __all__ = [
 
 PARTIAL = "_partial"
 FAIL_POINT_ENV = "G2RPO_FAULT_KILL_AT"  # the training fail points' variable; here ``eval_chunk:N``
+# The top-level names an evaluation writes: its partial state, the artifact's layout
+# (g2rpo.evaluation.artifact), the publish's claim and the manifest.
+_EVALUATION_ENTRIES = frozenset(
+    {
+        PARTIAL,
+        "scores.json",
+        "scores.jsonl",
+        "metrics.json",
+        "prompts.json",
+        "images",
+        "grid.png",
+        "plots",
+        "baseline",
+        "report.html",
+        MARKER_NAME,
+        MANIFEST_NAME,
+    }
+)
 
 
 class PartialState(Record):
@@ -97,6 +123,33 @@ def plan_chunks(step_counts: list[int], num_prompts: int, seeds: list[int], chun
     return chunks
 
 
+def foreign_entries(store: Store) -> list[str]:
+    """The top-level names under ``store`` that are not an evaluation's (empty when it may write there).
+
+    Only a started evaluation (its ``_partial/state.json`` or a publish's claim is there) owns the
+    artifact's names: in any other folder a ``grid.png`` or ``report.html`` is the user's own.
+    """
+    names = sorted({info.key.split("/", 1)[0] for info in store.list("")})
+    if not (store.exists(f"{PARTIAL}/state.json") or MARKER_NAME in names):
+        return names
+    return [name for name in names if name not in _EVALUATION_ENTRIES]
+
+
+def check_output(store: Store, output_uri: str) -> None:
+    """Refuse an output that holds files not of an evaluation, naming them, before anything is written."""
+    foreign = foreign_entries(store)
+    if foreign:
+        shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
+        raise G2RPOError(
+            problem(
+                "output_uri",
+                output_uri,
+                f"holds files that are not an evaluation's ({shown}) and g2rpo never writes over or beside them: "
+                f"choose a new or empty folder (e.g. {output_uri.rstrip('/')}/eval)",
+            )
+        )
+
+
 def partial_image_key(steps: int, prompt_index: int, seed: int) -> str:
     return f"{PARTIAL}/images/T{steps}/p{prompt_index}_s{seed}.png"
 
@@ -104,8 +157,9 @@ def partial_image_key(steps: int, prompt_index: int, seed: int) -> str:
 def open_state(store: Store, state: PartialState, output_uri: str) -> bool:
     """Start (write ``state.json``) or continue (check it) the partial evaluation at ``store``.
 
-    Returns whether there was one to continue. A differing one is refused, naming every field that
-    differs; nothing is removed.
+    Returns whether there was one to continue. A differing one that has scored a chunk is refused,
+    naming every field that differs, and nothing is removed; one that has scored nothing (it failed
+    before its first chunk, e.g. on a wrong model path) is replaced, since nothing of it would be lost.
     """
     key = f"{PARTIAL}/state.json"
     if not store.exists(key):
@@ -113,6 +167,10 @@ def open_state(store: Store, state: PartialState, output_uri: str) -> bool:
         return False
     found = PartialState.model_validate_json(store.get_bytes(key)[0])
     differs = [name for name in PartialState.model_fields if getattr(found, name) != getattr(state, name)]
+    if differs and not done_chunks(store):
+        clear(store)  # a started chunk's images at most, none of them scored
+        store.put_bytes(key, state.model_dump_json(indent=1).encode())
+        return False
     if differs:
         details = "; ".join(
             f"{name}: partial {_brief(getattr(found, name))}, now {_brief(getattr(state, name))}" for name in differs

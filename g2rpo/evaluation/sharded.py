@@ -34,7 +34,16 @@ __all__ = ["Ranks", "join_ranks", "sample_pending"]
 
 _ENCODE_BATCH = 16  # prompts per text-encoder call
 # Config keys that change no image and no score: the rest must match for a resume.
-_NOT_SAMPLING = {"prompts", "num_prompts", "seeds", "num_steps", "extra_steps", "cache_dir", "device"}
+_NOT_SAMPLING = {
+    "prompts",
+    "num_prompts",
+    "seeds",
+    "num_steps",
+    "extra_steps",
+    "cache_dir",
+    "device",
+    "trained_metrics",
+}
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from g2rpo.errors import G2RPOError
+from g2rpo.errors import G2RPOError, did_you_mean
 
 __all__ = [
     "ALL_COMPONENTS",
@@ -153,6 +153,20 @@ def _weights_problems(folder: Path) -> list[str]:
     return [f"{folder}: no weights file (*.safetensors); {_FIX_DOWNLOAD}"]
 
 
+def _missing_path_fix(root: Path) -> str:
+    """How to fix a model path that does not exist: most often a typo or a model not made yet, so
+    name the nearest folder that exists and the closest name in it (no download hint here: that is
+    for a folder that exists but is incomplete)."""
+    existing = root.parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    make = "or make a model there first (a tiny one: `g2rpo model init-tiny --output DIR`)"
+    if existing != root.parent:
+        return f"check the path: its nearest existing folder is {str(existing)!r}; {make}"
+    siblings = [p.name for p in existing.iterdir() if p.is_dir()] if existing.is_dir() else []
+    return f"check the path: {str(existing)!r} has no {root.name!r}{did_you_mean(root.name, siblings)}; {make}"
+
+
 def check_model_dir(path: str | Path, components: Iterable[str] = ALL_COMPONENTS) -> dict[str, Any]:
     """Check a ``FluxPipeline`` directory for ``components``; return its ``model_index.json``.
 
@@ -160,7 +174,7 @@ def check_model_dir(path: str | Path, components: Iterable[str] = ALL_COMPONENTS
     """
     root = Path(path)
     if not root.exists():
-        raise G2RPOError(f"model directory {str(root)!r} does not exist: {_FIX_DOWNLOAD}")
+        raise G2RPOError(f"model directory {str(root)!r} does not exist: {_missing_path_fix(root)}")
     if not root.is_dir():
         raise G2RPOError(
             f"model location {str(root)!r} is a file, not a directory in FluxPipeline layout: pass the directory"

@@ -31,7 +31,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 
 from g2rpo.config import COUNT_MAX, PROBLEM_SEPARATOR, Section
-from g2rpo.errors import problem
+from g2rpo.errors import did_you_mean, problem
 
 __all__ = ["RewardModelConfig", "RewardsConfig", "OPTIONAL_KEYS"]
 
@@ -94,7 +94,13 @@ class RewardModelConfig(Section):
 
         problems = []
         if self.name not in REWARDS:
-            problems.append(problem("name", self.name, f"unknown reward; valid names: {', '.join(sorted(REWARDS))}"))
+            problems.append(
+                problem(
+                    "name",
+                    self.name,
+                    f"unknown reward{did_you_mean(self.name, REWARDS)}; valid names: {', '.join(sorted(REWARDS))}",
+                )
+            )
         else:
             spec = REWARDS[self.name]
             for key in OPTIONAL_KEYS:

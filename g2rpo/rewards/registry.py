@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from g2rpo.errors import G2RPOError, problem
+from g2rpo.errors import G2RPOError, did_you_mean, problem
 from g2rpo.rewards.base import RewardModel
 from g2rpo.rewards.shapes import ShapesReward
 
@@ -430,7 +430,11 @@ def reward_names() -> list[str]:
 
 def get_spec(name: str) -> RewardSpec:
     if name not in REWARDS:
-        raise G2RPOError(problem("reward", name, f"unknown reward; valid names: {', '.join(reward_names())}"))
+        raise G2RPOError(
+            problem(
+                "reward", name, f"unknown reward{did_you_mean(name, REWARDS)}; valid names: {', '.join(reward_names())}"
+            )
+        )
     return REWARDS[name]
 
 

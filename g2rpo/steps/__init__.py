@@ -1,5 +1,5 @@
 """The pipeline's steps as library functions: URIs and a validated config in, a typed result out.
 
-The only place that sequences the pipeline; the CLI, ``g2rpo demo`` and the KFP components call
+The only place that sequences the pipeline; the CLI and the KFP components call
 these functions and nothing else of the pipeline.
 """

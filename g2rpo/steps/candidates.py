@@ -4,7 +4,10 @@
 evaluates the trained export (the train task's :class:`~g2rpo.steps.records.TrainRecord`) with the
 evaluation that samples as the run did (:func:`~g2rpo.steps.train.matching_evaluation`), then — when the
 model has a champion — the champion's export on exactly the same prompts, seeds and sampler, so the
-promotion gates compare paired items. Both evaluations are published under the run's store; the task's
+promotion gates compare paired items. The challenger's evaluation always has a baseline, evaluated
+first: the champion, else the base model it was trained from, so that its report (and the decision
+report) shows the paired differences and the same prompts' images side by side. The evaluations are
+published under the run's store; the task's
 folder receives a :class:`~g2rpo.steps.records.CandidatesRecord` and a self-contained ``report.html``,
 and with a Pushgateway URL both summaries are pushed there (:func:`g2rpo.observability.push_evaluations`).
 """
@@ -71,13 +74,6 @@ def evaluate_candidates(
     config = load_config(RunConfig, Path(train_dir) / trained.run_config)
     evaluation = matching_evaluation(config, prompts, num_prompts=num_prompts, seeds=seeds)
     base = f"{store_uri.rstrip('/')}/evaluations"
-    challenger = evaluate(
-        trained.export_uri,
-        evaluation,
-        f"{base}/{unique_prefix('challenger')}",
-        base_model_uri=trained.base_model_uri,
-        settings=settings,
-    )
     champion_ref = champion_of(registry_uri, model, settings)
     champion = None
     if champion_ref is not None:
@@ -89,12 +85,31 @@ def evaluate_candidates(
             base_model_uri=trained.base_model_uri,
             settings=settings,
         )
+        baseline, baseline_label = champion, f"champion v{champion_ref.version}"
+    else:  # a first version: the base model is what it must be compared with
+        baseline = evaluate(
+            trained.base_model_uri, evaluation, f"{base}/{unique_prefix('base-model')}", settings=settings
+        )
+        baseline_label = "base model"
+    challenger = evaluate(
+        trained.export_uri,
+        evaluation,
+        f"{base}/{unique_prefix('challenger')}",
+        base_model_uri=trained.base_model_uri,
+        baseline_uri=baseline.output_uri,
+        settings=settings,
+        baseline_label=baseline_label,
+    )
     record = CandidatesRecord(
         challenger_eval_uri=challenger.output_uri,
         champion_eval_uri=None if champion is None else champion.output_uri,
         champion_version=None if champion_ref is None else champion_ref.version,
         challenger_means=challenger.means,
         champion_means={} if champion is None else champion.means,
+        baseline_label=baseline_label,
+        baseline_eval_uri=baseline.output_uri,
+        baseline_means=baseline.means,
+        trained_metrics=evaluation.trained_metrics or [],
     )
     if pushgateway_url:
         # One push for both: a second push of the job would replace the first.
@@ -104,35 +119,39 @@ def evaluate_candidates(
         push_evaluations(PushTarget(pushgateway_url, pipeline=pipeline), by_version)
     write_record(record, output_dir)
     Path(report_path).parent.mkdir(parents=True, exist_ok=True)
-    Path(report_path).write_text(report_html(record, challenger, champion, settings, trained), encoding="utf-8")
+    Path(report_path).write_text(report_html(record, challenger, baseline, settings, trained), encoding="utf-8")
     return record
 
 
 def report_html(
     record: CandidatesRecord,
     challenger: EvaluateResult,
-    champion: EvaluateResult | None,
+    baseline: EvaluateResult | None,
     settings: S3Settings | None = None,
     trained: TrainRecord | None = None,
 ) -> str:
-    """One self-contained HTML page (what the KFP UI shows): the metrics side by side, each grid image,
-    and, when the run validated during training (``trained``), its validation curve and the iteration
-    the challenger's export holds."""
-    metrics = sorted(set(record.challenger_means) | set(record.champion_means))
+    """One self-contained HTML page (what the KFP UI shows): the metrics of the challenger and its
+    baseline side by side, each labelled trained or held-out, each grid image, and, when the run
+    validated during training (``trained``), its validation curve and the iteration the challenger's
+    export holds."""
+    metrics = sorted(set(record.challenger_means) | set(record.baseline_means))
+    trained_metrics = set(record.trained_metrics)
     rows = "".join(
-        f"<tr><td>{html.escape(m)}</td><td>{record.challenger_means.get(m, float('nan')):.4f}</td>"
-        f"<td>{_cell(record.champion_means.get(m))}</td></tr>"
+        f"<tr><td>{html.escape(m)}</td><td>{'trained' if m in trained_metrics else 'held-out'}</td>"
+        f"<td>{record.challenger_means.get(m, float('nan')):.4f}</td><td>{_cell(record.baseline_means.get(m))}</td></tr>"
         for m in metrics
     )
-    champion_head = "—" if record.champion_version is None else f"champion v{record.champion_version}"
+    baseline_head = record.baseline_label or "—"
     parts = [
         "<!doctype html><meta charset='utf-8'><title>g2rpo evaluation</title>",
         "<style>body{font-family:sans-serif}td,th{padding:2px 10px;text-align:right}</style>",
-        "<h1>Evaluation: challenger vs champion</h1>",
-        f"<p>{len(challenger.scores.seeds)} seeds, prompt set {html.escape(challenger.scores.prompt_set)}</p>",
-        f"<table><tr><th>metric (mean)</th><th>challenger</th><th>{champion_head}</th></tr>{rows}</table>",
+        f"<h1>Evaluation: challenger vs {html.escape(baseline_head)}</h1>",
+        f"<p>{len(challenger.scores.seeds)} seeds, prompt set {html.escape(challenger.scores.prompt_set)}; the "
+        "decide task's decision report has the gates, the paired differences and the images side by side</p>",
+        f"<table><tr><th>metric (mean)</th><th>role</th><th>challenger</th><th>{html.escape(baseline_head)}</th></tr>"
+        f"{rows}</table>",
     ]
-    for label, result in (("challenger", challenger), (champion_head, champion)):
+    for label, result in (("challenger", challenger), (baseline_head, baseline)):
         if result is None:
             continue
         store = open_store(result.output_uri, settings)

@@ -8,7 +8,7 @@ and scored with every reward), gathers the chunks into the artifact's files
 (:func:`g2rpo.evaluation.assemble.assemble`: :mod:`g2rpo.evaluation.artifact`'s layout with the
 metrics, plots and report of :mod:`g2rpo.evaluation.report`) and publishes them at ``output_uri``
 (the manifest last). It runs in its own process from URIs alone: nothing of a live trainer is
-needed, so the pipeline's evaluate component, ``g2rpo eval`` and ``g2rpo demo`` call it the same way.
+needed, so the pipeline's evaluate component and ``g2rpo eval`` call it the same way.
 
 The chunks are saved under the output before the publish (:mod:`g2rpo.evaluation.resume`): an
 interrupted evaluation, rerun with the same arguments, continues from the chunks already scored.
@@ -73,15 +73,17 @@ def evaluate(
     progress: bool = False,
     pushgateway: PushTarget | None = None,
     version_label: str = "",
+    baseline_label: str = "",
 ) -> EvaluateResult:
     """Evaluate the model at ``model_uri`` on ``config``'s prompts × seeds × step counts; publish at
     ``output_uri``.
 
     ``base_model_uri`` is the Flux pipeline an export was trained from (its VAE and text encoders);
     it defaults to the local location the export records. ``baseline_uri`` is another published
-    evaluation on the same prompts and seeds: the report then pairs the two. ``output_uri`` must not
+    evaluation on the same prompts and seeds: the report then pairs the two, naming it ``baseline_label``
+    (e.g. ``champion v3``, ``base model``) when given. ``output_uri`` must not
     hold a published artifact yet; a partial evaluation there is continued when its inputs match
-    (all checked before any sampling). Every rank returns the result. With ``pushgateway`` rank 0
+    (all checked before any sampling); one holding files that are not an evaluation's is refused. Every rank returns the result. With ``pushgateway`` rank 0
     pushes the summaries there, labelled ``version=version_label`` (a gateway that is down is a warning).
     """
     started = time.perf_counter()
@@ -104,6 +106,7 @@ def evaluate(
                 "already holds a published artifact; artifacts are immutable: choose a new URI",
             )
         )
+    resume.check_output(store, output_uri)
     metrics = [get_spec(spec.name).name for spec in config.rewards.models]  # an unknown name lists the valid ones
     prompt_set = read_prompt_set(config.prompts, config.num_prompts, settings)
     prompts = prompt_set.prompts
@@ -131,7 +134,9 @@ def evaluate(
         say(f"assembling {len(chunks)} chunk(s) → {output_uri}")
         with tempfile.TemporaryDirectory(prefix="g2rpo-eval-") as tmp:
             root = Path(tmp)
-            metadata = assemble(root, model_uri, config, prompt_set, chunks, store, output_uri, baseline, paired_steps)
+            metadata = assemble(
+                root, model_uri, config, prompt_set, chunks, store, output_uri, baseline, paired_steps, baseline_label
+            )
             publish_dir(
                 root,
                 output_uri,

@@ -23,6 +23,7 @@ from g2rpo.artifacts.scores import EvalScores
 from g2rpo.artifacts.storage import S3Settings, locate
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.observability.push import PushTarget
+from g2rpo.steps.decision_report import write_decision_report
 from g2rpo.steps.promote import PromoteResult, decide_and_promote, push_decision
 from g2rpo.steps.records import CandidatesRecord, DecisionRecord, TrainRecord, read_record, write_record
 from g2rpo.steps.register import EVAL_SCORES_FILE, read_scores, register
@@ -63,12 +64,14 @@ def decide_challenger(
     gates_uri: str,
     source_run: str,
     output_dir: str | Path,
+    report_path: str | Path | None = None,
     settings: S3Settings | None = None,
     pushgateway_url: str = "",
     pipeline: str = "g2rpo-alignment",
 ) -> DecisionRecord:
     """Register the challenger and decide whether it passes the gates; write the decision record
-    (and push the decision to ``pushgateway_url`` when one is given; see the module docstring)."""
+    and, at ``report_path``, the decision report (:mod:`g2rpo.steps.decision_report`); push the
+    decision to ``pushgateway_url`` when one is given (see the module docstring)."""
     target = _target(pushgateway_url, pipeline)
     trained = read_record(TrainRecord, train_dir, field="train")
     candidates = read_record(CandidatesRecord, candidates_dir, field="evaluation")
@@ -122,6 +125,8 @@ def decide_challenger(
         reasons=[f"{r.metric}: {'pass' if r.passed else 'FAIL'}: {r.reason}" for r in result.decision.results],
     )
     write_record(record, output_dir)
+    if report_path is not None:
+        write_decision_report(report_path, result.decision, candidates, settings, train_dir=train_dir)
     return record
 
 
@@ -155,7 +160,10 @@ def promote_challenger(
         settings=settings,
         pushgateway=_target(pushgateway_url, pipeline),
     )
-    print(format_decision(result.decision), flush=True)
+    if result.passed:  # decide printed the gates' table: one line here, so no reason is said twice
+        print(f"{decided.model} v{decided.version}: the gates still hold; champion → v{decided.version}", flush=True)
+    else:
+        print(format_decision(result.decision), flush=True)
     if not result.passed:
         raise G2RPOError(
             f"{decided.model} v{decided.version} no longer passes the gates (recorded); see the reasons above"

@@ -60,6 +60,12 @@ class CandidatesRecord(Section):
     champion_version: int | None = None
     challenger_means: dict[str, float]
     champion_means: dict[str, float] = Field(default_factory=dict)
+    baseline_label: str = Field("", description="what the challenger was paired with: 'champion vN' or 'base model'")
+    baseline_eval_uri: str | None = Field(
+        None, description="that baseline's evaluation (the champion's, or the base model's)"
+    )
+    baseline_means: dict[str, float] = Field(default_factory=dict)
+    trained_metrics: list[str] = Field(default_factory=list, description="the rewards the challenger was trained on")
 
 
 class DecisionRecord(Section):

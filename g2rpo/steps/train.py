@@ -294,6 +294,7 @@ def matching_evaluation(
         guidance=config.model.guidance,
         max_sequence_length=config.data.max_sequence_length,
         rewards=config.rewards,
+        trained_metrics=[spec.name for spec in config.rewards.models if spec.weight != 0],
         dtype="bfloat16" if config.train.precision == "bf16" else "float32",
         device=config.train.device,
     )

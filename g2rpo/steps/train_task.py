@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -30,7 +31,7 @@ from typing import Any
 import g2rpo
 from g2rpo.artifacts.storage import open_store
 from g2rpo.config import load_config, parse_overrides, to_yaml
-from g2rpo.errors import G2RPOError, problem
+from g2rpo.errors import G2RPOError, did_you_mean, problem
 from g2rpo.launch.trainjob import DEFAULT_DEADLINE_S, Placement, TrainJobLaunch
 from g2rpo.steps.records import TrainRecord, write_record
 from g2rpo.steps.train import publish_export, train
@@ -64,6 +65,7 @@ PARAMETER_KEYS = {
     "validation_patience": "train.validation.patience",
 }
 RUN_CONFIG_FILE = "run-config.yaml"
+METRICS_FILE = "metrics.jsonl"  # the trainer's iteration records, copied beside the record
 PRODUCER = f"g2rpo pipeline train {g2rpo.__version__}"
 
 
@@ -105,7 +107,8 @@ def run_config_for(
     then the model, prompts and output folder of this task. Every problem is reported at once."""
     unknown = sorted(set(choices) - set(PARAMETER_KEYS))
     if unknown:
-        raise G2RPOError(problem("choices", unknown, f"unknown; valid: {', '.join(PARAMETER_KEYS)}"))
+        guesses = "".join(did_you_mean(name, PARAMETER_KEYS) for name in unknown)
+        raise G2RPOError(problem("choices", unknown, f"unknown{guesses}; valid: {', '.join(PARAMETER_KEYS)}"))
     # A KFP parameter has no null: learning_rate 0 (never a valid rate) means "the strategy's own"
     # (G²RPO 2e-6, DanceGRPO and MixGRPO 1e-5: algorithm.<strategy>.learning_rate).
     items = [
@@ -250,6 +253,10 @@ def train_task(
         **_validation_fields(summary.get("validation"), base_model),
     )
     write_record(record, record_dir)
+    # The iteration records, for the decision report's reward curves (a multi-node run keeps its own).
+    metrics = Path(config.output.dir) / METRICS_FILE
+    if metrics.is_file():
+        shutil.copyfile(metrics, record_dir / METRICS_FILE)
     return record
 
 

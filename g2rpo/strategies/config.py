@@ -40,7 +40,7 @@ from pydantic import (
 )
 
 from g2rpo.config import COUNT_MAX, PROBLEM_SEPARATOR, STEPS_MAX, Section
-from g2rpo.errors import problem
+from g2rpo.errors import did_you_mean, problem
 from g2rpo.strategies import PRESETS, STRATEGIES
 from g2rpo.strategies.base import StrategySettings
 from g2rpo.strategies.dancegrpo import DanceGRPOSettings
@@ -158,7 +158,8 @@ class AlgorithmConfig(Section):
     def _known_strategy(cls, value: str) -> str:
         if value not in STRATEGIES:
             raise ValueError(
-                f"{value!r} is not a strategy: use one of {', '.join(STRATEGIES)}, or a preset ({', '.join(PRESETS)})"
+                f"{value!r} is not a strategy{did_you_mean(value, [*STRATEGIES, *PRESETS])}: use one of "
+                f"{', '.join(STRATEGIES)}, or a preset ({', '.join(PRESETS)})"
             )
         return value
 

@@ -57,20 +57,26 @@ def test_registry_cli_full_cycle(root_uri, tmp_path, capsys):
     common = ["--registry", reg_uri, "--gates", str(gates)]
     assert main(["registry", "promote", "flux-g2rpo", "1", *common]) == 0
     out = capsys.readouterr().out
-    assert "vs absolute floors (no champion): PASSED" in out and "champion → v1" in out
+    assert "vs absolute floors (no champion): all 2 gate(s) met" in out and "champion → v1" in out
     # v2: hps −0.01 < +0.01 → the gate fails, exit status 1, champion unchanged.
     assert main(["registry", "promote", "flux-g2rpo", "challenger", *common]) == 1
     out = capsys.readouterr().out
-    assert "flux-g2rpo v2 vs champion v1: FAILED" in out and "champion unchanged (v1)" in out
+    assert "flux-g2rpo v2 vs champion v1: 1 of 2 gate(s) not met" in out and "champion unchanged (v1)" in out
 
+    # Each version's last decision: the refused challenger says so wherever it is listed.
     assert main(["registry", "list", "--registry", reg_uri]) == 0
-    assert "flux-g2rpo  2 version(s)  challenger=v2, champion=v1" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "flux-g2rpo  2 version(s)  challenger=v2 (REFUSED vs v1 (1 of 2 gate(s) not met)), champion=v1" in out
     assert main(["registry", "list", "flux-g2rpo", "--registry", reg_uri]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("v1    champion") and "hps=0.2500" in lines[0]
+    assert lines[0].startswith("v1    champion") and "promoted over floors" in lines[0] and "hps=0.2500" in lines[0]
+    assert lines[1].startswith("v2    challenger") and "REFUSED vs v1 (1 of 2 gate(s) not met)" in lines[1]
+    # `show` leads with the decision; the record's JSON follows it.
     assert main(["registry", "show", "flux-g2rpo", "v2", "--registry", reg_uri]) == 0
     out = capsys.readouterr().out
-    assert '"source_run": "r2"' in out and "FAILED" in out
+    assert out.splitlines()[0] == "flux-g2rpo v2: REFUSED vs v1 (1 of 2 gate(s) not met)"
+    assert out.splitlines()[1] == "flux-g2rpo v2 vs champion v1: 1 of 2 gate(s) not met"
+    assert '"source_run": "r2"' in out and out.index("not met") < out.index('"source_run"')
 
     # Scores may also be read from the store itself (here: put there first).
     local = tmp_path / "s3.json"

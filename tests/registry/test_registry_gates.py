@@ -151,8 +151,13 @@ def test_registry_decision_printout():
         champion_version=2,
     )
     text = format_decision(decision)
-    assert text.splitlines()[0] == "flux-g2rpo v3 vs champion v2: FAILED"
+    assert text.splitlines()[0] == "flux-g2rpo v3 vs champion v2: 1 of 2 gate(s) not met"
     assert "+0.0500" in text and "-0.0500" in text and "FAIL" in text
+    # each reason once, on its gate's row (no second list of them below the table)
+    for result in decision.results:
+        assert text.count(result.reason) == 1
+        (row,) = [line for line in text.splitlines() if result.reason in line]
+        assert result.metric in row and ("pass" if result.passed else "FAIL") in row
 
 
 @pytest.mark.parametrize(

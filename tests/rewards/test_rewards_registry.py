@@ -42,7 +42,10 @@ def test_registry_names():
 
 
 def test_unknown_reward_name_lists_the_valid_ones():
-    with pytest.raises(G2RPOError, match="unknown reward; valid names: aesthetic, clip, hps_v21, image_reward"):
+    with pytest.raises(
+        G2RPOError,
+        match=r"unknown reward \(did you mean hps_v21\?\); valid names: aesthetic, clip, hps_v21, image_reward",
+    ):
         build_reward("hps_v3")
 
 
@@ -62,7 +65,7 @@ def test_config_from_yaml_with_overrides(tmp_path):
 @pytest.mark.parametrize(
     ("models", "message"),
     [
-        ([{"name": "hpsv2"}], "unknown reward; valid names: aesthetic, clip"),
+        ([{"name": "hpsv2"}], r"unknown reward \(did you mean hps_v21\?\); valid names: aesthetic, clip"),
         ([{"name": "jpeg_compressibility", "weights": "/x"}], "'jpeg_compressibility' does not use it"),
         ([{"name": "clip", "tokenizer": "/x"}], "'clip' does not use it"),
         ([{"name": "clip"}, {"name": "clip"}], "each reward may appear once"),

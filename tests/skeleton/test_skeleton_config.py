@@ -136,7 +136,7 @@ def test_unknown_key_gets_the_sections_own_fix_and_problems_get_its_path():
     assert info.value.problems == [
         "moved.top: unknown key; remove it or fix the spelling (valid keys here: high, low); top moved: "
         "write it as moved.high",
-        "moved.hgih: unknown key; remove it or fix the spelling (valid keys here: high, low)",
+        "moved.hgih: unknown key; remove it or fix the spelling (valid keys here: high, low); did you mean moved.high?",
     ]
     # A section's own check names its field; the loader puts the section's path in front of it.
     with pytest.raises(ConfigError) as info:

@@ -1,0 +1,185 @@
+"""The decision report: one self-contained HTML page that says whether a challenger was promoted and why.
+
+The decide task writes it (a KFP ``HTML`` artifact, so the KFP UI shows it; ``run-local`` copies it
+to ``decision-report.html`` in the run folder). It joins what the reader would otherwise find in
+three places: the gates' decision (:class:`~g2rpo.artifacts.promotion.Decision`: each gate's numbers,
+pass or fail, and its reason), the challenger's evaluation paired with its baseline (the champion,
+else the base model: :func:`g2rpo.steps.candidates.evaluate_candidates`), and the same prompts'
+images side by side. Every metric is labelled trained (a reward the run optimised) or held-out (a
+check it was not trained on). Images are embedded as data URIs: the page needs no other file.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+
+from g2rpo.artifacts.manifest import fetch_to_cache
+from g2rpo.artifacts.promotion import Decision
+from g2rpo.artifacts.storage import S3Settings
+from g2rpo.steps.records import CandidatesRecord
+
+__all__ = ["write_decision_report"]
+
+_STYLE = """
+body { font-family: sans-serif; margin: 1.5em; color: #222; max-width: 80em; }
+.verdict { font-size: 1.4em; font-weight: bold; padding: 0.4em 0.6em; display: inline-block; }
+.promoted { background: #e3f4e5; color: #067d17; } .refused { background: #fbe5e3; color: #b3261e; }
+table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.5em; text-align: right; vertical-align: top; }
+th { background: #f3f3f3; }
+td.text { text-align: left; max-width: 28em; }
+td.pass { color: #067d17; font-weight: bold; } td.fail { color: #b3261e; font-weight: bold; }
+figure { display: inline-block; margin: 0.2em; text-align: center; font-size: 0.75em; }
+figure img { display: block; width: 128px; height: auto; image-rendering: pixelated; }
+#curves { max-width: 100%; height: auto; }
+"""
+
+
+def _num(x: float | None) -> str:
+    return "—" if x is None else f"{x:.4f}"
+
+
+def _png(path: Path) -> str:
+    return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def reward_curves_png(records: list[dict], trained: set[str]) -> bytes:
+    """One panel per reward: its rollout mean per training iteration (the training prompts, before that
+    iteration's update), titled trained or held-out."""
+    import matplotlib  # heavy: only this figure needs it
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = records[0]["reward_names"]
+    fig, axes = plt.subplots(
+        1, len(names), figsize=(2.6 * len(names), 2.6), dpi=100, squeeze=False, layout="constrained"
+    )
+    for r, (ax, name) in enumerate(zip(axes[0], names, strict=True)):
+        curve = [sum(rec["reward_mean"][r]) / len(rec["reward_mean"][r]) for rec in records]
+        ax.plot(range(1, len(curve) + 1), curve, marker="o", markersize=2)
+        ax.set_title(f"{name}\n({'trained' if name in trained else 'held-out'})", fontsize=8)
+        ax.set_xlabel("iteration", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    return buffer.getvalue()
+
+
+def write_decision_report(
+    path: str | Path,
+    decision: Decision,
+    candidates: CandidatesRecord,
+    settings: S3Settings | None = None,
+    train_dir: str | Path | None = None,
+) -> Path:
+    """Write the decision report of ``decision`` on the challenger that ``candidates`` describes; with
+    ``train_dir`` holding the train task's ``metrics.jsonl``, its reward curves too."""
+    e = html.escape
+    root = Path(fetch_to_cache(candidates.challenger_eval_uri, settings=settings))
+    metrics = json.loads((root / "metrics.json").read_text(encoding="utf-8"))
+    steps = str(metrics["num_steps"])  # the gated step count
+    paired = metrics.get("baseline", {}).get("paired", {}).get(steps, {})
+    prompts = [p["prompt"] for p in json.loads((root / "prompts.json").read_text(encoding="utf-8"))["prompts"]]
+    scores = json.loads((root / "scores.json").read_text(encoding="utf-8"))
+    by_item = {(item["prompt_id"], item["seed"]): item["scores"] for item in scores["items"]}
+    baseline_items: dict[tuple[str, int], dict[str, float]] = {}
+    if candidates.baseline_eval_uri:
+        theirs = Path(fetch_to_cache(candidates.baseline_eval_uri, settings=settings))
+        document = json.loads((theirs / "scores.json").read_text(encoding="utf-8"))
+        baseline_items = {(item["prompt_id"], item["seed"]): item["scores"] for item in document["items"]}
+    trained = set(candidates.trained_metrics)
+    baseline = candidates.baseline_label or "baseline"
+    against = "absolute floors (no champion yet)" if decision.champion is None else f"champion v{decision.champion}"
+    if decision.passed:
+        verdict, css = f"v{decision.challenger}: gates met — promoted to champion by the promote task", "promoted"
+    else:
+        failed = [r for r in decision.results if not r.passed]
+        verdict, css = (
+            f"v{decision.challenger}: REFUSED — {len(failed)} of {len(decision.results)} gate(s) not met",
+            "refused",
+        )
+
+    parts = [
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        f"<title>{e(decision.model)} v{decision.challenger}: decision</title><style>{_STYLE}</style></head><body>",
+        f"<h1>{e(decision.model)} v{decision.challenger}: promotion decision</h1>",
+        f"<p class='verdict {css}' id='verdict'>{e(verdict)}</p>",
+        "<table id='facts'>",
+        f"<tr><th>gated against</th><td class='text'>{e(against)}</td></tr>",
+        f"<tr><th>compared with</th><td class='text'>{e(baseline)}: {e(candidates.baseline_eval_uri or 'none')}</td></tr>",
+        f"<tr><th>trained on</th><td class='text'>{e(', '.join(sorted(trained)) or 'unknown')}</td></tr>",
+        f"<tr><th>challenger's evaluation</th><td class='text'>{e(candidates.challenger_eval_uri)} "
+        f"(report.html there: every image and plot)</td></tr>",
+        f"<tr><th>items</th><td class='text'>{len(prompts)} held-out prompts × seeds {e(str(scores['seeds']))}, "
+        f"T={steps}</td></tr>",
+        "</table>",
+        "<h2>Gates</h2>",
+        f"<p>Each gate's metric: the challenger's mean, the {e(baseline)}'s mean on the same (prompt, seed) items, "
+        "the paired difference Δ = mean(challenger − baseline) with its 95 % bootstrap CI, and the gate's "
+        "result and reason. <b>trained</b>: a reward the run optimised (it should improve); <b>held-out</b>: a "
+        "check it was not trained on (it must not regress).</p>",
+        f"<table id='gates'><tr><th>metric</th><th>role</th><th>gate</th><th>challenger</th><th>{e(baseline)}</th>"
+        "<th>Δ (paired)</th><th>95% CI of Δ</th><th>result</th><th>reason</th></tr>",
+    ]
+    for r in decision.results:
+        pair = paired.get(r.metric)
+        delta = "—" if pair is None else f"{pair['delta']:+.4f}"
+        ci = "—" if pair is None else f"[{pair['ci_low']:+.4f}, {pair['ci_high']:+.4f}]"
+        base_mean = None if pair is None else pair["baseline_mean"]
+        role = "trained" if r.metric in trained else "held-out"
+        parts.append(
+            f"<tr><td class='text'>{e(r.metric)}</td><td class='text'>{role}</td><td class='text'>{e(r.kind)}</td>"
+            f"<td>{_num(r.challenger_mean)}</td><td>{_num(base_mean)}</td><td>{delta}</td><td>{ci}</td>"
+            f"<td class='{'pass' if r.passed else 'fail'}'>{'pass' if r.passed else 'FAIL'}</td>"
+            f"<td class='text'>{e(r.reason)}</td></tr>"
+        )
+    parts.append("</table>")
+
+    records_file = None if train_dir is None else Path(train_dir) / "metrics.jsonl"
+    if records_file is not None and records_file.is_file():
+        records = [json.loads(line) for line in records_file.read_text(encoding="utf-8").splitlines() if line]
+        if records:
+            png = base64.b64encode(reward_curves_png(records, trained)).decode("ascii")
+            parts += [
+                "<h2>Training</h2>",
+                f"<p>Each reward's rollout mean over the {len(records)} iteration(s), on the training prompts "
+                "(the evaluation above is on held-out prompts).</p>",
+                f"<img id='curves' alt='reward curves' src='data:image/png;base64,{png}'>",
+            ]
+
+    names = [r.metric for r in decision.results]
+    parts += [
+        f"<h2>The same prompts: {e(baseline)} | challenger</h2>",
+        f"<table id='pairs'><tr><th>prompt</th><th>seed</th><th>{e(baseline)}</th><th>challenger</th></tr>",
+    ]
+    for p, prompt in enumerate(prompts):
+        for seed in scores["seeds"]:
+            ours = by_item.get((f"p{p}", seed), {})
+            theirs_path = root / "baseline" / "images" / f"p{p}_s{seed}.png"
+            cells = []
+            for label, image, values in (
+                (baseline, theirs_path, baseline_items.get((f"p{p}", seed), {})),
+                ("challenger", root / "images" / f"p{p}_s{seed}.png", ours),
+            ):
+                if not image.is_file():
+                    cells.append("<td>—</td>")
+                    continue
+                caption = "<br>".join(f"{e(m)} {values[m]:.3f}" for m in names if m in values) if values else ""
+                cells.append(
+                    f"<td><figure><img src='{_png(image)}' alt='{e(label)} p{p} seed {seed}'>"
+                    f"<figcaption>{caption}</figcaption></figure></td>"
+                )
+            parts.append(f"<tr><td class='text'>p{p}: {e(prompt)}</td><td>{seed}</td>{''.join(cells)}</tr>")
+    parts.append("</table></body></html>\n")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(parts), encoding="utf-8")
+    return path
