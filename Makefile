@@ -18,8 +18,8 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: install demo lint test test-slow test-gpu test-all parity bench ablation lock clean help
 
 help:
-	@echo "make demo       create .venv, install, run the whole Kubeflow pipeline here (kfp.local, shapes model;"
-	@echo "                the first run pretrains it on the CPU, minutes; later runs reuse runs/shapes-flux)"
+	@echo "make demo       create .venv, install, run the whole Kubeflow pipeline here (kfp.local, on the shipped"
+	@echo "                shapes model g2rpo/models/shapes_flux; a few minutes)"
 	@echo "make test       install what the tests need, check lint and import contracts, run the suite (CI)"
 	@echo "make lint       ruff (lint + format check) and the import contracts (lint-imports)"
 	@echo "make test-slow  the opt-in slow tier (full-size reward architectures, long runs)"
@@ -57,8 +57,8 @@ $(CHROMIUM_STAMP):
 install: $(STAMP) $(CHROMIUM_STAMP) $(DEB_STAMP)
 
 # The whole DAG (prepare → train → evaluate → decide → promote) through kfp.local on the shapes task:
-# the shapes model is pretrained into runs/shapes-flux on first use (minutes) and reused after; run it
-# again and the new challenger is evaluated against the champion and gated. `g2rpo demo` is the same
+# the shipped shapes model (g2rpo/models/shapes_flux) is trained on the task's 296 train prompts and
+# evaluated on the 64 held out; run it again and the new challenger is evaluated against the champion and gated. `g2rpo demo` is the same
 # command. Quiet log; `g2rpo pipeline run-local --verbose` shows all.
 demo: $(STAMP)
 	$(VENV)/bin/g2rpo pipeline run-local
@@ -86,8 +86,9 @@ parity: install
 bench: install
 	$(PY) -m benchmarks.run_all
 
-# DanceGRPO, MixGRPO, G²RPO without MGAI, G²RPO and two compute-saving G²RPO variants, 3 seeds, two
-# reward settings, at equal iterations, compute and wall time (pretrains runs/shapes-flux if absent).
+# DanceGRPO, MixGRPO, G²RPO without MGAI, G²RPO and two compute-saving G²RPO variants on the shipped shapes
+# model: a learning-rate sweep per method on a validation split, then 5 seeds on the 64 held-out prompts × 4
+# seeds, at equal iterations, compute and wall time; resumable (finished runs in benchmarks/results/ablation/runs).
 ablation: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.ablation
 
