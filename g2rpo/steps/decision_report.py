@@ -145,7 +145,9 @@ def write_decision_report(
 
     records_file = None if train_dir is None else Path(train_dir) / "metrics.jsonl"
     if records_file is not None and records_file.is_file():
-        records = [json.loads(line) for line in records_file.read_text(encoding="utf-8").splitlines() if line]
+        lines = records_file.read_text(encoding="utf-8").splitlines()
+        # The iteration records; validation and early-stop events (train.validation) share the file.
+        records = [r for r in (json.loads(line) for line in lines if line) if "event" not in r]
         if records:
             png = base64.b64encode(reward_curves_png(records, trained)).decode("ascii")
             parts += [

@@ -37,11 +37,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field, model_validator
 
-from g2rpo.config import PROBLEM_SEPARATOR, Section
+from g2rpo.config import COUNT_MAX, PROBLEM_SEPARATOR, SEED_MAX, Section
 from g2rpo.errors import problem
 
 __all__ = [
@@ -66,14 +66,17 @@ class ValidationSection(Section):
     """Validation during training (off by default): a fixed held-out pass, best-checkpoint export, early stop."""
 
     enabled: bool = Field(False, description="validate every `every` iterations, at iteration 0 and at the end")
-    every: int = Field(10, ge=1, description="validate after every this many iterations (each gets a checkpoint)")
+    every: int = Field(
+        10, ge=1, le=COUNT_MAX, description="validate after every this many iterations (each gets a checkpoint)"
+    )
     num_prompts: int = Field(
         8,
         ge=1,
+        le=COUNT_MAX,
         description="prompts of the training split to validate on, evenly spaced over it (the prepare step's "
         "train.jsonl; the test split is for the evaluate task and never read here)",
     )
-    seeds: list[int] = Field(
+    seeds: list[Annotated[int, Field(ge=0, le=SEED_MAX)]] = Field(
         default_factory=lambda: [0, 1],
         min_length=1,
         description="sampling seeds; each (prompt, seed) is one deterministic ODE sample, as in g2rpo eval",
@@ -91,20 +94,28 @@ class ValidationSection(Section):
         True, description="export the best validated checkpoint (see docs/training.md) instead of the last"
     )
     stop_after_breaches: int | None = Field(
-        None, ge=1, description="early stop after this many validations in a row breach max_regression; null = never"
+        None,
+        ge=1,
+        le=COUNT_MAX,
+        description="early stop after this many validations in a row breach max_regression; null = never",
     )
     patience: int | None = Field(
-        None, ge=1, description="early stop when the objective has not improved for this many validations; null = never"
+        None,
+        ge=1,
+        le=COUNT_MAX,
+        description="early stop when the objective has not improved for this many validations; null = never",
     )
     micro_batch: int = Field(
         8,
         ge=1,
+        le=COUNT_MAX,
         description="(prompt, seed) rows per sampling chunk; chunks are shared round-robin by the ranks, so the "
         "result does not depend on the world size",
     )
     max_forwards: int | None = Field(
         None,
         ge=1,
+        le=COUNT_MAX,
         description="bound on one validation's transformer forwards (prompts × seeds × algorithm.num_steps); a "
         "config above it is refused; null = no bound",
     )

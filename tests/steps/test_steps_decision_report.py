@@ -100,6 +100,9 @@ def test_the_decision_report_tells_the_story_and_renders(tiny_flux_dir, tmp_path
     train_dir = tmp_path / "train"  # the train task's folder: its iteration records
     train_dir.mkdir()
     records = [{"iteration": i, "reward_names": METRICS, "reward_mean": [[0.1 * i, 0.2], [0.5, 0.4]]} for i in range(3)]
+    # validation during training writes its events into the same file: not iterations, left out of the curves
+    records.insert(1, {"event": "validation", "iteration": 0, "objective": 0.5, "metrics": {}, "breached": []})
+    records.append({"event": "early_stop", "iteration": 2, "reason": "held-out metrics beyond tolerance"})
     (train_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     report = write_decision_report(tmp_path / "decision.html", decision, candidates, train_dir=train_dir)
 
