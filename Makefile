@@ -88,7 +88,7 @@ bench: install
 
 # DanceGRPO, MixGRPO, G²RPO without MGAI, G²RPO and two compute-saving G²RPO variants on the shipped shapes
 # model: a learning-rate sweep per method on a validation split, then 5 seeds on the 64 held-out prompts × 4
-# seeds, at equal iterations, compute and wall time; resumable (finished runs in benchmarks/results/ablation/runs).
+# seeds, at equal iterations, compute and wall time; resumable (finished runs in benchmarks/results/ablation/per_run).
 ablation: $(STAMP)
 	OMP_NUM_THREADS=1 $(PY) -m benchmarks.ablation
 

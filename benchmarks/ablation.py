@@ -507,11 +507,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-steps", type=int, default=SHARED_ALGORITHM["num_steps"], help="T (paper 16)")
     parser.add_argument("--group-size", type=int, default=SHARED_ALGORITHM["group_size"], help="G (paper 12)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 methods, 1 seed, 1 iteration, T=4, G=4")
-    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (finished runs in OUT/runs/)")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (finished runs in OUT/per_run/)")
     parser.add_argument(
         "--partial",
         action="store_true",
-        help="train nothing: summarise the finished runs in OUT/runs/ (the seeds every method has finished)",
+        help="train nothing: summarise the finished runs in OUT/per_run/ (the seeds every method has finished)",
     )
     args = parser.parse_args(argv)
     if args.quick:
@@ -576,7 +576,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             sweep = run_all(
                 [spec(m, setting, 0, lr, "sweep", budget) for lr in lrs for m in methods],
-                args.out / "runs",
+                args.out / "per_run",
                 args.jobs,
                 f"learning-rate sweep ({setting}, validation split)",
                 train=not args.partial,
@@ -592,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:
             for s in settings
             for m in methods
         ]
-        runs = run_all(specs, args.out / "runs", args.jobs, "main runs (held-out split)", train=not args.partial)
+        runs = run_all(specs, args.out / "per_run", args.jobs, "main runs (held-out split)", train=not args.partial)
         if args.partial:  # whole seeds only: every method of every setting finished
             complete = {
                 seed

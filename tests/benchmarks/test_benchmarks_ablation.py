@@ -129,10 +129,10 @@ def test_quick_ablation_trains_real_strategies_to_one_budget(tmp_path):
     assert {"multi_vs_iteration.png", "multi_vs_compute.png", "multi_vs_seconds.png"} == set(result["plots"])
     assert "at equal compute" in (out / "ablation.md").read_text()
     # every finished run is saved on its own: a second invocation trains nothing and summarises the same runs
-    saved = sorted((out / "runs").glob("*.json"))
+    saved = sorted((out / "per_run").glob("*.json"))
     assert len(saved) == 2
     stamps = [p.stat().st_mtime_ns for p in saved]
     assert ablation.main(["--quick", "--jobs", "1", "--model", str(model), "--out", str(out)]) == 0
-    assert [p.stat().st_mtime_ns for p in sorted((out / "runs").glob("*.json"))] == stamps
+    assert [p.stat().st_mtime_ns for p in sorted((out / "per_run").glob("*.json"))] == stamps
     again = json.loads((out / "ablation.json").read_text())
     assert again["summary"] == result["summary"] and again["runs"] == result["runs"]
