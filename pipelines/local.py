@@ -109,7 +109,7 @@ def run_local(
     shared: Path,
     *,
     model: Path,
-    iterations: int = 40,
+    iterations: int = 60,
     parameters: dict[str, Any] | None = None,
     pretraining: ShapesPretraining | None = None,
     verbose: bool = False,
