@@ -95,7 +95,9 @@ def add_run_local_args(local: argparse.ArgumentParser) -> None:
     local.add_argument("--name", default=None, help="run folder name (default pipeline-<UTC timestamp>)")
     local.add_argument("--shared", default="runs/pipeline-shared", help="prompts, store and registry of every run")
     add_shapes_model_args(local)
-    local.add_argument("--iterations", type=int, default=60, help="training iterations (default 60: the shapes recipe, docs/demo.md)")
+    local.add_argument(
+        "--iterations", type=int, default=60, help="training iterations (default 60: the shapes recipe, docs/demo.md)"
+    )
     local.add_argument(
         "--verbose",
         action="store_true",

@@ -185,7 +185,7 @@ def pretrain_shapes(
 ) -> Path:
     """Pretrain the shapes pipeline (see the module docstring) and ``save_pretrained`` it to ``output``.
 
-    Refuses a non-empty ``output`` unless ``overwrite``. ``progress`` shows a bar per stage on stderr.
+    Refuses a non-empty ``output`` unless ``overwrite`` (which replaces the folder whole). ``progress`` shows a bar per stage on stderr.
     Returns the directory.
     """
     out = Path(output)
@@ -213,7 +213,9 @@ def pretrain_shapes(
     flow_loss = _train_flow(velocity, latents, cond, settings, gen, progress)
     seconds = time.monotonic() - started
     log(f"flow matching: {settings.flow_steps} steps, final loss {flow_loss:.4g} ({seconds:.0f} s in all)")
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists():  # --overwrite: the old model goes whole (its manifest would refuse the new one)
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
     pipe.save_pretrained(out, safe_serialization=True)
     marker = {
         "producer": PRODUCER,

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from g2rpo.cli import main
 from g2rpo.errors import G2RPOError
-from g2rpo.models.shapes import ShapesPretraining, pretrain_shapes, sample_shapes, shapes_pipeline
+from g2rpo.models.shapes import ShapesPretraining, check_shapes_model, pretrain_shapes, sample_shapes, shapes_pipeline
 from g2rpo.models.tiny import TINY_MARKER
 from g2rpo.rewards.shapes import IN_DOMAIN, MEASURES, scene_scores
 from g2rpo.tasks.shapes import all_scenes, parse_prompt, render
@@ -52,6 +52,8 @@ def test_pretraining_twice_gives_the_same_weights_and_loads_like_flux(tmp_path):
     assert len(pipe.tokenizer_2(longest).input_ids) <= 16
     with pytest.raises(G2RPOError, match="exists and is not an empty directory"):
         pretrain_shapes(first, QUICK)
+    # --overwrite replaces the folder whole: its old manifest does not refuse the new one
+    assert check_shapes_model(pretrain_shapes(first, QUICK, overwrite=True), QUICK) == first
 
 
 def test_a_short_vae_pretraining_reconstructs_scenes_better_than_random_weights(tmp_path):
