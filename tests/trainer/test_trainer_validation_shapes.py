@@ -1,9 +1,8 @@
 """Reward hacking on the shapes task, caught by validation during training: the last checkpoint breaks
 the shapes gates' held-out tolerance and an earlier validated one, within it, is exported instead.
 
-Written against the quickly pretrained shapes model of the test fixture (``quick_shapes_dir``), with a
-learning rate (3e-3, the demo's 1e-4) that makes the hacking show within 10 iterations on it; the
-shipped pretrained model is the one to point it at (the demo's 100-iteration run shows it there).
+On the shipped shapes model (g2rpo/models/shapes_flux), at lr 1e-3 (the demo's recipe: 1e-4, under
+which nothing is hacked) and 4 prompts per iteration, so that the hacking shows within 20 iterations.
 """
 
 from __future__ import annotations
@@ -16,11 +15,12 @@ import pytest
 from g2rpo.artifacts.promotion import decide, load_gates
 from g2rpo.artifacts.scores import EvalScores, ScoreItem
 from g2rpo.config import load_config
+from g2rpo.models.shapes import SHIPPED_SHAPES_MODEL
 from g2rpo.tasks.shapes import sample_scenes
 from g2rpo.training.run_config import RunConfig
 from g2rpo.training.trainer import train_from_config
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # ~25 s on 2 CPU cores
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # ~60 s on 2 CPU cores
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -30,29 +30,32 @@ def _as_scores(means: dict[str, float]) -> EvalScores:
     return EvalScores(prompt_set="validation", seeds=[0], items=[ScoreItem(prompt_id="mean", seed=0, scores=means)])
 
 
-def test_shapes_run_exports_the_validated_checkpoint_the_held_out_gates_accept(quick_shapes_dir, tmp_path):
+def test_shapes_run_exports_the_validated_checkpoint_the_held_out_gates_accept(tmp_path):
     prompts = tmp_path / "shapes-prompts.txt"
     prompts.write_text("\n".join(s.prompt for s in sample_scenes(16, seed=0)) + "\n")
     config = load_config(
         RunConfig,
         ROOT / "configs" / "shapes-cpu.yaml",
         [
-            f"model.path={quick_shapes_dir}",
+            f"model.path={SHIPPED_SHAPES_MODEL}",
             f"data.prompts={prompts}",
             f"output.dir={tmp_path / 'run'}",
-            "train.iterations=10",
-            "train.learning_rate=3e-3",
+            "train.iterations=20",
+            "train.learning_rate=1e-3",
+            "train.prompts_per_iteration=4",
             "train.progress=false",
-            "train.validation.every=2",
+            "train.validation.every=4",
             "train.validation.stop_after_breaches=null",
         ],
     )
     summary = train_from_config(config)["validation"]
     curve = {point["iteration"]: point for point in summary["curve"]}
-    assert list(curve) == [0, 2, 4, 6, 8, 10]
-    # Measured (CPU, this seed): JPEG bits rise from 5.19 to 5.53 per pixel by iteration 10, a drop of
-    # 0.33 in compressibility, beyond the gates' 0.25; iterations 2-8 stay within every tolerance.
-    assert curve[10]["breached"] == ["jpeg_compressibility"]
+    assert list(curve) == [0, 4, 8, 12, 16, 20]
+    # Measured (CPU, this seed): iterations 4 and 8 stay within every tolerance; then the position falls
+    # from 0.897 to 0.838 (12) and 0.785 (16), more than the gates' 0.05, and by 20 the background from
+    # 0.962 to 0.904 (0.058 > 0.05) while the position is back within it.
+    assert curve[12]["breached"] == curve[16]["breached"] == ["shapes_position"]
+    assert curve[20]["breached"] == ["shapes_background"]
     chosen = summary["selected_iteration"]
     assert chosen != 10 and not curve[chosen]["breached"] and summary["within_tolerance"]
     assert chosen == max((i for i in curve if i and not curve[i]["breached"]), key=lambda i: curve[i]["objective"])
@@ -67,8 +70,8 @@ def test_shapes_run_exports_the_validated_checkpoint_the_held_out_gates_accept(q
         decision = decide(_as_scores(curve[iteration]["means"]), baseline, gates)
         return [r.metric for r in decision.results if r.metric in held_out and not r.passed]
 
-    assert held_out_failures(10) == ["jpeg_compressibility"]
+    assert held_out_failures(20) == ["shapes_background"]
     assert held_out_failures(chosen) == []
     exported = json.loads((tmp_path / "run" / "export" / "base_model.json").read_text())
-    assert exported["selected_iteration"] == chosen and exported["iterations"] == 10
-    assert "beyond it: iterations [10]" in exported["selection_reason"]
+    assert exported["selected_iteration"] == chosen == 8 and exported["iterations"] == 20
+    assert "beyond it: iterations [12, 16, 20]" in exported["selection_reason"]
