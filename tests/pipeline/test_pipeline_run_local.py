@@ -102,8 +102,8 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     assert Image.open(images[0]).size == (64, 64)
     prompts = (shared / "shapes-prompts.txt").read_text().splitlines()
     assert prompts == [s.prompt for s in all_scenes()]
-    train = (run_root / "prepare").rglob("train.jsonl")
-    assert sum(1 for line in next(train).read_text().splitlines() if line.strip()) == 360 - 64
+    train = (run_root / "prepare-data" / "data" / "train.jsonl").read_text().splitlines()
+    assert sum(1 for line in train if line.strip()) == 360 - 64
     status = json.loads((run_root / "report-status" / "record").read_text())
     assert status["state"] == "SUCCEEDED" and status["failed_task"] == ""
     assert not list(Path(shared).glob("*.tmp"))

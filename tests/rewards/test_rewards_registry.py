@@ -25,6 +25,7 @@ EXPECTED_NAMES = [
     "pickscore",
     "shapes_background",
     "shapes_colour",
+    "shapes_colour_match",
     "shapes_position",
     "shapes_shape",
     "sharpness",
