@@ -26,11 +26,14 @@ is the command.
 
 **The shipped model.** The model pretrained with the default :class:`ShapesPretraining` is part
 of the package (:data:`SHIPPED_SHAPES_MODEL`, a few MB): ``make demo``, ``g2rpo pipeline
-run-local`` and the ablation use it as it is, so every machine starts from the same base model —
-pretraining again gives the same weights only on the same number of torch threads (the sums'
-order changes the last bits, and training amplifies them). Its manifest is checked (sha256) before
-use; ``pretrain-shapes`` with the default settings regenerates it. :func:`sample_shapes` draws images with the ODE sampler on Flux's grid, which the
-tests use to compare a pretrained model with a random one on the exact rewards.
+run-local`` and the ablation use it as it is, so every machine starts from the same base model:
+pretraining again need not give the same weights (another thread count sums in another order, and
+even at one thread two runs of these settings differed; training amplifies the last bits —
+docs/models.md). Its manifest is checked (sha256) before use; ``pretrain-shapes`` with the default
+settings regenerates it.
+
+:func:`sample_shapes` draws images with the ODE sampler on Flux's grid, which the tests use to
+compare a pretrained model with a random one on the exact rewards.
 """
 
 from __future__ import annotations
@@ -185,8 +188,8 @@ def pretrain_shapes(
 ) -> Path:
     """Pretrain the shapes pipeline (see the module docstring) and ``save_pretrained`` it to ``output``.
 
-    Refuses a non-empty ``output`` unless ``overwrite`` (which replaces the folder whole). ``progress`` shows a bar per stage on stderr.
-    Returns the directory.
+    Refuses a non-empty ``output`` unless ``overwrite`` (which replaces the folder whole). ``progress``
+    shows a bar per stage on stderr. Returns the directory.
     """
     out = Path(output)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not overwrite)):
