@@ -70,6 +70,10 @@ def classify(command: str) -> str:
 
 def _run_all(tmp_path: Path, kinds: set[str]) -> list[str]:
     (tmp_path / "configs").symlink_to(ROOT / "configs")  # the README's paths are relative to a checkout
+    # ... and so is the shipped shapes model that configs/shapes-cpu.yaml names (a folder of data, not
+    # the package: imports still come from the checkout)
+    (tmp_path / "g2rpo" / "models").mkdir(parents=True)
+    (tmp_path / "g2rpo" / "models" / "shapes_flux").symlink_to(ROOT / "g2rpo" / "models" / "shapes_flux")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     ran = []
     for command in readme_commands(README.read_text(encoding="utf-8")):
@@ -108,7 +112,7 @@ def test_the_readmes_slow_commands_run_as_written_too(tmp_path):
     """Minutes: the pipeline through kfp.local with the shipped pretraining settings."""
     ran = _run_all(tmp_path, {"fast", "slow"})
     assert any(command.startswith("g2rpo pipeline run-local") for command in ran)
-    # After the pipeline has run here, configs/shapes-cpu.yaml's model and prompts exist: it validates.
+    # After the pipeline has run here, configs/shapes-cpu.yaml's prompts exist (and its model ships): it validates.
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     done = subprocess.run(
         [sys.executable, "-m", "g2rpo", "validate", "--config", "configs/shapes-cpu.yaml"],
