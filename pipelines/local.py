@@ -38,6 +38,7 @@ from kfp import local
 
 from g2rpo.artifacts.promotion import load_gates
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.evaluation.shapes import HELD_OUT  # the task's 64 held-out prompts: evaluated, never trained on
 from g2rpo.models.shapes import ShapesPretraining, ensure_shapes_model
 from g2rpo.rewards.shapes import IN_DOMAIN, IN_DOMAIN_CHECKS, OUT_OF_DOMAIN
 from g2rpo.steps.evaluate import evaluate
@@ -56,7 +57,6 @@ CHECKOUT = Path(__file__).resolve().parents[1]
 COMPLETE_MARKER = ".complete"  # written into the pipeline root when the run has finished
 LOG_FILE = "pipeline.log"  # in the run folder: everything kfp.local printed
 PROMPTS_FILE = "shapes-prompts.txt"  # in the shared folder, rewritten by every run
-HELD_OUT = 64  # of the task's 360 scenes, held out by the prepare task (split seed 0): evaluated, never trained on
 MODEL_NAME = "g2rpo-shapes"
 TRAIN_WATCH_S = 2.0  # how often the quiet console looks for new training records
 

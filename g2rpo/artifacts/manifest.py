@@ -485,8 +485,10 @@ def _take_over(store: Store, body: bytes) -> str:
         try:
             new_etag = store.put_bytes(MARKER_NAME, body, if_match=etag)
         except (WriteConflict, ObjectNotFound):
-            pass  # another retry took it over first: it is live now
-        else:
+            # Another retry took the claim over between our read and our write: that holder is live,
+            # so this one is refused below like any live claim.
+            new_etag = None
+        if new_etag is not None:
             print(f"g2rpo: {store.uri}: taking over the publish claim of {who}: {gone}", file=sys.stderr, flush=True)
             return new_etag
     lease = holder.get("lease_s") if isinstance(holder, dict) else None

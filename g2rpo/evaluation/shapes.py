@@ -23,6 +23,7 @@ from g2rpo import core
 from g2rpo.data import split_prompts
 from g2rpo.models.flux import FluxVelocity
 from g2rpo.models.loading import load_text_encoder, load_transformer, load_vae
+from g2rpo.models.shapes import GUIDANCE
 from g2rpo.rewards.shapes import MEASURES, ShapesReward
 from g2rpo.tasks.shapes import COLOURS, IMAGE_SIZE, SHAPES, all_scenes, parse_prompt
 
@@ -30,8 +31,7 @@ from .sampling import sample_and_score
 
 __all__ = ["HELD_OUT", "ShapesQuality", "held_out_prompts", "shapes_quality"]
 
-HELD_OUT = 64  # the prepare step's test split of the task's prompts (split seed 0)
-GUIDANCE = 3.5  # the shapes model embeds a guidance scale, as FLUX.1-dev
+HELD_OUT = 64  # the prepare step's test split of the task's prompts (split seed 0): the demo's held-out set
 
 
 def held_out_prompts(count: int = HELD_OUT, seed: int = 0) -> list[str]:
