@@ -133,6 +133,14 @@ def add_pretraining_args(parser: argparse.ArgumentParser, prefix: str = "pretrai
         default=None,
         help="flow-matching steps of the shapes model's pretraining (default: the shipped model's)",
     )
+    parser.add_argument(
+        f"--{prefix}colour-noise",
+        dest="colour_noise",
+        type=float,
+        default=None,
+        help="probability that a flow-matching caption names another colour, so the model draws the asked "
+        "colour on about 1 − p of its samples (default: the shipped model's)",
+    )
 
 
 def pretraining_settings(args: argparse.Namespace, prefix: str = "pretrain-", seed: int = 0):
@@ -146,6 +154,16 @@ def pretraining_settings(args: argparse.Namespace, prefix: str = "pretrain-", se
             if value < 1:
                 raise G2RPOError(problem(f"--{prefix}{field.replace('_', '-')}", value, "use at least 1 step"))
             settings = replace(settings, **{field: value})
+    if args.colour_noise is not None:
+        if not 0 <= args.colour_noise < 0.75:
+            raise G2RPOError(
+                problem(
+                    f"--{prefix}colour-noise",
+                    args.colour_noise,
+                    "use a probability in [0, 0.75): at 0.75 every colour is equally likely whatever the prompt asks",
+                )
+            )
+        settings = replace(settings, colour_noise=args.colour_noise)
     return settings
 
 

@@ -17,7 +17,11 @@ all seeded so that the same settings give the same weights:
 2. **Transformer**: flow matching on the scenes' packed latents x₀ (posterior means) with the text
    encoders frozen (random, seeded — their outputs still tell prompts apart): x_σ = (1 − σ)·x₀ +
    σ·ε, target v = ε − x₀ (σ = 1 is noise, as in :mod:`g2rpo.core`), σ ~ U(0, 1), mean squared
-   error, AdamW.
+   error, AdamW. With ``colour_noise`` = p, each training example's caption names another of the
+   four colours (uniformly among the other three) with probability p: the model then learns to
+   draw the asked colour on about 1 − p of its samples, for every colour alike. That is the room
+   the RL testbed needs (docs/models.md): a model that always draws the asked colour gives GRPO's
+   groups no colour signal, one that never does gives none either.
 
 :func:`pretrain_shapes` runs both and ``save_pretrained``-s the pipeline (safetensors) with a
 ``g2rpo_tiny.json`` marker recording the settings and the losses, then seals the folder with the
@@ -43,7 +47,7 @@ import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +83,8 @@ __all__ = [
     "colour_reconstruction",
     "ensure_shapes_model",
     "pretrain_shapes",
+    "noisy_captions",
+    "recoloured_scenes",
     "sample_shapes",
     "scene_masks",
     "shapes_pipeline",
@@ -105,9 +111,10 @@ class ShapesPretraining:
     vae_lr: float = 2e-3
     vae_shape_weight: float = 10.0  # a shape pixel's weight in the reconstruction loss (background: 1)
     kl_weight: float = 1e-6
-    flow_steps: int = 1000
+    flow_steps: int = 10000
     flow_batch: int = 32
     flow_lr: float = 2e-3
+    colour_noise: float = 0.3  # probability that a flow-matching caption names another colour
 
 
 def shapes_pipeline(seed: int = 0, heads: int = 4) -> Any:
@@ -159,8 +166,10 @@ def _train_flow(
     cond: Any,
     settings: ShapesPretraining,
     gen: torch.Generator,
+    recoloured: torch.Tensor,
     progress: bool = False,
 ) -> float:
+    """``recoloured[i, j]``: the index of scene i drawn in the j-th of the other three colours."""
     opt = torch.optim.AdamW(velocity.transformer.parameters(), lr=settings.flow_lr, weight_decay=0.0)
     velocity.train()
     loss = torch.tensor(float("nan"))
@@ -170,7 +179,8 @@ def _train_flow(
         noise = torch.randn(x0.shape, generator=gen)
         sigma = torch.rand(x0.shape[0], generator=gen)
         x = (1 - sigma[:, None, None]) * x0 + sigma[:, None, None] * noise
-        loss = F.mse_loss(velocity(x, sigma, cond[idx]), noise - x0)
+        captions = noisy_captions(idx, recoloured, settings.colour_noise, gen)
+        loss = F.mse_loss(velocity(x, sigma, cond[captions]), noise - x0)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -213,7 +223,7 @@ def pretrain_shapes(
     encoder = FluxTextEncoder.from_pipeline(pipe)
     cond = encoder.encode([s.prompt for s in scenes])
     velocity = FluxVelocity(pipe.transformer, height=IMAGE_SIZE, width=IMAGE_SIZE, guidance=GUIDANCE)
-    flow_loss = _train_flow(velocity, latents, cond, settings, gen, progress)
+    flow_loss = _train_flow(velocity, latents, cond, settings, gen, recoloured_scenes(scenes), progress)
     seconds = time.monotonic() - started
     log(f"flow matching: {settings.flow_steps} steps, final loss {flow_loss:.4g} ({seconds:.0f} s in all)")
     if out.exists():  # --overwrite: the old model goes whole (its manifest would refuse the new one)
@@ -240,6 +250,27 @@ def pretrain_shapes(
     (out / TINY_MARKER).write_text(json.dumps(marker, indent=2) + "\n", encoding="utf-8")
     write_dir_manifest(out, producer=PRODUCER, metadata={"settings": asdict(settings)})
     return out
+
+
+def noisy_captions(idx: torch.Tensor, recoloured: torch.Tensor, p: float, gen: torch.Generator) -> torch.Tensor:
+    """Long ``[B]``: the captions (scene indices) that images ``idx`` (``[B]``) are trained with —
+    each one's own with probability 1 − p, else the same scene's in another colour drawn uniformly
+    from ``recoloured`` (:func:`recoloured_scenes`). ``p = 0`` draws nothing from ``gen``."""
+    if p <= 0:
+        return idx
+    swap = torch.rand(idx.shape[0], generator=gen) < p  # [B]
+    other = recoloured[idx, torch.randint(0, recoloured.shape[1], idx.shape, generator=gen)]  # [B]
+    return torch.where(swap, other, idx)
+
+
+def recoloured_scenes(scenes: Sequence[Scene]) -> torch.Tensor:
+    """Long ``[N, K − 1]`` (K colours): for each scene, the indices in ``scenes`` of the same scene in
+    each other colour, in :data:`COLOURS` order. ``scenes`` must hold every recolouring (as
+    :func:`~g2rpo.tasks.shapes.all_scenes` does)."""
+    where = {s: i for i, s in enumerate(scenes)}
+    return torch.tensor(
+        [[where[replace(s, colour=c)] for c in COLOURS if c != s.colour] for s in scenes], dtype=torch.long
+    )
 
 
 @torch.no_grad()

@@ -13,10 +13,18 @@ from safetensors.torch import load_file
 
 from g2rpo.cli import main
 from g2rpo.errors import G2RPOError
-from g2rpo.models.shapes import ShapesPretraining, check_shapes_model, pretrain_shapes, sample_shapes, shapes_pipeline
+from g2rpo.models.shapes import (
+    ShapesPretraining,
+    check_shapes_model,
+    noisy_captions,
+    pretrain_shapes,
+    recoloured_scenes,
+    sample_shapes,
+    shapes_pipeline,
+)
 from g2rpo.models.tiny import TINY_MARKER
 from g2rpo.rewards.shapes import IN_DOMAIN, MEASURES, scene_scores
-from g2rpo.tasks.shapes import all_scenes, parse_prompt, render
+from g2rpo.tasks.shapes import COLOURS, all_scenes, parse_prompt, render
 
 QUICK = ShapesPretraining(vae_steps=2, vae_batch=4, flow_steps=2, flow_batch=4)
 WEIGHTS = ("transformer/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.safetensors")
@@ -54,6 +62,41 @@ def test_pretraining_twice_gives_the_same_weights_and_loads_like_flux(tmp_path):
         pretrain_shapes(first, QUICK)
     # --overwrite replaces the folder whole: its old manifest does not refuse the new one
     assert check_shapes_model(pretrain_shapes(first, QUICK, overwrite=True), QUICK) == first
+
+
+def test_recoloured_scenes_are_the_same_scene_in_each_other_colour():
+    scenes = all_scenes()
+    recoloured = recoloured_scenes(scenes)
+    assert recoloured.shape == (360, 3)
+    # scene 0 is a small red circle at the top left on black; the order is (shape, colour, size, position,
+    # background) with 2 sizes, 5 positions and 3 backgrounds, so the same scene in green, blue and yellow lies
+    # 2·5·3 = 30 scenes further each
+    assert recoloured[0].tolist() == [30, 60, 90]
+    for i in (0, 100, 359):
+        others = [scenes[j] for j in recoloured[i]]
+        assert sorted(o.colour for o in others) == sorted(c for c in COLOURS if c != scenes[i].colour)
+        assert all(o.prompt.replace(o.colour, scenes[i].colour) == scenes[i].prompt for o in others)
+
+
+def test_noisy_captions_swap_the_colour_word_at_the_asked_rate():
+    scenes = all_scenes()
+    recoloured = recoloured_scenes(scenes)
+    idx = torch.randint(0, 360, (20000,), generator=torch.Generator().manual_seed(1))
+    gen = torch.Generator().manual_seed(0)
+    assert torch.equal(noisy_captions(idx, recoloured, 0.0, gen), idx)
+    assert torch.equal(gen.get_state(), torch.Generator().manual_seed(0).get_state())  # p = 0 draws nothing
+    always = noisy_captions(idx, recoloured, 1.0, gen)
+    assert all(scenes[int(a)].colour != scenes[int(i)].colour for a, i in zip(always[:500], idx[:500], strict=True))
+    captions = noisy_captions(idx, recoloured, 0.3, gen)
+    swapped = captions != idx
+    assert abs(swapped.float().mean().item() - 0.3) < 0.015  # 20 000 draws: σ ≈ 0.003
+    # swapped captions name each of the other three colours about equally often
+    counts = torch.bincount((captions[swapped] // 30) % 4, minlength=4).float() / swapped.sum()
+    assert torch.all((counts - 0.25).abs() < 0.03), counts
+    # the colour is the only word that changes
+    for c, i in zip(captions[:200].tolist(), idx[:200].tolist(), strict=True):
+        a, b = scenes[c], scenes[i]
+        assert (a.shape, a.size, a.position, a.background) == (b.shape, b.size, b.position, b.background)
 
 
 def test_a_short_vae_pretraining_reconstructs_scenes_better_than_random_weights(tmp_path):
