@@ -5,7 +5,8 @@ to ``decision-report.html`` in the run folder). It joins what the reader would o
 three places: the gates' decision (:class:`~g2rpo.artifacts.promotion.Decision`: each gate's numbers,
 pass or fail, and its reason), the challenger's evaluation paired with its baseline (the champion,
 else the base model: :func:`g2rpo.steps.candidates.evaluate_candidates`), and the same prompts'
-images side by side. Every metric is labelled trained (a reward the run optimised) or held-out (a
+images side by side — first, for each check scored 0 or 1 on every item (``shapes_colour_match``), every
+item's image of each side framed by it, at a glance. Every metric is labelled trained (a reward the run optimised) or held-out (a
 check it was not trained on). Images are embedded as data URIs: the page needs no other file.
 """
 
@@ -22,7 +23,7 @@ from g2rpo.artifacts.promotion import Decision
 from g2rpo.artifacts.storage import S3Settings
 from g2rpo.steps.records import CandidatesRecord
 
-__all__ = ["write_decision_report"]
+__all__ = ["binary_checks", "write_decision_report"]
 
 _STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; max-width: 80em; }
@@ -36,7 +37,51 @@ td.pass { color: #067d17; font-weight: bold; } td.fail { color: #b3261e; font-we
 figure { display: inline-block; margin: 0.2em; text-align: center; font-size: 0.75em; }
 figure img { display: block; width: 128px; height: auto; image-rendering: pixelated; }
 #curves { max-width: 100%; height: auto; }
+.glance { display: flex; gap: 2em; flex-wrap: wrap; }
+.glance h3 { margin: 0.2em 0; font-size: 1em; }
+.grid { display: grid; grid-template-columns: repeat(16, 40px); gap: 2px; }
+.grid img { width: 36px; height: 36px; border: 2px solid; image-rendering: pixelated; }
+.grid img.holds { border-color: #1a9e2f; } .grid img.fails { border-color: #d93025; }
 """
+
+
+def binary_checks(*evaluations: dict[tuple[str, int], dict[str, float]]) -> list[str]:
+    """The metrics scored on every item of every evaluation whose values are all 0 or 1 (checks a
+    person can read as right or wrong, such as ``shapes_colour_match``), in the first item's order."""
+    items = [scores for evaluation in evaluations for scores in evaluation.values()]
+    if not items:
+        return []
+    return [m for m in items[0] if all(m in scores and scores[m] in (0.0, 1.0) for scores in items)]
+
+
+def _glance(
+    metric: str,
+    keys: list[tuple[str, int]],
+    sides: list[tuple[str, Path, dict[tuple[str, int], dict[str, float]]]],
+) -> list[str]:
+    """The "at a glance" section: every item's image per side in the same order, framed green where
+    ``metric`` holds and red where it fails, with each side's count."""
+    e = html.escape
+    counts = []
+    grids = []
+    for label, folder, values in sides:
+        held = sum(values[key][metric] == 1.0 for key in keys)
+        counts.append(f"{e(label)}: <b>{held} of {len(keys)}</b> ({held / len(keys):.1%})")
+        images = []
+        for key in keys:
+            image = folder / f"{key[0]}_s{key[1]}.png"
+            if image.is_file():
+                css = "holds" if values[key][metric] == 1.0 else "fails"
+                images.append(f"<img class='{css}' src='{_png(image)}' alt='{e(label)} {key[0]} seed {key[1]}'>")
+        grids.append(f"<div><h3>{e(label)}</h3><div class='grid'>{''.join(images)}</div></div>")
+    return [
+        f"<h2 id='glance'>At a glance: {e(metric)}</h2>",
+        f"<p>{e(metric)} scores each item 0 or 1. Every item (prompt × seed, prompts in order) of each side in "
+        "the same places; a "
+        "<span style='color:#1a9e2f'>green</span> frame: the check holds, <span style='color:#d93025'>red</span>: "
+        f"it fails. {'; '.join(counts)}.</p>",
+        f"<div class='glance'>{''.join(grids)}</div>",
+    ]
 
 
 def _num(x: float | None) -> str:
@@ -156,6 +201,12 @@ def write_decision_report(
                 "(the evaluation above is on held-out prompts).</p>",
                 f"<img id='curves' alt='reward curves' src='data:image/png;base64,{png}'>",
             ]
+
+    keys = [(f"p{p}", seed) for p in range(len(prompts)) for seed in scores["seeds"]]
+    for check in binary_checks(by_item, baseline_items) if baseline_items and by_item.keys() == set(keys) else []:
+        if set(keys) <= baseline_items.keys():
+            sides = [(baseline, root / "baseline" / "images", baseline_items), ("challenger", root / "images", by_item)]
+            parts += _glance(check, keys, sides)
 
     names = [r.metric for r in decision.results]
     parts += [

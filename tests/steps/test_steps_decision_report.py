@@ -14,7 +14,7 @@ import pytest
 from g2rpo.artifacts.promotion import decide, load_gates
 from g2rpo.config import load_config
 from g2rpo.evaluation.config import EvaluationConfig
-from g2rpo.steps.decision_report import write_decision_report
+from g2rpo.steps.decision_report import binary_checks, write_decision_report
 from g2rpo.steps.evaluate import evaluate
 from g2rpo.steps.records import CandidatesRecord
 from tests.tiny_flux_fixture import make_tiny_flux
@@ -133,3 +133,76 @@ def test_the_decision_report_tells_the_story_and_renders(tiny_flux_dir, tmp_path
     assert "rollout mean over the 3 iteration(s)" in report.read_text()
     _chromium(report, tmp_path / "profile", "--window-size=1200,1600", f"--screenshot={tmp_path / 'decision.png'}")
     assert (tmp_path / "decision.png").stat().st_size > 10_000  # a page was drawn (look at it: docs/demo.md)
+
+
+def test_binary_checks_are_the_metrics_scored_0_or_1_on_every_item():
+    base = {("p0", 0): {"match": 1.0, "colour": 0.3}, ("p1", 0): {"match": 0.0, "colour": 1.0}}
+    challenger = {("p0", 0): {"match": 0.0, "colour": 1.0}, ("p1", 0): {"match": 1.0, "colour": 0.0}}
+    assert binary_checks(base, challenger) == ["match"]  # colour is 0 or 1 on three items, 0.3 on one
+    assert binary_checks(base, {("p0", 0): {"colour": 1.0}}) == []  # unscored on an item: not a check
+    assert binary_checks({}, {}) == []
+
+
+_GLANCE = """
+<script>
+window.addEventListener("load", () => {
+  const grids = Array.from(document.querySelectorAll(".grid"));
+  const out = document.createElement("pre");
+  out.id = "g2rpo-check";
+  out.textContent = JSON.stringify({
+    title: document.getElementById("glance").textContent,
+    text: document.getElementById("glance").nextElementSibling.textContent,
+    grids: grids.map((g) => Array.from(g.querySelectorAll("img")).map((img) =>
+      [img.className, img.alt, img.complete && img.naturalWidth > 0]))});
+  document.body.appendChild(out);
+});
+</script>
+"""
+
+
+def test_a_check_scored_0_or_1_is_shown_at_a_glance_on_every_item(tiny_flux_dir, tmp_path):
+    from g2rpo.models.shapes import SHIPPED_SHAPES_MODEL
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text(
+        "a large red circle at the top left on a black background\n"
+        "a small blue square at the center on a white background\n"
+        "a large yellow triangle at the bottom right on a gray background\n"
+    )
+    config = _config(
+        prompts=str(prompts),
+        num_prompts=None,
+        rewards={"models": [{"name": "shapes_colour"}, {"name": "shapes_colour_match"}]},
+        trained_metrics=["shapes_colour"],
+    )
+    base = evaluate(str(SHIPPED_SHAPES_MODEL), config, str(tmp_path / "base-model"))
+    challenger = evaluate(
+        str(tiny_flux_dir), config, str(tmp_path / "challenger"), baseline_uri=base.output_uri, baseline_label="base"
+    )
+    gates_file = tmp_path / "gates.yaml"
+    gates_file.write_text("metrics:\n  shapes_colour: {direction: higher, domain: in, min_improvement: 0, floor: 0}\n")
+    gates, sha = load_gates(gates_file)
+    decision = decide(challenger.scores, None, gates, model="shapes", challenger_version=1, gates_sha256=sha)
+    candidates = CandidatesRecord(
+        challenger_eval_uri=challenger.output_uri,
+        challenger_means=challenger.means,
+        baseline_label="base",
+        baseline_eval_uri=base.output_uri,
+        baseline_means=base.means,
+        trained_metrics=["shapes_colour"],
+    )
+    report = write_decision_report(tmp_path / "decision.html", decision, candidates)
+    page = tmp_path / "check.html"
+    page.write_text(report.read_text().replace("</body>", _GLANCE + "</body>"))
+    dom = _chromium(page, tmp_path / "profile", "--dump-dom").stdout
+    check = json.loads(dom.split('<pre id="g2rpo-check">', 1)[1].split("</pre>", 1)[0].replace("&quot;", '"'))
+    assert check["title"] == "At a glance: shapes_colour_match"  # shapes_colour is continuous: no glance
+    expected_text = []
+    for side, result, grid in zip(("base", "challenger"), (base, challenger), check["grids"], strict=True):
+        items = {(i.prompt_id, i.seed): i.scores["shapes_colour_match"] for i in result.scores.items}
+        keys = [(f"p{p}", seed) for p in range(3) for seed in (0, 5)]
+        # every item in order, framed by its own score, every image loading
+        assert grid == [["holds" if items[k] == 1.0 else "fails", f"{side} {k[0]} seed {k[1]}", True] for k in keys]
+        held = sum(items.values())
+        expected_text.append(f"{side}: {held:.0f} of 6 ({held / 6:.1%})")
+    assert "; ".join(expected_text) in check["text"]
