@@ -1,8 +1,10 @@
 """Reward hacking on the shapes task, caught by validation during training: the last checkpoint breaks
 the shapes gates' held-out tolerance and an earlier validated one, within it, is exported instead.
 
-On the shipped shapes model (g2rpo/models/shapes_flux), at lr 1e-3 (the demo's recipe: 1e-4, under
-which nothing is hacked) and 4 prompts per iteration, so that the hacking shows within 20 iterations.
+On the shipped shapes model (g2rpo/models/shapes_flux), at lr 1.5e-3 (fifteen times the demo's 1e-4;
+at 1e-3 no validation of a 60-iteration run breached) and 4 prompts per iteration, so that the hacking
+shows within 36 iterations: the JPEG compressibility, never trained on, falls by more than the gates'
+0.25 bits per pixel from iteration 18 on, while the trained rewards' objective still rises.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from g2rpo.tasks.shapes import sample_scenes
 from g2rpo.training.run_config import RunConfig
 from g2rpo.training.trainer import train_from_config
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # ~60 s on 2 CPU cores
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]  # ~35 s on 2 CPU cores
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -40,24 +42,28 @@ def test_shapes_run_exports_the_validated_checkpoint_the_held_out_gates_accept(t
             f"model.path={SHIPPED_SHAPES_MODEL}",
             f"data.prompts={prompts}",
             f"output.dir={tmp_path / 'run'}",
-            "train.iterations=20",
-            "train.learning_rate=1e-3",
+            "train.iterations=36",
+            "train.learning_rate=1.5e-3",
             "train.prompts_per_iteration=4",
             "train.progress=false",
-            "train.validation.every=4",
+            "train.validation.every=6",
             "train.validation.stop_after_breaches=null",
         ],
     )
     summary = train_from_config(config)["validation"]
     curve = {point["iteration"]: point for point in summary["curve"]}
-    assert list(curve) == [0, 4, 8, 12, 16, 20]
-    # Measured (CPU, this seed): iterations 4 and 8 stay within every tolerance; then the position falls
-    # from 0.897 to 0.838 (12) and 0.785 (16), more than the gates' 0.05, and by 20 the background from
-    # 0.962 to 0.904 (0.058 > 0.05) while the position is back within it.
-    assert curve[12]["breached"] == curve[16]["breached"] == ["shapes_position"]
-    assert curve[20]["breached"] == ["shapes_background"]
+    assert list(curve) == [0, 6, 12, 18, 24, 30, 36]
+    # Measured (CPU, this seed): iterations 6 and 12 stay within every tolerance; from 18 on the JPEG
+    # compressibility falls from -3.211 (iteration 0) to -3.500 (18), -3.622 (24), -3.563 (30) and -3.736
+    # (36), more than the gates' 0.25, while position and background stay within their 0.05.
+    assert not curve[6]["breached"] and not curve[12]["breached"]
+    assert all(curve[i]["breached"] == ["jpeg_compressibility"] for i in (18, 24, 30, 36))
+    # The hacked checkpoints score higher on the trained rewards (objective 1.559 at 30, 1.513 at 36 against
+    # 1.502 at 12): the objective alone would export one of them.
+    best_objective = max(curve, key=lambda i: curve[i]["objective"])
+    assert best_objective == 30 and curve[30]["objective"] > curve[36]["objective"] > curve[12]["objective"]
     chosen = summary["selected_iteration"]
-    assert chosen != 10 and not curve[chosen]["breached"] and summary["within_tolerance"]
+    assert chosen != 36 and not curve[chosen]["breached"] and summary["within_tolerance"]
     assert chosen == max((i for i in curve if i and not curve[i]["breached"]), key=lambda i: curve[i]["objective"])
 
     # The shapes gates themselves, with the run's first validation as the champion: the last checkpoint's
@@ -70,8 +76,8 @@ def test_shapes_run_exports_the_validated_checkpoint_the_held_out_gates_accept(t
         decision = decide(_as_scores(curve[iteration]["means"]), baseline, gates)
         return [r.metric for r in decision.results if r.metric in held_out and not r.passed]
 
-    assert held_out_failures(20) == ["shapes_background"]
+    assert held_out_failures(36) == ["jpeg_compressibility"]
     assert held_out_failures(chosen) == []
     exported = json.loads((tmp_path / "run" / "export" / "base_model.json").read_text())
-    assert exported["selected_iteration"] == chosen == 8 and exported["iterations"] == 20
-    assert "beyond it: iterations [12, 16, 20]" in exported["selection_reason"]
+    assert exported["selected_iteration"] == chosen == 12 and exported["iterations"] == 36
+    assert "beyond it: iterations [18, 24, 30, 36]" in exported["selection_reason"]
