@@ -39,8 +39,8 @@ figure img { display: block; width: 128px; height: auto; image-rendering: pixela
 #curves { max-width: 100%; height: auto; }
 .glance { display: flex; gap: 2em; flex-wrap: wrap; }
 .glance h3 { margin: 0.2em 0; font-size: 1em; }
-.grid { display: grid; grid-template-columns: repeat(16, 40px); gap: 2px; }
-.grid img { width: 36px; height: 36px; border: 2px solid; image-rendering: pixelated; }
+.grid { display: grid; grid-template-columns: repeat(16, 34px); gap: 2px; }
+.grid img { width: 30px; height: 30px; border: 2px solid; image-rendering: pixelated; }
 .grid img.holds { border-color: #1a9e2f; } .grid img.fails { border-color: #d93025; }
 """
 
