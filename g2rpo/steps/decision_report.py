@@ -5,9 +5,10 @@ to ``decision-report.html`` in the run folder). It joins what the reader would o
 three places: the gates' decision (:class:`~g2rpo.artifacts.promotion.Decision`: each gate's numbers,
 pass or fail, and its reason), the challenger's evaluation paired with its baseline (the champion,
 else the base model: :func:`g2rpo.steps.candidates.evaluate_candidates`), and the same prompts'
-images side by side — first, for each check scored 0 or 1 on every item (``shapes_colour_match``), every
-item's image of each side framed by it, at a glance. Every metric is labelled trained (a reward the run optimised) or held-out (a
-check it was not trained on). Images are embedded as data URIs: the page needs no other file.
+images side by side — first, for each check scored 0 or 1 on every item (``shapes_colour_match``),
+every item's image of each side framed by it, at a glance. Every metric is labelled trained (a
+reward the run optimised) or held-out (a check it was not trained on). Images are embedded as data
+URIs: the page needs no other file.
 """
 
 from __future__ import annotations
@@ -203,10 +204,10 @@ def write_decision_report(
             ]
 
     keys = [(f"p{p}", seed) for p in range(len(prompts)) for seed in scores["seeds"]]
-    for check in binary_checks(by_item, baseline_items) if baseline_items and by_item.keys() == set(keys) else []:
-        if set(keys) <= baseline_items.keys():
-            sides = [(baseline, root / "baseline" / "images", baseline_items), ("challenger", root / "images", by_item)]
-            parts += _glance(check, keys, sides)
+    paired_items = bool(baseline_items) and by_item.keys() == set(keys) and set(keys) <= baseline_items.keys()
+    for check in binary_checks(by_item, baseline_items) if paired_items else []:
+        sides = [(baseline, root / "baseline" / "images", baseline_items), ("challenger", root / "images", by_item)]
+        parts += _glance(check, keys, sides)
 
     names = [r.metric for r in decision.results]
     parts += [
