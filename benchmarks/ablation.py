@@ -499,7 +499,9 @@ def main(argv: list[str] | None = None) -> int:
         "--prompts-per-iteration", type=int, default=8, help="prompts per iteration (default 8, the demo recipe's)"
     )
     parser.add_argument(
-        "--lrs", default="3e-5,1e-4,3e-4,1e-3", help="learning rates swept per method on the validation split (one seed)"
+        "--lrs",
+        default="3e-5,1e-4,3e-4,1e-3",
+        help="learning rates swept per method on the validation split (one seed)",
     )
     parser.add_argument("--lr", type=float, default=None, help="skip the sweep: one learning rate for every method")
     parser.add_argument("--heldout", type=int, default=64, help="held-out scenes (never trained on)")
