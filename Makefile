@@ -26,7 +26,7 @@ help:
 	@echo "make test-gpu   the CUDA tier (-m gpu; needs a GPU)"
 	@echo "make parity     build the reference-package virtualenvs and regenerate parity fixtures"
 	@echo "make bench      run the CPU benchmarks in benchmarks/ (JSON + table; about 30 min)"
-	@echo "make ablation   the paper's ablation with cost on the shapes task (about 30 min on 2 cores; reuses the committed runs"
+	@echo "make ablation   the paper's ablation with cost on the shapes task (about an hour on 2 cores; reuses the committed runs"
 	@echo "                in benchmarks/results/ablation/per_run, so only what is missing trains)"
 
 $(STAMP): pyproject.toml constraints.txt

@@ -41,7 +41,7 @@ highest, so both ends are kept.
 
 Writes ``benchmarks/results/ablation/ablation.json`` (everything, per run and per eval point),
 ``ablation.md`` (the tables) and PNG curves (reward vs iteration, vs compute, vs wall time).
-Usage: ``python -m benchmarks.ablation`` (default budget: about 30 minutes on 2 cores with
+Usage: ``python -m benchmarks.ablation`` (default budget: about an hour on 2 cores with
 ``--jobs 2``); ``--quick`` for a smoke run; ``--iterations``/``--seeds``/``--methods`` to scale.
 """
 
