@@ -69,6 +69,31 @@ def _chromium(page: Path, profile: Path, *flags: str) -> subprocess.CompletedPro
     return done
 
 
+def _decided(base, challenger, gates_yaml: str, trained: str, label: str, folder: Path):
+    """The gates' decision on ``challenger`` (no champion) and the candidates record pairing it with ``base``."""
+    gates_file = folder / "gates.yaml"
+    gates_file.write_text(gates_yaml)
+    gates, sha = load_gates(gates_file)
+    decision = decide(challenger.scores, None, gates, model="m", challenger_version=1, gates_sha256=sha)
+    candidates = CandidatesRecord(
+        challenger_eval_uri=challenger.output_uri,
+        challenger_means=challenger.means,
+        baseline_label=label,
+        baseline_eval_uri=base.output_uri,
+        baseline_means=base.means,
+        trained_metrics=[trained],
+    )
+    return decision, candidates
+
+
+def _rendered_check(report: Path, script: str, folder: Path) -> dict:
+    """What ``script`` (appended to ``report``) wrote into ``<pre id="g2rpo-check">`` in headless Chromium."""
+    page = folder / "check.html"
+    page.write_text(report.read_text().replace("</body>", script + "</body>"))
+    dom = _chromium(page, folder / "profile", "--dump-dom").stdout
+    return json.loads(dom.split('<pre id="g2rpo-check">', 1)[1].split("</pre>", 1)[0].replace("&quot;", '"'))
+
+
 def test_the_decision_report_tells_the_story_and_renders(tiny_flux_dir, tmp_path):
     base = evaluate(str(tiny_flux_dir), _config(), str(tmp_path / "base-model"))
     other = make_tiny_flux(tmp_path / "trained", seed=1234)
@@ -80,23 +105,13 @@ def test_the_decision_report_tells_the_story_and_renders(tiny_flux_dir, tmp_path
     assert "<td class='trained'>trained</td>" in own and "<td class='held-out'>held-out</td>" in own
     assert f"base model: {base.output_uri}" in own
 
-    gates_file = tmp_path / "gates.yaml"
     jpeg = challenger.means["jpeg_compressibility"]
-    gates_file.write_text(
+    gates_yaml = (
         "metrics:\n"
         f"  jpeg_compressibility: {{direction: higher, domain: in, min_improvement: 0, floor: {jpeg + 1}}}\n"
         "  sharpness: {direction: higher, domain: out, max_regression: 1, floor: -1000}\n"
     )
-    gates, sha = load_gates(gates_file)
-    decision = decide(challenger.scores, None, gates, model="tiny", challenger_version=1, gates_sha256=sha)
-    candidates = CandidatesRecord(
-        challenger_eval_uri=challenger.output_uri,
-        challenger_means=challenger.means,
-        baseline_label="base model",
-        baseline_eval_uri=base.output_uri,
-        baseline_means=base.means,
-        trained_metrics=["jpeg_compressibility"],
-    )
+    decision, candidates = _decided(base, challenger, gates_yaml, "jpeg_compressibility", "base model", tmp_path)
     train_dir = tmp_path / "train"  # the train task's folder: its iteration records
     train_dir.mkdir()
     records = [{"iteration": i, "reward_names": METRICS, "reward_mean": [[0.1 * i, 0.2], [0.5, 0.4]]} for i in range(3)]
@@ -106,10 +121,7 @@ def test_the_decision_report_tells_the_story_and_renders(tiny_flux_dir, tmp_path
     (train_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     report = write_decision_report(tmp_path / "decision.html", decision, candidates, train_dir=train_dir)
 
-    page = tmp_path / "check.html"
-    page.write_text(report.read_text().replace("</body>", _CHECK + "</body>"))
-    dom = _chromium(page, tmp_path / "profile", "--dump-dom").stdout
-    check = json.loads(dom.split('<pre id="g2rpo-check">', 1)[1].split("</pre>", 1)[0].replace("&quot;", '"'))
+    check = _rendered_check(report, _CHECK, tmp_path)
     assert check["verdict"] == "v1: REFUSED — 1 of 2 gate(s) not met"
     assert check["heads"] == [
         "metric", "role", "gate", "challenger", "base model", "Δ (paired)", "95% CI of Δ", "result", "reason"
@@ -179,23 +191,10 @@ def test_a_check_scored_0_or_1_is_shown_at_a_glance_on_every_item(tiny_flux_dir,
     challenger = evaluate(
         str(tiny_flux_dir), config, str(tmp_path / "challenger"), baseline_uri=base.output_uri, baseline_label="base"
     )
-    gates_file = tmp_path / "gates.yaml"
-    gates_file.write_text("metrics:\n  shapes_colour: {direction: higher, domain: in, min_improvement: 0, floor: 0}\n")
-    gates, sha = load_gates(gates_file)
-    decision = decide(challenger.scores, None, gates, model="shapes", challenger_version=1, gates_sha256=sha)
-    candidates = CandidatesRecord(
-        challenger_eval_uri=challenger.output_uri,
-        challenger_means=challenger.means,
-        baseline_label="base",
-        baseline_eval_uri=base.output_uri,
-        baseline_means=base.means,
-        trained_metrics=["shapes_colour"],
-    )
+    gates_yaml = "metrics:\n  shapes_colour: {direction: higher, domain: in, min_improvement: 0, floor: 0}\n"
+    decision, candidates = _decided(base, challenger, gates_yaml, "shapes_colour", "base", tmp_path)
     report = write_decision_report(tmp_path / "decision.html", decision, candidates)
-    page = tmp_path / "check.html"
-    page.write_text(report.read_text().replace("</body>", _GLANCE + "</body>"))
-    dom = _chromium(page, tmp_path / "profile", "--dump-dom").stdout
-    check = json.loads(dom.split('<pre id="g2rpo-check">', 1)[1].split("</pre>", 1)[0].replace("&quot;", '"'))
+    check = _rendered_check(report, _GLANCE, tmp_path)
     assert check["title"] == "At a glance: shapes_colour_match"  # shapes_colour is continuous: no glance
     expected_text = []
     for side, result, grid in zip(("base", "challenger"), (base, challenger), check["grids"], strict=True):
