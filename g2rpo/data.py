@@ -35,7 +35,6 @@ The embeddings are stored in the text encoders' dtype and read back bit-exactly.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -47,6 +46,7 @@ from g2rpo import __version__
 from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, mismatches, read_manifest, write_dir_manifest
 from g2rpo.artifacts.storage import FileStore, sha256_file
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.seeding import split_key
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -185,10 +185,6 @@ def dedupe_prompts(prompts: Iterable[str]) -> tuple[list[str], int]:
     return list(seen), total - len(seen)
 
 
-def _split_key(seed: int, prompt: str) -> bytes:
-    return hashlib.sha256(f"{seed}\x00{prompt}".encode()).digest()
-
-
 def split_prompts(prompts: Sequence[str], test_size: int | float, seed: int = 0) -> tuple[list[str], list[str]]:
     """Deterministic ``(train, test)`` split of unique prompts.
 
@@ -209,7 +205,7 @@ def split_prompts(prompts: Sequence[str], test_size: int | float, seed: int = 0)
         raise G2RPOError(
             problem("test_size", test_size, f"leaves no training prompts out of {n}; use fewer than {n} test prompts")
         )
-    order = sorted(range(n), key=lambda i: _split_key(seed, prompts[i]))
+    order = sorted(range(n), key=lambda i: split_key(seed, prompts[i]))
     test_ids = set(order[:n_test])
     train = [p for i, p in enumerate(prompts) if i not in test_ids]
     test = [p for i, p in enumerate(prompts) if i in test_ids]

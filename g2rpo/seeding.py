@@ -22,9 +22,16 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["derive_seed", "generator", "Draws"]
+__all__ = ["derive_seed", "generator", "split_key", "Draws"]
 
 _KeyPart = int | str
+
+
+def split_key(seed: int, text: str) -> bytes:
+    """The sort key of a deterministic split: ``sha256(seed, text)``. A split by the smallest keys
+    depends neither on the input's order nor on the other items (:func:`g2rpo.data.split_prompts`;
+    the shapes model's unseen scenes, :func:`g2rpo.tasks.shapes.unseen_scenes`)."""
+    return hashlib.sha256(f"{seed}\x00{text}".encode()).digest()
 
 
 def derive_seed(run_seed: int, *keys: _KeyPart) -> int:

@@ -141,6 +141,15 @@ def add_pretraining_args(parser: argparse.ArgumentParser, prefix: str = "pretrai
         help="probability that a flow-matching caption names another colour, so the model draws the asked "
         "colour on about 1 − p of its samples (default: the shipped model's)",
     )
+    parser.add_argument(
+        f"--{prefix}unseen",
+        dest="unseen",
+        type=int,
+        default=None,
+        metavar="N",
+        help="leave the N scenes the prepare split (seed 0) holds out first out of pretraining, never drawn "
+        "nor named: 96 = the 64 held-out + the ablation's 32 validation scenes (default: the shipped model's)",
+    )
 
 
 def pretraining_settings(args: argparse.Namespace, prefix: str = "pretrain-", seed: int = 0):
@@ -164,6 +173,12 @@ def pretraining_settings(args: argparse.Namespace, prefix: str = "pretrain-", se
                 )
             )
         settings = replace(settings, colour_noise=args.colour_noise)
+    if getattr(args, "unseen", None) is not None:
+        if not 0 <= args.unseen <= 180:
+            raise G2RPOError(
+                problem(f"--{prefix}unseen", args.unseen, "leave out between 0 and 180 of the 360 scenes (96 is usual)")
+            )
+        settings = replace(settings, unseen=args.unseen)
     return settings
 
 

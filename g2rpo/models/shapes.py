@@ -73,6 +73,7 @@ from g2rpo.tasks.shapes import (
     render,
     scene_centre,
     shape_mask,
+    unseen_scenes,
 )
 
 __all__ = [
@@ -83,6 +84,7 @@ __all__ = [
     "colour_reconstruction",
     "ensure_shapes_model",
     "pretrain_shapes",
+    "pretraining_scenes",
     "noisy_captions",
     "recoloured_scenes",
     "sample_shapes",
@@ -115,6 +117,19 @@ class ShapesPretraining:
     flow_batch: int = 32
     flow_lr: float = 2e-3
     colour_noise: float = 0.3  # probability that a flow-matching caption names another colour
+    # Scenes never drawn nor named in pretraining: those the prepare split (seed 0) holds out first
+    # (tasks.shapes.unseen_scenes). 96 = the 64 held-out + the ablation's 32 validation scenes.
+    unseen: int = 0
+
+
+# Settings added after a model was shipped: a marker without the key was made with this value.
+_SETTINGS_BEFORE_RECORDED = {"unseen": 0}
+
+
+def pretraining_scenes(settings: ShapesPretraining) -> list[Scene]:
+    """The scenes pretraining draws and names, in :func:`all_scenes` order: all but ``settings.unseen``."""
+    left_out = unseen_scenes(settings.unseen)
+    return [s for s in all_scenes() if s not in left_out]
 
 
 def shapes_pipeline(seed: int = 0, heads: int = 4) -> Any:
@@ -209,7 +224,7 @@ def pretrain_shapes(
     started = time.monotonic()
     pipe = shapes_pipeline(settings.seed, settings.heads)
     gen = torch.Generator().manual_seed(settings.seed)
-    scenes = all_scenes()
+    scenes = pretraining_scenes(settings)
     images = torch.stack([render(s) for s in scenes]) * 2 - 1  # [N, 3, S, S] in [−1, 1]
     vae_loss = _train_vae(pipe.vae, images, scene_masks(scenes), settings, gen, progress)
     log(f"VAE: {settings.vae_steps} steps, final loss {vae_loss:.4g} ({time.monotonic() - started:.0f} s)")
@@ -237,6 +252,7 @@ def pretrain_shapes(
         "image_size": IMAGE_SIZE,
         "max_sequence_length": encoder.max_sequence_length,
         "settings": asdict(settings),
+        "pretraining_scenes": len(scenes),
         "latent_shift": shift,
         "latent_scale": scale,
         "vae_loss": vae_loss,
@@ -265,12 +281,15 @@ def noisy_captions(idx: torch.Tensor, recoloured: torch.Tensor, p: float, gen: t
 
 def recoloured_scenes(scenes: Sequence[Scene]) -> torch.Tensor:
     """Long ``[N, K − 1]`` (K colours): for each scene, the indices in ``scenes`` of the same scene in
-    each other colour, in :data:`COLOURS` order. ``scenes`` must hold every recolouring (as
-    :func:`~g2rpo.tasks.shapes.all_scenes` does)."""
+    each other colour, in :data:`COLOURS` order. Where ``scenes`` lacks some recolourings (a model
+    pretrained without its unseen scenes), the row repeats the ones it has, in order, so a caption
+    never names a left-out scene; a scene with none keeps its own index (its caption is never swapped)."""
     where = {s: i for i, s in enumerate(scenes)}
-    return torch.tensor(
-        [[where[replace(s, colour=c)] for c in COLOURS if c != s.colour] for s in scenes], dtype=torch.long
-    )
+    rows = []
+    for i, s in enumerate(scenes):
+        present = [where[r] for c in COLOURS if c != s.colour if (r := replace(s, colour=c)) in where] or [i]
+        rows.append([present[j % len(present)] for j in range(len(COLOURS) - 1)])
+    return torch.tensor(rows, dtype=torch.long)
 
 
 @torch.no_grad()
@@ -311,7 +330,7 @@ def check_shapes_model(path: str | Path, settings: ShapesPretraining = ShapesPre
                 f"its {TINY_MARKER} is not a shapes model's (task {marker.get('task')!r}); {fix}",
             )
         )
-    made, wanted = marker.get("settings", {}), asdict(settings)
+    made, wanted = {**_SETTINGS_BEFORE_RECORDED, **marker.get("settings", {})}, asdict(settings)
     differ = [f"{k}={made.get(k)!r} (wanted {v!r})" for k, v in wanted.items() if made.get(k) != v]
     if differ:
         raise G2RPOError(

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.seeding import split_key
 
 __all__ = [
     "BACKGROUNDS",
@@ -41,6 +42,7 @@ __all__ = [
     "sample_scenes",
     "scene_centre",
     "shape_mask",
+    "unseen_scenes",
     "write_prompts",
 ]
 
@@ -99,6 +101,20 @@ def sample_scenes(count: int, seed: int = 0) -> list[Scene]:
     if not 1 <= count <= len(scenes):
         raise G2RPOError(problem("count", count, f"draw between 1 and {len(scenes)} scenes"))
     return random.Random(seed).sample(scenes, count)
+
+
+def unseen_scenes(count: int, seed: int = 0) -> set[Scene]:
+    """The ``count`` scenes whose prompts have the smallest split keys (:func:`g2rpo.seeding.split_key`).
+
+    They are the scenes the pipeline's prepare step holds out first: with split seed 0, the first 64
+    are its 64 test prompts (what ``make demo`` evaluates on) and the next 32 the ablation's
+    validation prompts (``benchmarks/ablation.py``), because both splits take the smallest keys. A
+    shapes model pretrained without them has never seen those scenes, drawn or named.
+    """
+    scenes = all_scenes()
+    if not 0 <= count < len(scenes):
+        raise G2RPOError(problem("count", count, f"leave out between 0 and {len(scenes) - 1} scenes"))
+    return set(sorted(scenes, key=lambda s: split_key(seed, s.prompt))[:count])
 
 
 def parse_prompt(prompt: str) -> Scene:
