@@ -39,7 +39,8 @@ from pathlib import Path
 from pydantic import Field, ValidationError
 
 from g2rpo import __version__
-from g2rpo.artifacts.manifest import FileEntry, publish_dir, read_manifest, unique_prefix
+from g2rpo.artifacts.manifest import FileEntry, read_manifest
+from g2rpo.artifacts.publish import publish_dir, unique_prefix
 from g2rpo.artifacts.scores import SCHEMA_VERSION, EvalScores, MetricSummary, Record, ScoreItem
 from g2rpo.artifacts.storage import FileStore, ObjectNotFound, S3Settings, Store, WriteConflict, open_store
 from g2rpo.errors import G2RPOError, problem

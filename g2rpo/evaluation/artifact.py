@@ -1,6 +1,6 @@
 """The evaluation artifact: what one evaluation publishes, and reading it back.
 
-Layout under the artifact's URI (published with :func:`g2rpo.artifacts.manifest.publish_dir`, the
+Layout under the artifact's URI (published with :func:`g2rpo.artifacts.publish.publish_dir`, the
 manifest last, so a reader sees all of it or nothing)::
 
     scores.json            g2rpo.artifacts.scores.EvalScores at num_steps: every (prompt, seed)'s score per
@@ -42,7 +42,8 @@ import torch
 from PIL import Image
 from pydantic import ValidationError
 
-from g2rpo.artifacts.manifest import fetch_to_cache, has_manifest
+from g2rpo.artifacts.cache import fetch_to_cache
+from g2rpo.artifacts.manifest import has_manifest
 from g2rpo.artifacts.scores import EvalScores, ScoreItem
 from g2rpo.artifacts.storage import S3Settings, locate, open_store
 from g2rpo.data import dedupe_prompts, read_prompt_file

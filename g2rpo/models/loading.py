@@ -3,7 +3,7 @@
 A **model location** is a local directory in diffusers' ``FluxPipeline`` layout (what
 ``save_pretrained`` writes and what the Hugging Face repository ``black-forest-labs/FLUX.1-dev``
 holds), or an ``s3://bucket/prefix`` URI of such a directory, which is downloaded once into a
-local cache through the storage layer (:func:`g2rpo.artifacts.manifest.fetch_to_cache`: the directory
+local cache through the storage layer (:func:`g2rpo.artifacts.cache.fetch_to_cache`: the directory
 must have been published with its ``manifest.json``; every file's sha256 is checked, and a second
 run reuses the cache).
 
@@ -91,9 +91,9 @@ def resolve_model_location(location: str | Path, cache_dir: str | Path | None = 
 
 
 def _fetch_s3_model(uri: str, cache_dir: str | Path | None) -> Path:
-    """Download a published model directory once (``g2rpo.artifacts.manifest.fetch_to_cache``: sha256-checked,
+    """Download a published model directory once (``g2rpo.artifacts.cache.fetch_to_cache``: sha256-checked,
     keyed by its manifest's digest) and return the local copy."""
-    from g2rpo.artifacts.manifest import fetch_to_cache
+    from g2rpo.artifacts.cache import fetch_to_cache
 
     return Path(fetch_to_cache(uri, cache_dir=cache_dir))
 

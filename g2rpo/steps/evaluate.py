@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from g2rpo import __version__
-from g2rpo.artifacts.manifest import Manifest, fetch_to_cache, has_manifest, publish_dir, read_manifest
+from g2rpo.artifacts.cache import fetch_to_cache
+from g2rpo.artifacts.manifest import Manifest, has_manifest, read_manifest
+from g2rpo.artifacts.publish import publish_dir
 from g2rpo.artifacts.scores import EvalScores
 from g2rpo.artifacts.storage import S3Settings, check_writable, open_store
 from g2rpo.config import config_hash
