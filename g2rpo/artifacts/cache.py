@@ -1,4 +1,4 @@
-"""Verified downloads of published artifacts, and the digest-keyed local cache.
+"""Verified downloads of published artifacts, the digest-keyed local cache, and verified local folders.
 
 Readers trust only prefixes with a manifest and check every file's sha256 when they download
 (:func:`download_dir`, :func:`fetch_to_cache`).
@@ -7,17 +7,19 @@ Readers trust only prefixes with a manifest and check every file's sha256 when t
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import secrets
 import shutil
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, parse_manifest, read_manifest, verify
 from g2rpo.artifacts.storage import FileStore, ObjectNotFound, S3Settings, Store, open_store, sha256_file
 from g2rpo.errors import G2RPOError, problem
 
-__all__ = ["download_dir", "fetch_to_cache", "default_cache_dir"]
+__all__ = ["download_dir", "fetch_to_cache", "default_cache_dir", "verify_local"]
 
 
 def download_dir(uri: str, local_dir: str | Path, settings: S3Settings | None = None) -> Manifest:
@@ -125,3 +127,91 @@ def _get_manifest_bytes(store: Store) -> tuple[bytes, str]:
             f"{store.uri} has no {MANIFEST_NAME}: the artifact is absent or its upload never finished; "
             "check the URI or publish it again"
         ) from None
+
+
+# --------------------------------------------------------------------------- verified local folders
+
+
+def _identity(stat: os.stat_result) -> list[int]:
+    """What tells a file's content has not been touched since it was hashed, without reading it: size,
+    mtime_ns, inode, device and ctime_ns (ctime cannot be set back by a program, unlike mtime)."""
+    return [stat.st_size, stat.st_mtime_ns, stat.st_ino, stat.st_dev, stat.st_ctime_ns]
+
+
+def verify_local(
+    folder: str | Path,
+    only: Iterable[str] | None = None,
+    *,
+    cache_dir: str | Path | None = None,
+    what: str = "artifact",
+) -> Manifest | None:
+    """Check a local folder's files against its ``manifest.json`` (size and sha256); None when it has none.
+
+    ``only`` limits the check to files whose path starts with one of those top-level names (a
+    consumer that loads two components of a model checks those and the top-level files). Hashing
+    every byte costs ~1 s per GiB (docs/errors.md: FLUX.1-dev's ~34 GB would take half a minute per load), so a file whose identity (path, size,
+    mtime_ns, inode, device, ctime_ns) matches the one recorded when it last verified is not read
+    again: the record lives in ``<cache_dir>/verified/<sha256 of the folder's path>.json`` (the
+    default cache dir when None) and pins the manifest's digest, so a new manifest verifies anew.
+    Raises a G2RPOError listing every mismatch, naming ``what`` the folder is.
+    """
+    root = Path(folder).absolute()
+    try:
+        data = (root / MANIFEST_NAME).read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise G2RPOError(problem(what, str(root), f"its {MANIFEST_NAME} cannot be read ({exc.strerror})")) from None
+    manifest = parse_manifest(data, str(root / MANIFEST_NAME))
+    prefixes = None if only is None else tuple(only)
+    entries = [
+        e for e in manifest.files if prefixes is None or "/" not in e.path or e.path.split("/", 1)[0] in prefixes
+    ]
+    record_path = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "verified"
+    record_path /= hashlib.sha256(str(root).encode()).hexdigest()[:32] + ".json"
+    manifest_digest = hashlib.sha256(data).hexdigest()
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        known = record["files"] if record.get("manifest") == manifest_digest and record.get("root") == str(root) else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        known = {}
+    problems, verified = [], {}
+    for entry in entries:
+        path = root / entry.path
+        try:
+            stat = path.stat()
+        except OSError:
+            problems.append(f"{entry.path}: missing")
+            continue
+        if stat.st_size != entry.size:
+            problems.append(f"{entry.path}: size {stat.st_size}, manifest says {entry.size}")
+            continue
+        identity = _identity(stat)
+        if known.get(entry.path) == identity:
+            verified[entry.path] = identity
+            continue
+        _, digest = sha256_file(path)
+        if digest != entry.sha256:
+            problems.append(f"{entry.path}: sha256 {digest[:12]}…, manifest says {entry.sha256[:12]}…")
+            continue
+        verified[entry.path] = identity
+    if problems:
+        raise G2RPOError(
+            f"{what} {str(root)!r} does not match its {MANIFEST_NAME} ({len(problems)} file(s) damaged or changed "
+            "since it was written): do not use it; restore the folder from its source or make it again\n  - "
+            + "\n  - ".join(problems)
+        )
+    if verified != {p: known.get(p) for p in verified}:
+        try:  # best effort: a read-only cache only costs the next run a re-hash
+            record_path.parent.mkdir(parents=True, exist_ok=True)
+            merged = {**known, **verified}
+            body = json.dumps({"root": str(root), "manifest": manifest_digest, "files": merged}, sort_keys=True)
+            tmp = record_path.with_name(f".{record_path.name}.{secrets.token_hex(4)}")
+            try:
+                tmp.write_text(body, encoding="utf-8")
+                os.replace(tmp, record_path)
+            finally:
+                tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+    return manifest

@@ -220,6 +220,11 @@ def _check(args: argparse.Namespace) -> int:
     )
     root = resolve_model_location(args.location)
     check_model_dir(root, components)
-    print(f"ok: {root} has {', '.join(components)}")
+    verified = (
+        "every file matches its manifest.json"
+        if (root / "manifest.json").is_file()
+        else "no manifest.json, so the bytes are not verified (only the layout and the safetensors headers)"
+    )
+    print(f"ok: {root} has {', '.join(components)}; {verified}")
     print(json.dumps(base_model_record(args.location), indent=2))
     return 0

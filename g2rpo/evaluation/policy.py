@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import torch
 
-from g2rpo.artifacts.cache import fetch_to_cache
+from g2rpo.artifacts.cache import fetch_to_cache, verify_local
 from g2rpo.artifacts.storage import S3Settings
 from g2rpo.core import flux_sigmas, static_shift_sigmas
 from g2rpo.errors import G2RPOError, problem
@@ -82,6 +82,7 @@ def local_model_dir(uri: str, cache_dir: str | None = None, settings: S3Settings
         raise G2RPOError(
             problem("model", uri, "no such folder: pass a FluxPipeline folder or a trainer export (output.dir/export)")
         )
+    verify_local(path, what="model")  # an export or a model g2rpo wrote: its manifest pins every byte
     return path
 
 

@@ -170,7 +170,10 @@ def _missing_path_fix(root: Path) -> str:
 def check_model_dir(path: str | Path, components: Iterable[str] = ALL_COMPONENTS) -> dict[str, Any]:
     """Check a ``FluxPipeline`` directory for ``components``; return its ``model_index.json``.
 
-    Raises one :class:`G2RPOError` listing every missing or partial piece.
+    Raises one :class:`G2RPOError` listing every missing or partial piece. A folder with a
+    ``manifest.json`` (what g2rpo writes and downloads) is then checked against it: every file of
+    ``components`` and every top-level file must have its recorded size and sha256
+    (:func:`g2rpo.artifacts.cache.verify_local`, cached by file identity).
     """
     root = Path(path)
     if not root.exists():
@@ -213,6 +216,11 @@ def check_model_dir(path: str | Path, components: Iterable[str] = ALL_COMPONENTS
         lines = [f"model directory {str(root)!r} is incomplete ({len(problems)} problem(s)):"]
         lines += [f"  - {p}" for p in problems]
         raise G2RPOError("\n".join(lines))
+    from g2rpo.artifacts.cache import verify_local
+
+    # A folder g2rpo made or downloaded carries a manifest: every file of these components is checked
+    # against it (sha256, cached by file identity), so damaged weights are never trained or sampled.
+    verify_local(root, only=components, what="model directory")
     return index
 
 
