@@ -119,12 +119,27 @@ def read_prompt_file(path: str | Path) -> list[str]:
 
     Raises a :class:`G2RPOError` listing every empty, non-UTF-8 or malformed line by number.
     """
+    import os
+    import stat
+
+    from g2rpo.textfile import decode_text, describe_kind
+
     src = Path(path)
-    if not src.is_file():
+    try:
+        mode = os.stat(src).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is None:
         raise G2RPOError(
             problem("prompts", str(src), "file not found; pass a .txt (one prompt per line) or .jsonl file")
         )
+    if not stat.S_ISREG(mode):  # checked before opening: a FIFO would block the read
+        raise G2RPOError(
+            problem("prompts", str(src), f"is {describe_kind(mode)}, not a prompt file; pass the .txt or .jsonl file")
+        )
     raw = src.read_bytes()
+    if b"\0" in raw or raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        decode_text(raw, f"prompt file {str(src)!r}")  # raises: UTF-16 or binary, with the line named
     if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark is UTF-8, not content
         raw = raw[3:]
     lines = raw.split(b"\n")
