@@ -1,10 +1,10 @@
 """Artifact storage on loopback SeaweedFS and on ``file://``: throughput, cache hits, and a race probe.
 
 Part 1, throughput: one random file of ``--mib`` MiB (a checkpoint shard) in a folder is published
-with :func:`g2rpo.artifacts.manifest.publish_dir` (sha256 of every file, upload, manifest last), fetched
-into the digest-keyed cache with :func:`g2rpo.artifacts.manifest.fetch_to_cache` (download + sha256 check),
+with :func:`g2rpo.artifacts.publish.publish_dir` (sha256 of every file, upload, manifest last), fetched
+into the digest-keyed cache with :func:`g2rpo.artifacts.cache.fetch_to_cache` (download + sha256 check),
 fetched again (a cache hit: one manifest GET), and downloaded with
-:func:`g2rpo.artifacts.manifest.download_dir`. On S3 with default :class:`g2rpo.artifacts.storage.S3Settings`
+:func:`g2rpo.artifacts.cache.download_dir`. On S3 with default :class:`g2rpo.artifacts.storage.S3Settings`
 (multipart above 64 MiB in 8 MiB parts, 4 in parallel). Wall time with ``time.perf_counter``,
 best of ``--repeats``. Loopback numbers bound what the code costs (hashing, boto3's transfer
 manager, SeaweedFS on the same 2 cores); a real S3 link is slower.
@@ -53,7 +53,8 @@ def throughput(root_uri: str, src: Path, work: Path, repeats: int) -> dict:
     On ``file://`` ``fetch_to_cache`` returns the artifact in place after a size check (no copy), so
     its "miss" and "hit" are both that check.
     """
-    from g2rpo.artifacts.manifest import download_dir, fetch_to_cache, publish_dir, unique_prefix
+    from g2rpo.artifacts.cache import download_dir, fetch_to_cache
+    from g2rpo.artifacts.publish import publish_dir, unique_prefix
 
     size = sum(p.stat().st_size for p in src.rglob("*") if p.is_file())
     uris: list[str] = []

@@ -33,6 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from g2rpo.errors import ConfigError, G2RPOError, closest
+from g2rpo.textfile import read_text_file
 
 __all__ = [
     "Section",
@@ -74,6 +75,53 @@ STEPS_MAX = 1000
 MAX_SIDE = 8192
 # Flux's embedded guidance: FLUX.1-dev 3.5, its usable range a few units.
 GUIDANCE_MAX = 100.0
+# A config or gates file: the largest shipped one is ~3 KB; a file of a megabyte is the wrong file,
+# and parsing one costs seconds of CPU before any check.
+CONFIG_MAX_BYTES = 1 << 20
+# YAML nodes a config may expand to, aliases counted as often as they are used: a few hundred in a
+# real config; an alias bomb ("billion laughs") reaches billions from a few lines.
+YAML_NODES_MAX = 100_000
+
+
+def _expanded_nodes(node: yaml.Node, memo: dict[int, int], limit: int) -> int:
+    """How many nodes ``node`` stands for once every alias is expanded (each distinct node counted once
+    per use, with memoisation so a bomb is measured in time linear in its text)."""
+    key = id(node)
+    if key in memo:
+        return memo[key]
+    memo[key] = limit + 1  # a cycle (a recursive alias) counts as over the limit
+    total = 1
+    if isinstance(node, yaml.SequenceNode):
+        for child in node.value:
+            total += _expanded_nodes(child, memo, limit)
+            if total > limit:
+                break
+    elif isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            total += _expanded_nodes(k, memo, limit) + _expanded_nodes(v, memo, limit)
+            if total > limit:
+                break
+    memo[key] = total
+    return total
+
+
+def safe_yaml(text: str, where: str) -> Any:
+    """``yaml.safe_load(text)``, refusing a document that expands past :data:`YAML_NODES_MAX` nodes
+    (an alias bomb) before anything is constructed from it. Raises ``yaml.YAMLError`` as safe_load does."""
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        count = _expanded_nodes(node, {}, YAML_NODES_MAX)
+        if count > YAML_NODES_MAX:
+            raise G2RPOError(
+                f"{where} expands to more than {YAML_NODES_MAX:,} YAML nodes once its aliases (*name) are "
+                "resolved (an alias bomb, or a recursive alias): write the values out, without nested aliases"
+            )
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
 
 
 class Section(BaseModel):
@@ -107,7 +155,7 @@ def parse_overrides(items: typing.Iterable[str]) -> dict[str, Any]:
             bad.append(f"override {item!r}: write overrides as dotted.key=value, e.g. algorithm.group_size=8")
             continue
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = safe_yaml(raw, f"override {item!r}") if raw.strip() else ""
         except yaml.YAMLError as exc:
             bad.append(f"override {item!r}: the value is not valid YAML ({exc.__class__.__name__}); quote it")
             continue
@@ -173,14 +221,9 @@ def _read_yaml(path: Path) -> dict[str, Any]:
 
 def _yaml_document(path: Path) -> Any:
     """The parsed YAML of a config file (None when it holds none)."""
-    if not path.exists():
-        raise G2RPOError(
-            f"config file {str(path)!r} does not exist: check the path (a relative path is taken from {str(Path.cwd())!r})"
-        )
+    text = read_text_file(path, what="config file", max_bytes=CONFIG_MAX_BYTES)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise G2RPOError(f"config file {str(path)!r} is not UTF-8 text ({exc.reason}): save it as UTF-8") from None
+        data = safe_yaml(text, f"config file {str(path)!r}")
     except yaml.YAMLError as exc:
         raise G2RPOError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
     return data

@@ -119,12 +119,27 @@ def read_prompt_file(path: str | Path) -> list[str]:
 
     Raises a :class:`G2RPOError` listing every empty, non-UTF-8 or malformed line by number.
     """
+    import os
+    import stat
+
+    from g2rpo.textfile import decode_text, describe_kind
+
     src = Path(path)
-    if not src.is_file():
+    try:
+        mode = os.stat(src).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is None:
         raise G2RPOError(
             problem("prompts", str(src), "file not found; pass a .txt (one prompt per line) or .jsonl file")
         )
+    if not stat.S_ISREG(mode):  # checked before opening: a FIFO would block the read
+        raise G2RPOError(
+            problem("prompts", str(src), f"is {describe_kind(mode)}, not a prompt file; pass the .txt or .jsonl file")
+        )
     raw = src.read_bytes()
+    if b"\0" in raw or raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+        decode_text(raw, f"prompt file {str(src)!r}")  # raises: UTF-16 or binary, with the line named
     if raw.startswith(b"\xef\xbb\xbf"):  # a UTF-8 byte-order mark is UTF-8, not content
         raw = raw[3:]
     lines = raw.split(b"\n")
@@ -259,6 +274,8 @@ def prepare_prompts(
                 "output", str(out), f"already holds {', '.join(existing)}; choose another directory or pass --overwrite"
             )
         )
+    if existing:
+        _check_prompt_split_overwrite(out, existing)
     prompts = read_prompt_location(source)
     unique, duplicates = dedupe_prompts(prompts)
     train, test = split_prompts(unique, test_size, seed)
@@ -274,6 +291,27 @@ def prepare_prompts(
         names=names[:2],
     )
     return summary
+
+
+def _check_prompt_split_overwrite(out: Path, existing: list[str]) -> None:
+    """--overwrite replaces train.jsonl/test.jsonl only under a manifest of a g2rpo prompt split: files of
+    those names without it may be a user's own (the rule of g2rpo.artifacts.ownership)."""
+    why = None
+    try:
+        manifest = read_manifest(FileStore(out))
+        if not manifest.producer.startswith("g2rpo.data.") or manifest.metadata.get("kind") != PROMPTS_KIND:
+            why = f"its {MANIFEST} was written by {manifest.producer!r} (kind {manifest.metadata.get('kind')!r})"
+    except G2RPOError:
+        why = f"it has no readable {MANIFEST} of a g2rpo prompt split"
+    if why is not None:
+        raise G2RPOError(
+            problem(
+                "output",
+                str(out),
+                f"holds {', '.join(existing)}, but {why}: --overwrite replaces only a prompt split g2rpo wrote; "
+                "choose another directory, or move those files away yourself",
+            )
+        )
 
 
 def read_prompt_split(path: str | Path) -> list[str]:
@@ -333,6 +371,12 @@ def write_embedding_cache(
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise G2RPOError(problem("output", str(out), "directory is not empty; choose another or pass --overwrite"))
+        from g2rpo.artifacts.ownership import check_replaceable
+
+        # Only a folder of cache files is replaced (a killed build's, without a manifest, included).
+        check_replaceable(
+            out, field="output", kind="text-embedding cache", own=("shard-*.safetensors", INDEX, MANIFEST)
+        )
         # The manifest goes first: from here on the old cache counts as unfinished.
         (out / MANIFEST).unlink(missing_ok=True)
         for old in list(out.glob("shard-*.safetensors")) + [out / INDEX]:

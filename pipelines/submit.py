@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from g2rpo.config import safe_yaml
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.launch.trainjob import gpus_per_node_from
 from pipelines.alignment import PIPELINE_NAME, build_pipeline, compile_pipeline
@@ -116,7 +117,7 @@ def parse_arguments(items: list[str] | tuple[str, ...], profile: PlacementProfil
             problems.append(problem("parameter", name, f"unknown; valid parameters: {', '.join(sorted(inputs))}"))
             continue
         try:
-            value = yaml.safe_load(text) if text.strip() else ""
+            value = safe_yaml(text, f"parameter {name!r}") if text.strip() else ""
         except yaml.YAMLError:
             value = text
         expected = _TYPES.get(inputs[name], object)

@@ -387,6 +387,10 @@ def promote(
     )
     if dry_run:
         return decision
+    if decision.passed:
+        # At the moment of promotion: the export must be there and be the registered one (a champion
+        # that points at nothing is refused before the decision is stored or the alias moves).
+        registry.verify_export(record)
     key = registry.record_decision(model, version, decision.model_dump(mode="json"))
     if not decision.passed:
         return decision
@@ -451,7 +455,7 @@ def rollback(registry: Registry, model: str, to: int | None = None, reason: str 
         to = previous
     if to == current:
         raise G2RPOError(problem("to", to, "is already the champion"))
-    registry.get_version(model, to)  # must exist
+    registry.verify_export(registry.get_version(model, to))  # must exist, and its export too
 
     def change(_: RegistryState) -> list[HistoryEvent]:
         return [

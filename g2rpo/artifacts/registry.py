@@ -39,7 +39,8 @@ from pathlib import Path
 from pydantic import Field, ValidationError
 
 from g2rpo import __version__
-from g2rpo.artifacts.manifest import FileEntry, publish_dir, read_manifest, unique_prefix
+from g2rpo.artifacts.manifest import MANIFEST_NAME, FileEntry, mismatches, parse_manifest, read_manifest
+from g2rpo.artifacts.publish import publish_dir, unique_prefix
 from g2rpo.artifacts.scores import SCHEMA_VERSION, EvalScores, MetricSummary, Record, ScoreItem
 from g2rpo.artifacts.storage import FileStore, ObjectNotFound, S3Settings, Store, WriteConflict, open_store
 from g2rpo.errors import G2RPOError, problem
@@ -369,6 +370,7 @@ class Registry:
             manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
             files=manifest.files,
         )
+        self._check_export(export, f"{model!r}'s new version")
         number = (self.version_numbers(model) or [0])[-1] + 1
         for _ in range(_MAX_VERSION_CLAIMS):
             record = ModelVersion(
@@ -390,6 +392,38 @@ class Registry:
             except WriteConflict:
                 number += 1  # another writer claimed this number first
         raise G2RPOError(f"could not claim a version number for {model!r} after {_MAX_VERSION_CLAIMS} tries; retry")
+
+    def verify_export(self, record: ModelVersion) -> None:
+        """Check, now, that the version's export is there and is the one registered: its manifest's sha256
+        is the recorded one and every file it lists is present with its size (one HEAD per file; the
+        manifest pins every file's sha256). Raises naming the version, the URI and what is wrong."""
+        self._check_export(record.export, f"{record.model!r} v{record.version}")
+
+    def _check_export(self, export: ExportRef, what: str) -> None:
+        import hashlib
+
+        store = open_store(export.uri, self.settings)
+        fix = "publish the export again and register it as a new version, or restore the export from a backup"
+        try:
+            data, _ = store.get_bytes(MANIFEST_NAME)
+        except ObjectNotFound:
+            raise G2RPOError(
+                f"{what}: its export {export.uri} has no {MANIFEST_NAME} (deleted, or never published): "
+                f"an alias must not point at a model that is not there; {fix}"
+            ) from None
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != export.manifest_sha256:
+            raise G2RPOError(
+                f"{what}: its export's {export.uri}/{MANIFEST_NAME} has sha256 {digest[:12]}…, recorded "
+                f"{export.manifest_sha256[:12]}… at registration: the export was replaced; {fix}"
+            )
+        manifest = parse_manifest(data, store.uri_for(MANIFEST_NAME))
+        problems = mismatches(store, manifest)
+        if problems:
+            raise G2RPOError(
+                f"{what}: its export {export.uri} does not match its manifest ({len(problems)} problem(s)); {fix}\n  - "
+                + "\n  - ".join(problems)
+            )
 
     def record_decision(self, model: str, version: int, decision: dict) -> str:
         """Store a promotion decision with the version (create-only); returns its key."""
@@ -445,7 +479,7 @@ class Registry:
         """Point ``alias`` at ``version`` (None clears it), without gates. Conditional write."""
         validate_alias(alias)
         if version is not None:
-            self.get_version(model, version)  # must exist
+            self.verify_export(self.get_version(model, version))  # must exist, its export too
 
         def change(state: RegistryState) -> list[HistoryEvent]:
             return [

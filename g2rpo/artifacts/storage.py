@@ -22,7 +22,8 @@ retries with exponential backoff done by botocore's retry modes (``standard``/``
 a loop here.
 
 Manifests, atomic publish, verified downloads, the digest-keyed cache and garbage collection are
-built on top of this in :mod:`g2rpo.artifacts.manifest`.
+built on top of this in :mod:`g2rpo.artifacts.manifest` (format and checks), :mod:`~g2rpo.artifacts.publish`,
+:mod:`~g2rpo.artifacts.cache` and :mod:`~g2rpo.artifacts.gc`.
 """
 
 from __future__ import annotations

@@ -9,6 +9,11 @@ from pathlib import Path
 
 from g2rpo.errors import G2RPOError, problem
 
+OVERWRITE_HELP = (
+    "replace the directory whole when it is a g2rpo model folder (its g2rpo_tiny.json marker and the model's "
+    "files only); any other non-empty directory is refused, naming what it holds"
+)
+
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     model = subparsers.add_parser(
@@ -30,7 +35,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     init.add_argument("--output", required=True, metavar="DIR", help="directory to write (must be new or empty)")
     init.add_argument("--seed", type=int, default=0, help="weight seed (default 0); same seed, same weights")
-    init.add_argument("--overwrite", action="store_true", help="write into a non-empty directory")
+    init.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     init.set_defaults(handler=_init_tiny)
 
     shapes = sub.add_parser(
@@ -48,7 +53,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     shapes.add_argument("--seed", type=int, default=0, help="seed of the weights and of every draw (default 0)")
     add_pretraining_args(shapes, prefix="")
     shapes.add_argument("--prompts", metavar="FILE", help="also write the task's 360 prompts to FILE, one a line")
-    shapes.add_argument("--overwrite", action="store_true", help="write into a non-empty directory")
+    shapes.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     shapes.set_defaults(handler=_pretrain_shapes)
 
     quality = sub.add_parser(
@@ -230,6 +235,11 @@ def _check(args: argparse.Namespace) -> int:
     )
     root = resolve_model_location(args.location)
     check_model_dir(root, components)
-    print(f"ok: {root} has {', '.join(components)}")
+    verified = (
+        "every file matches its manifest.json"
+        if (root / "manifest.json").is_file()
+        else "no manifest.json, so the bytes are not verified (only the layout and the safetensors headers)"
+    )
+    print(f"ok: {root} has {', '.join(components)}; {verified}")
     print(json.dumps(base_model_record(args.location), indent=2))
     return 0

@@ -28,7 +28,7 @@ def settings_from_args(args):
 def _put(args) -> int:
     from pathlib import Path
 
-    from g2rpo.artifacts.manifest import publish_dir
+    from g2rpo.artifacts.publish import publish_dir
     from g2rpo.artifacts.storage import locate
     from g2rpo.errors import G2RPOError, problem
 
@@ -37,7 +37,7 @@ def _put(args) -> int:
     if source.is_dir():
         dest = args.dest
         if args.unique:
-            from g2rpo.artifacts.manifest import unique_uri
+            from g2rpo.artifacts.publish import unique_uri
 
             dest = unique_uri(dest)
         manifest = publish_dir(
@@ -66,7 +66,8 @@ def _put(args) -> int:
 
 
 def _get(args) -> int:
-    from g2rpo.artifacts.manifest import download_dir, has_manifest
+    from g2rpo.artifacts.cache import download_dir
+    from g2rpo.artifacts.manifest import has_manifest
     from g2rpo.artifacts.storage import locate, open_store
 
     settings = settings_from_args(args)
@@ -105,7 +106,7 @@ def _verify(args) -> int:
 
 
 def _gc(args) -> int:
-    from g2rpo.artifacts.manifest import gc, parse_duration
+    from g2rpo.artifacts.gc import gc, parse_duration
 
     settings = settings_from_args(args)
     older_than = parse_duration(args.older_than)

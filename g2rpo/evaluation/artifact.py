@@ -1,6 +1,6 @@
 """The evaluation artifact: what one evaluation publishes, and reading it back.
 
-Layout under the artifact's URI (published with :func:`g2rpo.artifacts.manifest.publish_dir`, the
+Layout under the artifact's URI (published with :func:`g2rpo.artifacts.publish.publish_dir`, the
 manifest last, so a reader sees all of it or nothing)::
 
     scores.json            g2rpo.artifacts.scores.EvalScores at num_steps: every (prompt, seed)'s score per
@@ -29,6 +29,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import logging
 import math
 import tempfile
 import textwrap
@@ -42,7 +43,8 @@ import torch
 from PIL import Image
 from pydantic import ValidationError
 
-from g2rpo.artifacts.manifest import fetch_to_cache, has_manifest
+from g2rpo.artifacts.cache import fetch_to_cache
+from g2rpo.artifacts.manifest import has_manifest
 from g2rpo.artifacts.scores import EvalScores, ScoreItem
 from g2rpo.artifacts.storage import S3Settings, locate, open_store
 from g2rpo.data import dedupe_prompts, read_prompt_file
@@ -74,6 +76,12 @@ class PromptSet:
     sha256: str
     prompts: list[str]
 
+
+_log = logging.getLogger(__name__)
+# grid.png holds at most this many rows (prompts) and columns (seeds): a picture a person can read,
+# and a figure whose memory does not grow with the evaluation (every image stays in images/).
+GRID_PROMPTS_MAX = 64
+GRID_SEEDS_MAX = 8
 
 BUILTIN_PREFIX = "builtin:"
 
@@ -240,7 +248,20 @@ def score_grid_figure(result: EvalResult, title: str = ""):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows, cols = len(result.prompts), len(result.seeds)
+    rows, cols = min(len(result.prompts), GRID_PROMPTS_MAX), min(len(result.seeds), GRID_SEEDS_MAX)
+    cut = ""
+    if (rows, cols) != (len(result.prompts), len(result.seeds)):
+        cut = f" · showing the first {rows} of {len(result.prompts)} prompts and {cols} of {len(result.seeds)} seeds"
+        _log.warning(
+            "grid.png shows the first %d of %d prompts and %d of %d seeds (at most %d × %d images); "
+            "scores.json and images/ hold every one",
+            rows,
+            len(result.prompts),
+            cols,
+            len(result.seeds),
+            GRID_PROMPTS_MAX,
+            GRID_SEEDS_MAX,
+        )
     names = list(result.scores)
     # The whole prompt, wrapped, left of its row (position and background are at its end); the
     # constrained layout makes room for it, the column heads and the wrapped title, so nothing is cut
@@ -266,7 +287,7 @@ def score_grid_figure(result: EvalResult, title: str = ""):
         label = textwrap.fill(f"p{p}: {result.prompts[p]}", width=26)
         axes[p, 0].set_ylabel(label, fontsize=6, rotation=0, ha="right", va="center")
     means = ", ".join(f"{name} {result.mean(name):.4f}" for name in names)
-    heading = f"{title + ': ' if title else ''}mean {means} · rows: prompts, columns: seeds"
+    heading = f"{title + ': ' if title else ''}mean {means} · rows: prompts, columns: seeds{cut}"
     fig.suptitle(textwrap.fill(heading, width=int(width * 72 / 8 / 0.62)), fontsize=8)
     plt.close(fig)  # out of pyplot's registry; the figure itself stays usable
     return fig

@@ -27,7 +27,13 @@ from g2rpo.config import COUNT_MAX, GUIDANCE_MAX, MAX_SIDE, PROBLEM_SEPARATOR, S
 from g2rpo.errors import problem
 from g2rpo.rewards.config import RewardsConfig
 
-__all__ = ["EvaluationConfig"]
+__all__ = ["EvaluationConfig", "IMAGES_MAX", "SEEDS_MAX"]
+
+# An evaluation's seeds: the paper's use a handful; more than this is a typo or a generated list.
+SEEDS_MAX = 1024
+# Images one evaluation samples (prompts × seeds × step counts), checked once the prompts are read and
+# before any model loads: every image and its scores are held until the artifact is assembled.
+IMAGES_MAX = 100_000
 
 
 class EvaluationConfig(Section):
@@ -44,6 +50,7 @@ class EvaluationConfig(Section):
     seeds: list[Annotated[int, Field(ge=0, le=SEED_MAX)]] = Field(
         default_factory=lambda: [0, 1, 2],
         min_length=1,
+        max_length=SEEDS_MAX,
         description=f"sampling seeds, 0…{SEED_MAX} (2**64 − 1, torch.Generator's range); each prompt's initial noise is "
         "FluxPipeline's for manual_seed(seed)",
     )

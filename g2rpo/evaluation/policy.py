@@ -10,7 +10,7 @@ A model URI (local path, ``file://`` or ``s3://`` of a published artifact) holds
   ``base_model_uri`` given, else the location recorded in ``base_model.json`` when that is a local
   folder that exists here.
 
-``s3://`` URIs go through the verified, digest-keyed cache (:func:`g2rpo.artifacts.manifest.fetch_to_cache`).
+``s3://`` URIs go through the verified, digest-keyed cache (:func:`g2rpo.artifacts.cache.fetch_to_cache`).
 The transformer is wrapped in :class:`g2rpo.models.flux.FluxVelocity` with the settings the
 trainer uses (image size, VAE scale factor, guidance, timestep rounding), so sampling an export
 here gives what sampling the live trainer's policy gives.
@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import torch
 
-from g2rpo.artifacts.manifest import fetch_to_cache
+from g2rpo.artifacts.cache import fetch_to_cache, verify_local
 from g2rpo.artifacts.storage import S3Settings
 from g2rpo.core import flux_sigmas, static_shift_sigmas
 from g2rpo.errors import G2RPOError, problem
@@ -82,6 +82,7 @@ def local_model_dir(uri: str, cache_dir: str | None = None, settings: S3Settings
         raise G2RPOError(
             problem("model", uri, "no such folder: pass a FluxPipeline folder or a trainer export (output.dir/export)")
         )
+    verify_local(path, what="model")  # an export or a model g2rpo wrote: its manifest pins every byte
     return path
 
 

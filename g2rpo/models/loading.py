@@ -3,7 +3,7 @@
 A **model location** is a local directory in diffusers' ``FluxPipeline`` layout (what
 ``save_pretrained`` writes and what the Hugging Face repository ``black-forest-labs/FLUX.1-dev``
 holds), or an ``s3://bucket/prefix`` URI of such a directory, which is downloaded once into a
-local cache through the storage layer (:func:`g2rpo.artifacts.manifest.fetch_to_cache`: the directory
+local cache through the storage layer (:func:`g2rpo.artifacts.cache.fetch_to_cache`: the directory
 must have been published with its ``manifest.json``; every file's sha256 is checked, and a second
 run reuses the cache).
 
@@ -91,9 +91,9 @@ def resolve_model_location(location: str | Path, cache_dir: str | Path | None = 
 
 
 def _fetch_s3_model(uri: str, cache_dir: str | Path | None) -> Path:
-    """Download a published model directory once (``g2rpo.artifacts.manifest.fetch_to_cache``: sha256-checked,
+    """Download a published model directory once (``g2rpo.artifacts.cache.fetch_to_cache``: sha256-checked,
     keyed by its manifest's digest) and return the local copy."""
-    from g2rpo.artifacts.manifest import fetch_to_cache
+    from g2rpo.artifacts.cache import fetch_to_cache
 
     return Path(fetch_to_cache(uri, cache_dir=cache_dir))
 
@@ -170,7 +170,10 @@ def _missing_path_fix(root: Path) -> str:
 def check_model_dir(path: str | Path, components: Iterable[str] = ALL_COMPONENTS) -> dict[str, Any]:
     """Check a ``FluxPipeline`` directory for ``components``; return its ``model_index.json``.
 
-    Raises one :class:`G2RPOError` listing every missing or partial piece.
+    Raises one :class:`G2RPOError` listing every missing or partial piece. A folder with a
+    ``manifest.json`` (what g2rpo writes and downloads) is then checked against it: every file of
+    ``components`` and every top-level file must have its recorded size and sha256
+    (:func:`g2rpo.artifacts.cache.verify_local`, cached by file identity).
     """
     root = Path(path)
     if not root.exists():
@@ -213,6 +216,11 @@ def check_model_dir(path: str | Path, components: Iterable[str] = ALL_COMPONENTS
         lines = [f"model directory {str(root)!r} is incomplete ({len(problems)} problem(s)):"]
         lines += [f"  - {p}" for p in problems]
         raise G2RPOError("\n".join(lines))
+    from g2rpo.artifacts.cache import verify_local
+
+    # A folder g2rpo made or downloaded carries a manifest: every file of these components is checked
+    # against it (sha256, cached by file identity), so damaged weights are never trained or sampled.
+    verify_local(root, only=components, what="model directory")
     return index
 
 

@@ -59,7 +59,7 @@ from g2rpo.artifacts.manifest import MANIFEST_NAME, has_manifest, mismatches, re
 from g2rpo.artifacts.storage import FileStore
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.models.flux import FluxTextEncoder, FluxVelocity, decode_latents, pack_latents
-from g2rpo.models.tiny import TINY_MARKER, build_tiny_flux_pipeline
+from g2rpo.models.tiny import TINY_MARKER, build_tiny_flux_pipeline, check_model_overwrite
 from g2rpo.progress import progress_bar
 from g2rpo.tasks.shapes import (
     BACKGROUNDS,
@@ -213,7 +213,8 @@ def pretrain_shapes(
 ) -> Path:
     """Pretrain the shapes pipeline (see the module docstring) and ``save_pretrained`` it to ``output``.
 
-    Refuses a non-empty ``output`` unless ``overwrite`` (which replaces the folder whole). ``progress``
+    Refuses a non-empty ``output`` unless ``overwrite``, which replaces the folder whole and only when it is a
+    g2rpo model folder (its marker, nothing else beside the model's files; :func:`check_model_overwrite`). ``progress``
     shows a bar per stage on stderr. Returns the directory.
     """
     out = Path(output)
@@ -221,6 +222,8 @@ def pretrain_shapes(
         raise G2RPOError(
             problem("output", str(out), "exists and is not an empty directory; choose another or pass --overwrite")
         )
+    if overwrite:
+        check_model_overwrite(out)  # before the minutes of training: a folder that is not a g2rpo model is refused
     started = time.monotonic()
     pipe = shapes_pipeline(settings.seed, settings.heads)
     gen = torch.Generator().manual_seed(settings.seed)
@@ -241,7 +244,8 @@ def pretrain_shapes(
     flow_loss = _train_flow(velocity, latents, cond, settings, gen, recoloured_scenes(scenes), progress)
     seconds = time.monotonic() - started
     log(f"flow matching: {settings.flow_steps} steps, final loss {flow_loss:.4g} ({seconds:.0f} s in all)")
-    if out.exists():  # --overwrite: the old model goes whole (its manifest would refuse the new one)
+    if out.exists():  # --overwrite of a g2rpo model folder (checked above): the old model goes whole
+        check_model_overwrite(out)  # again: the folder may have changed during the training
         shutil.rmtree(out)
     out.mkdir(parents=True)
     pipe.save_pretrained(out, safe_serialization=True)

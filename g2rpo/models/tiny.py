@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 import string
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,6 +55,44 @@ TINY_T5_MAX_LENGTH = 32
 TINY_CLIP_MAX_LENGTH = 77
 TINY_CLIP_MERGES = 1000
 TINY_MARKER = "g2rpo_tiny.json"  # written next to model_index.json: what made this directory
+# What a g2rpo model folder holds at its top level (diffusers' save_pretrained, the marker, the manifest):
+# --overwrite replaces only a folder of these entries with a g2rpo marker (g2rpo.artifacts.ownership).
+MODEL_ENTRIES = (
+    "model_index.json",
+    "transformer",
+    "vae",
+    "text_encoder",
+    "text_encoder_2",
+    "tokenizer",
+    "tokenizer_2",
+    "scheduler",
+    TINY_MARKER,
+    "manifest.json",
+)
+
+
+def g2rpo_model_marker_problem(folder: Path) -> str | None:
+    """None when ``folder`` carries a g2rpo model marker (tiny or shapes), else what is wrong with it."""
+    marker = folder / TINY_MARKER
+    if not marker.is_file():
+        return f"no {TINY_MARKER}, the marker g2rpo writes in every model folder it makes"
+    try:
+        producer = json.loads(marker.read_text(encoding="utf-8")).get("producer", "")
+    except (OSError, ValueError, AttributeError):
+        return f"its {TINY_MARKER} is not readable JSON"
+    if not str(producer).startswith("g2rpo.models."):
+        return f"its {TINY_MARKER} names producer {producer!r}, not a g2rpo model"
+    return None
+
+
+def check_model_overwrite(folder: Path, field: str = "output") -> None:
+    """Refuse ``--overwrite`` of a folder that is not a g2rpo model folder (naming what it holds)."""
+    from g2rpo.artifacts.ownership import check_replaceable
+
+    check_replaceable(
+        folder, field=field, kind="g2rpo model folder", own=MODEL_ENTRIES, is_ours=g2rpo_model_marker_problem
+    )
+
 
 _T5_WORDS = (
     "a an the of and in on with at to for from by is are photo picture painting portrait of cat dog "
@@ -193,8 +232,8 @@ def build_tiny_flux_pipeline(seed: int = 0, extra_words: Sequence[str] = (), num
 def save_tiny_flux(output: str | Path, seed: int = 0, overwrite: bool = False) -> Path:
     """Build the tiny pipeline and ``save_pretrained`` it to ``output`` (safetensors).
 
-    Refuses a non-empty ``output`` unless ``overwrite`` (nothing already there is lost by
-    accident). Writes ``g2rpo_tiny.json`` (seed, sizes, licence) last.
+    Refuses a non-empty ``output`` unless ``overwrite``, which replaces it only when it is a g2rpo
+    model folder (:func:`check_model_overwrite`): nothing a user put there is lost. Writes ``g2rpo_tiny.json`` (seed, sizes, licence) last.
     """
     out = Path(output)
     check_writable(out, "output")
@@ -204,6 +243,11 @@ def save_tiny_flux(output: str | Path, seed: int = 0, overwrite: bool = False) -
                 "output", str(out), "directory is not empty; choose a new directory or pass --overwrite to replace it"
             )
         )
+    if overwrite:
+        check_model_overwrite(out)
+        # the old model goes whole: stale subfolders and an old manifest would not match the new weights
+        if out.is_dir() and any(out.iterdir()):
+            shutil.rmtree(out)
     pipe = build_tiny_flux_pipeline(seed)
     out.mkdir(parents=True, exist_ok=True)
     pipe.save_pretrained(out, safe_serialization=True)

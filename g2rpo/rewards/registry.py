@@ -7,7 +7,7 @@ needs (files, keys), which config keys it reads, and a builder. :func:`build_rew
 :class:`~g2rpo.errors.G2RPOError` listing the valid ones. Heavy imports happen in the builders.
 
 Weights locations: a local path, or ``s3://bucket/prefix`` naming an artifact published with a
-manifest (:func:`g2rpo.artifacts.manifest.fetch_to_cache` downloads it once, verifying every sha256, and
+manifest (:func:`g2rpo.artifacts.cache.fetch_to_cache` downloads it once, verifying every sha256, and
 returns the cached folder). When a head wants a file and the location is a folder (always the
 case for ``s3://``), the file is looked up in it by its published name (``HPS_v2.1_compressed.pt``,
 ``ImageReward.pt``, ...), and an ImageReward folder may also carry ``med_config.json`` and
@@ -54,7 +54,7 @@ def resolve_location(field: str, location: str, cache_dir: str | None = None) ->
     """A local path for a weights location (``s3://`` artifacts are fetched into the cache)."""
     if location.startswith("s3://"):
         try:
-            from g2rpo.artifacts.manifest import fetch_to_cache
+            from g2rpo.artifacts.cache import fetch_to_cache
         except ImportError:  # pragma: no cover - the storage layer ships with the package
             raise G2RPOError(
                 problem(field, location, "s3:// needs g2rpo.artifacts.manifest (the storage layer); use a local path")

@@ -19,7 +19,7 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
-from g2rpo.artifacts.manifest import unique_prefix
+from g2rpo.artifacts.publish import unique_prefix
 from g2rpo.artifacts.registry import Registry
 from g2rpo.artifacts.storage import S3Settings, open_store
 from g2rpo.config import load_config

@@ -19,7 +19,7 @@ import io
 import json
 from pathlib import Path
 
-from g2rpo.artifacts.manifest import fetch_to_cache
+from g2rpo.artifacts.cache import fetch_to_cache
 from g2rpo.artifacts.promotion import Decision
 from g2rpo.artifacts.storage import S3Settings
 from g2rpo.steps.records import CandidatesRecord

@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from g2rpo import __version__
-from g2rpo.artifacts.manifest import Manifest, fetch_to_cache, has_manifest, publish_dir, read_manifest
+from g2rpo.artifacts.cache import fetch_to_cache
+from g2rpo.artifacts.manifest import Manifest, has_manifest, read_manifest
+from g2rpo.artifacts.publish import publish_dir
 from g2rpo.artifacts.scores import EvalScores
 from g2rpo.artifacts.storage import S3Settings, check_writable, open_store
 from g2rpo.config import config_hash
@@ -34,7 +36,7 @@ from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation import resume
 from g2rpo.evaluation.artifact import check_baseline, eval_result_from, load_baseline, read_prompt_set
 from g2rpo.evaluation.assemble import assemble
-from g2rpo.evaluation.config import EvaluationConfig
+from g2rpo.evaluation.config import IMAGES_MAX, EvaluationConfig
 from g2rpo.evaluation.policy import resolve_device
 from g2rpo.evaluation.sampling import EvalResult
 from g2rpo.evaluation.sharded import join_ranks, sample_pending
@@ -110,6 +112,17 @@ def evaluate(
     metrics = [get_spec(spec.name).name for spec in config.rewards.models]  # an unknown name lists the valid ones
     prompt_set = read_prompt_set(config.prompts, config.num_prompts, settings)
     prompts = prompt_set.prompts
+    images = len(prompts) * len(config.seeds) * len(config.step_counts)
+    if images > IMAGES_MAX:
+        raise G2RPOError(
+            problem(
+                "seeds",
+                f"{len(config.seeds)} seed(s)",
+                f"{len(prompts)} prompt(s) × {len(config.seeds)} seed(s) × {len(config.step_counts)} step count(s) "
+                f"= {images:,} images, over the {IMAGES_MAX:,} one evaluation holds: evaluate fewer prompts "
+                "(num_prompts) or seeds, or split the prompt set into several evaluations",
+            )
+        )
     baseline, paired_steps = None, []
     if baseline_uri:
         baseline = load_baseline(baseline_uri, settings, config.cache_dir)

@@ -437,6 +437,12 @@ def export_model(
     if directory.exists() and any(directory.iterdir()):
         if is_complete(directory):
             raise G2RPOError(f"export directory {directory} already holds a complete export: refusing to overwrite it")
+        from g2rpo.artifacts.ownership import check_replaceable
+
+        # An export killed before its manifest is redone; a folder holding anything an export does not is refused.
+        check_replaceable(
+            directory, field="export directory", kind="model export", own=("transformer", "lora", "base_model.json")
+        )
         shutil.rmtree(directory)
     directory.mkdir(parents=True, exist_ok=True)
     if lora:

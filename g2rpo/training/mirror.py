@@ -7,7 +7,7 @@ Layout under the run's mirror URI (one per run identity, e.g. ``s3://bucket/runs
     iter-000004/
 
 :class:`CheckpointMirror` is a :class:`~g2rpo.training.trainer.TrainerCallback`: after each local
-checkpoint is complete, rank 0 publishes it (:func:`~g2rpo.artifacts.manifest.publish_dir`, so the
+checkpoint is complete, rank 0 publishes it (:func:`~g2rpo.artifacts.publish.publish_dir`, so the
 prefix counts only once its manifest is written) and only then removes the mirrored checkpoints that
 retention (``train.keep_last``, ``train.keep_iterations``, and the best validated checkpoint so far,
 which the trainer protects: :mod:`g2rpo.training.validation`) no longer keeps, each manifest first.
@@ -32,15 +32,9 @@ import re
 import shutil
 from pathlib import Path
 
-from g2rpo.artifacts.manifest import (
-    MANIFEST_NAME,
-    MARKER_NAME,
-    download_dir,
-    has_manifest,
-    publish_dir,
-    read_manifest,
-    verify,
-)
+from g2rpo.artifacts.cache import download_dir
+from g2rpo.artifacts.manifest import MANIFEST_NAME, MARKER_NAME, has_manifest, read_manifest, verify
+from g2rpo.artifacts.publish import publish_dir
 from g2rpo.artifacts.storage import S3Settings, open_store
 from g2rpo.errors import G2RPOError
 from g2rpo.training.checkpoint import CheckpointManager, is_complete, manifest_metadata

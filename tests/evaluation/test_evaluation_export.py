@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from g2rpo.artifacts.manifest import write_dir_manifest
 from g2rpo.config import load_config
 from g2rpo.core import flux_sigmas
 from g2rpo.errors import G2RPOError
@@ -154,6 +155,11 @@ def test_an_export_whose_base_model_is_not_here_needs_base_model_uri(trained, ti
     info = json.loads((moved / "base_model.json").read_text())
     info["base_model_record"]["location"] = "/nowhere/tiny-flux"
     (moved / "base_model.json").write_text(json.dumps(info))
+    with pytest.raises(G2RPOError, match=r"base_model\.json: size .*manifest says"):  # edited after its export
+        evaluate(str(moved), _eval_config(), str(tmp_path / "eval"))
+    manifest = json.loads((moved / "manifest.json").read_text())
+    (moved / "manifest.json").unlink()  # sealed again, as an export made on a machine with its base elsewhere
+    write_dir_manifest(moved, producer=manifest["producer"], metadata=manifest["metadata"])
     with pytest.raises(G2RPOError) as error:
         evaluate(str(moved), _eval_config(), str(tmp_path / "eval"))
     message = str(error.value)

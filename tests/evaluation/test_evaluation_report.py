@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from g2rpo.artifacts.manifest import publish_dir
 from g2rpo.artifacts.promotion import eval_record_from_scores
+from g2rpo.artifacts.publish import publish_dir
 from g2rpo.artifacts.scores import EvalScores, bootstrap_mean_ci
 from g2rpo.artifacts.storage import open_store
 from g2rpo.config import load_config

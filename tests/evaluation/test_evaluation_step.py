@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from g2rpo import cli
-from g2rpo.artifacts.manifest import MARKER_NAME, publish_dir, verify
+from g2rpo.artifacts.manifest import MARKER_NAME, verify
+from g2rpo.artifacts.publish import publish_dir
 from g2rpo.artifacts.scores import EvalScores
 from g2rpo.artifacts.storage import open_store
 from g2rpo.config import load_config

@@ -198,7 +198,7 @@ def test_models_locations_and_licence(tiny_flux_dir, tmp_path):
 
 def test_models_load_from_s3_through_the_storage_layer(tiny_flux_dir, tmp_path, s3_env):
     """An s3:// model location is published once, fetched once into the cache (sha256-checked), then loaded."""
-    from g2rpo.artifacts.manifest import publish_dir
+    from g2rpo.artifacts.publish import publish_dir
 
     uri = f"{s3_env.uri}/models/tiny-flux"
     publish_dir(tiny_flux_dir, uri)
@@ -219,7 +219,7 @@ def test_models_load_from_s3_through_the_storage_layer(tiny_flux_dir, tmp_path, 
 
 def test_models_s3_model_with_wrong_bytes_is_never_loaded(tiny_flux_dir, tmp_path, s3_env, capsys):
     """Same size, other bytes: on the bucket the download is refused; in the cache it is fetched again."""
-    from g2rpo.artifacts.manifest import publish_dir
+    from g2rpo.artifacts.publish import publish_dir
 
     uri = f"{s3_env.uri}/models/tiny-flux"
     publish_dir(tiny_flux_dir, uri)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from g2rpo.artifacts.manifest import publish_dir, unique_prefix
 from g2rpo.artifacts.promotion import eval_record_from_scores
+from g2rpo.artifacts.publish import publish_dir, unique_prefix
 from g2rpo.artifacts.registry import BaseModelRef, EvalScores, Registry, ScoreItem
 
 PROMPTS = [f"p{i}" for i in range(8)]

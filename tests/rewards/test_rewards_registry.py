@@ -258,7 +258,7 @@ def test_score_rewards_equals_one_call_per_head_and_reports_nan(tiny_hps, tmp_pa
 @pytest.mark.integration
 def test_weights_from_s3_artifact(tiny_hps, s3_env, tmp_path):
     """A published artifact on a real S3 server (SeaweedFS on loopback) is fetched, verified and cached."""
-    from g2rpo.artifacts.manifest import publish_dir
+    from g2rpo.artifacts.publish import publish_dir
 
     uri = f"s3://{s3_env.bucket}/rewards/hps_v21"
     publish_dir(tiny_hps["checkpoint"].parent, uri)
@@ -273,7 +273,7 @@ def test_weights_from_s3_artifact(tiny_hps, s3_env, tmp_path):
 def test_auxiliary_files_from_s3_artifacts(tiny_image_reward, s3_env, tmp_path):
     """tokenizer / arch_config / vision_config may be s3:// artifacts too: a folder artifact is the
     tokenizer folder, and a config artifact's file is found by its usual name."""
-    from g2rpo.artifacts.manifest import publish_dir
+    from g2rpo.artifacts.publish import publish_dir
 
     configs = tmp_path / "configs"
     configs.mkdir()

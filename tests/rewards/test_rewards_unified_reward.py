@@ -280,7 +280,7 @@ def test_built_from_config_and_listed(tiny_answering_judge, capsys):
 
 @pytest.mark.integration
 def test_weights_from_an_s3_artifact(tiny_answering_judge, s3_env, tmp_path):
-    from g2rpo.artifacts.manifest import publish_dir
+    from g2rpo.artifacts.publish import publish_dir
 
     uri = f"s3://{s3_env.bucket}/rewards/unified_reward"
     publish_dir(tiny_answering_judge, uri)

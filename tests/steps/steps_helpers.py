@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from g2rpo.artifacts.manifest import publish_dir, unique_prefix
+from g2rpo.artifacts.publish import publish_dir, unique_prefix
 from g2rpo.artifacts.scores import EvalScores, ScoreItem
 from g2rpo.config import load_config
 from g2rpo.training.run_config import RunConfig

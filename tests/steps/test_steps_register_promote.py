@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from steps_helpers import make_scores, publish_fake_export
 
-from g2rpo.artifacts.manifest import publish_dir
 from g2rpo.artifacts.promotion import load_gates
+from g2rpo.artifacts.publish import publish_dir
 from g2rpo.artifacts.registry import Registry
 from g2rpo.artifacts.storage import open_store
 from g2rpo.errors import G2RPOError

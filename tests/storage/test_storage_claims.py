@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from g2rpo.artifacts.manifest import MARKER_NAME, _iso, _now, publish_dir, verify
+from g2rpo.artifacts.manifest import MARKER_NAME, _iso, _now, verify
+from g2rpo.artifacts.publish import publish_dir
 from g2rpo.artifacts.storage import open_store
 from g2rpo.cli import main
 from g2rpo.errors import G2RPOError
@@ -129,7 +130,7 @@ def test_a_live_publisher_renews_its_lease_and_is_never_overtaken(root_uri, tmp_
         time.sleep(6.0)
         renewed = _marker(uri)
         assert renewed["renewed_at"] > started["renewed_at"] and renewed["token"] == started["token"]
-        monkeypatch.setattr("g2rpo.artifacts.manifest.socket.gethostname", lambda: "another-machine")
+        monkeypatch.setattr("g2rpo.artifacts.publish.socket.gethostname", lambda: "another-machine")
         with pytest.raises(G2RPOError, match="is being published by"):
             publish_dir(_artifact(tmp_path, "b"), uri)
     finally:

@@ -8,7 +8,10 @@ from datetime import timedelta
 import pytest
 
 from g2rpo.artifacts import storage as storage_module
-from g2rpo.artifacts.manifest import MANIFEST_NAME, download_dir, gc, has_manifest, publish_dir, read_manifest
+from g2rpo.artifacts.cache import download_dir
+from g2rpo.artifacts.gc import gc
+from g2rpo.artifacts.manifest import MANIFEST_NAME, has_manifest, read_manifest
+from g2rpo.artifacts.publish import publish_dir
 from g2rpo.artifacts.storage import MiB, S3Settings, open_store
 from g2rpo.errors import G2RPOError
 

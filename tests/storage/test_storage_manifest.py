@@ -10,21 +10,19 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from g2rpo.artifacts.cache import download_dir, fetch_to_cache
+from g2rpo.artifacts.gc import gc
 from g2rpo.artifacts.manifest import (
     MANIFEST_NAME,
     MARKER_NAME,
-    download_dir,
-    fetch_to_cache,
-    gc,
     has_manifest,
     mismatches,
-    publish_dir,
     read_manifest,
-    unique_prefix,
     verify,
     write_dir_manifest,
     write_manifest,
 )
+from g2rpo.artifacts.publish import publish_dir, unique_prefix
 from g2rpo.artifacts.storage import FileStore, open_store, sha256_file
 from g2rpo.errors import G2RPOError
 
