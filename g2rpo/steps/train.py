@@ -124,7 +124,8 @@ def train(
         )
         ctx = init_distributed(config.train.device)  # the trainer joins the same group later
         if ctx.is_main:  # output.dir is one folder for all ranks (shared when there are several nodes)
-            claim_run_dir(config.output.dir, resume_hash(config))  # before the restore writes there
+            # before the restore writes there; the trainer takes this process's claim over and releases it
+            claim_run_dir(config.output.dir, resume_hash(config))
             mirror.restore(Path(config.output.dir) / "checkpoints", resume_hash(config))
         ctx.barrier()
         callbacks.append(mirror)

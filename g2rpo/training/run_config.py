@@ -228,6 +228,14 @@ class TrainSection(Section):
         description="auto (latest complete checkpoint in output.dir, if any), never (refuse a used output.dir), or a "
         "checkpoint directory",
     )
+    stop_grace_s: float = Field(
+        25.0,
+        ge=0,
+        le=86_400,
+        description="after SIGTERM/SIGINT: seconds the run may still use to finish (or abandon) its iteration and "
+        "write a checkpoint before it exits with status 128+signal (143 for SIGTERM); keep it below the pod's "
+        "terminationGracePeriodSeconds and torchrun's 30 s kill delay (docs/training.md)",
+    )
     deterministic: bool = Field(False, description="torch.use_deterministic_algorithms (bit-exact resume on CPU)")
     progress: bool = Field(True, description="show a progress bar (reward and loss in its postfix)")
     validation: ValidationSection = Field(

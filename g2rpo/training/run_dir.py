@@ -16,6 +16,14 @@ Anything else — a user's own ``config.yaml`` next to the output, another tool'
 is refused before any work starts, naming the files, so that no file of the user's is ever
 overwritten or appended to. (A pre-marker folder of a run killed before its first checkpoint is
 refused too: it cannot be told apart from someone else's, and it holds nothing to resume.)
+
+One writer per folder: :func:`claim_run_dir` also takes the writer claim :data:`WRITER` (created
+exclusively, naming the holder's host, pid, process start time and when it started, with a lease
+that a thread renews while the run lives) and returns it; a second ``g2rpo train`` on the same
+folder is refused, naming the holder and what to do. A claim whose holder is gone — a dead process
+on this host (or its pid reused by a newer one), or a lease not renewed in time, for a holder on
+another machine of a shared volume — is taken over, and the takeover is logged, as the publish
+claims of :mod:`g2rpo.artifacts.manifest` are. The claim is released when the run ends.
 """
 
 from __future__ import annotations
@@ -23,6 +31,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
+import sys
+import threading
+import time
+import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -31,9 +44,11 @@ from g2rpo.artifacts.storage import check_writable
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.training.checkpoint import is_complete
 
-__all__ = ["MARKER", "check_run_dir", "claim_run_dir", "foreign_entries"]
+__all__ = ["MARKER", "WRITER", "WriterClaim", "check_run_dir", "claim_run_dir", "foreign_entries"]
 
 MARKER = ".g2rpo-run.json"
+WRITER = ".g2rpo-writer.json"  # the live run's claim (one writer per folder)
+WRITER_LEASE_S = 120.0  # a holder on another host is taken over this long after its last renewal
 
 # What a run writes at the top of output.dir (trainer, checkpoint manager, export).
 _RUN_FILES = re.compile(r"^(config\.yaml|config-resumed-iter-\d+\.yaml|metrics\.jsonl|checkpoints|export(-iter-\d+)?)$")
@@ -55,7 +70,8 @@ def foreign_entries(out: str | Path) -> list[str]:
         return []
     names = sorted(os.listdir(out))
     checkpoints = out / "checkpoints"
-    owned: set[str] = {n for n in names if n.startswith(MARKER)}  # the marker, or its temp file mid-write
+    # the marker or the writer claim, or their temp files mid-write
+    owned: set[str] = {n for n in names if n.startswith((MARKER, WRITER))}
     if checkpoints.is_dir():
         entries = list(checkpoints.iterdir())
         if all(_CHECKPOINT_ENTRY.match(e.name) and e.is_dir() for e in entries):
@@ -82,14 +98,22 @@ def check_run_dir(out: str | Path, field: str = "output.dir") -> None:
         )
 
 
-def claim_run_dir(out: str | Path, config_hash: str, field: str = "output.dir") -> None:
-    """Check ``out`` (:func:`check_run_dir`), create it, and write the marker if it has none — before
-    anything else is written there. Rank 0 only; the other ranks call :func:`check_run_dir`."""
+def claim_run_dir(
+    out: str | Path, config_hash: str, field: str = "output.dir", lease_s: float = WRITER_LEASE_S
+) -> WriterClaim:
+    """Check ``out`` (:func:`check_run_dir`), create it, take the writer claim and write the marker if it
+    has none — before anything else is written there. Rank 0 only; the other ranks call
+    :func:`check_run_dir`. Release the returned claim when the run ends."""
     out = Path(out)
     check_run_dir(out, field)
-    if _is_marked(out):
-        return
     out.mkdir(parents=True, exist_ok=True)
+    claim = _take_writer_claim(out, field, lease_s)
+    if not _is_marked(out):
+        _write_marker(out, config_hash)
+    return claim
+
+
+def _write_marker(out: Path, config_hash: str) -> None:
     marker = {
         "tool": "g2rpo",
         "version": __version__,
@@ -99,3 +123,163 @@ def claim_run_dir(out: str | Path, config_hash: str, field: str = "output.dir") 
     temp = out / f"{MARKER}.{os.getpid()}.tmp"
     temp.write_text(json.dumps(marker, indent=1) + "\n", encoding="utf-8")
     os.replace(temp, out / MARKER)  # another rank listing the folder sees the whole marker or none
+
+
+class WriterClaim:
+    """This process's claim on a run folder (:data:`WRITER`), renewed by a daemon thread until :meth:`release`."""
+
+    def __init__(self, path: Path, holder: dict) -> None:
+        self.path, self.holder = path, holder
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name="g2rpo-run-claim", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        while not self._stop.wait(float(self.holder["lease_s"]) / 6):
+            if _read_holder(self.path).get("token") != self.holder["token"]:
+                return  # taken over (we were thought gone): never write over the new holder's claim
+            _write_json(self.path, {**self.holder, "renewed_at": _now_iso()})
+
+    def release(self) -> None:
+        """Stop renewing and remove the claim (if it is still ours)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        if _read_holder(self.path).get("token") == self.holder["token"]:
+            self.path.unlink(missing_ok=True)
+
+
+def _take_writer_claim(out: Path, field: str, lease_s: float) -> WriterClaim:
+    path = out / WRITER
+    now = _now_iso()
+    holder = {
+        "tool": "g2rpo",
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "pid_started": _process_start(os.getpid()),
+        "started": now,
+        "renewed_at": now,
+        "lease_s": float(lease_s),
+        "token": uuid.uuid4().hex,
+    }
+    body = (json.dumps(holder, indent=1) + "\n").encode()
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            current = _read_holder(path)
+            gone = _holder_gone(current)
+            if gone is None:
+                raise G2RPOError(_refusal(out, field, current)) from None
+            # Set the stale claim aside under a unique name: of two processes taking it over, one moves it.
+            aside = path.with_name(f"{WRITER}.stale-{os.getpid()}-{holder['token'][:8]}")
+            try:
+                os.rename(path, aside)
+            except FileNotFoundError:
+                continue
+            moved = _read_holder(aside)
+            if moved.get("token") != current.get("token"):  # moved a newer, live claim: put it back
+                try:
+                    os.link(aside, path)
+                except FileExistsError:
+                    pass
+                aside.unlink(missing_ok=True)
+                continue
+            aside.unlink(missing_ok=True)
+            if current.get("pid") != os.getpid():
+                print(
+                    f"g2rpo train: {out}: taking over the writer claim of {_who(current)}: {gone}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            continue
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(body)
+        return WriterClaim(path, holder)
+    raise G2RPOError(_refusal(out, field, _read_holder(path)))
+
+
+def _who(holder: dict) -> str:
+    return f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, started {holder.get('started', '?')}"
+
+
+def _refusal(out: Path, field: str, holder: dict) -> str:
+    lease = holder.get("lease_s")
+    lapse = (
+        f"; if that process died on another machine, its claim lapses {float(lease):g} s after its last renewal "
+        f"({holder.get('renewed_at', '?')})"
+        if isinstance(lease, (int, float))
+        else ""
+    )
+    return problem(
+        field,
+        str(out),
+        f"another g2rpo train is writing there ({_who(holder)}; claim {out / WRITER}): wait for it to end or stop "
+        f"it, or choose another output.dir{lapse}",
+    )
+
+
+def _holder_gone(holder: dict) -> str | None:
+    """Why a writer claim's holder is gone, or None while it may be alive."""
+    if not holder:
+        return "the claim is empty or unreadable (a holder killed while writing it)"
+    renewed = holder.get("renewed_at")
+    lease = holder.get("lease_s")
+    if isinstance(renewed, str) and isinstance(lease, (int, float)):
+        try:
+            age = time.time() - datetime.fromisoformat(renewed).timestamp()
+        except ValueError:
+            age = 0.0
+        if age > lease:
+            return f"its lease was last renewed {age:.0f} s ago (lease {lease:g} s)"
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or isinstance(pid, bool):
+        return None  # another machine's process: only its lease can tell
+    if pid == os.getpid():
+        return "it is this process's own earlier claim"
+    if not _pid_alive(pid):
+        return f"process {pid} on this host is gone"
+    started = _process_start(pid)
+    if started is not None and holder.get("pid_started") not in (None, started):
+        return f"process {pid} on this host is gone (the pid belongs to a newer process now)"
+    return None
+
+
+def _read_holder(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _write_json(path: Path, value: dict) -> None:
+    temp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    temp.write_text(json.dumps(value, indent=1) + "\n", encoding="utf-8")
+    os.replace(temp, path)
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` is a running (not zombie) process on this host."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
+def _process_start(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): tells a reused pid apart."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
+    except (OSError, IndexError):
+        return None

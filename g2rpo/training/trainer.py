@@ -82,7 +82,7 @@ from g2rpo.training.drivers import EMA, DeepSpeedDriver, TorchDriver, apply_lora
 from g2rpo.training.failpoints import FailAfterSave, fail_point
 from g2rpo.training.memory import is_out_of_memory, out_of_memory_message
 from g2rpo.training.run_config import RunConfig, resume_hash, run_problems
-from g2rpo.training.run_dir import check_run_dir, claim_run_dir
+from g2rpo.training.run_dir import WriterClaim, check_run_dir, claim_run_dir
 from g2rpo.training.validation import (
     Selection,
     ValidationRecord,
@@ -166,6 +166,7 @@ class Trainer:
         self.hash = resume_hash(config)
         self.iteration = 0
         self._is_setup = False
+        self.claims: list[WriterClaim] = []  # this process's writer claims on output.dir (rank 0), released at the end
         self.validation_history: list[ValidationRecord] = []
         self.stop_reason: str | None = None  # early stop (train.validation), decided after a validation
         self._training_cost = {"seconds": 0.0, "forwards": 0}  # this process, since it started
@@ -197,7 +198,7 @@ class Trainer:
         # marked as the run's before anything is written there (a new one when the run writes its config).
         check_run_dir(self.out)
         if self.ctx.is_main and self.out.exists():
-            claim_run_dir(self.out, self.hash)
+            self.claims.append(claim_run_dir(self.out, self.hash))
         self.checkpoints = CheckpointManager(
             self.out / "checkpoints",
             config_hash=self.hash,
@@ -238,7 +239,7 @@ class Trainer:
                     to_yaml(cfg), encoding="utf-8"
                 )
         elif self.ctx.is_main:
-            claim_run_dir(self.out, self.hash)  # makes the folder and writes the marker first
+            self.claims.append(claim_run_dir(self.out, self.hash))  # makes the folder, claim and marker first
             (self.out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
             if (self.out / "metrics.jsonl").exists():  # a run killed before its first checkpoint
                 self._log_event({"event": "restarted", "iteration": 0})
@@ -675,7 +676,19 @@ class Trainer:
     # ------------------------------------------------------------------ run, checkpoints, export
 
     def run(self) -> dict[str, Any]:
-        """Train until ``train.iterations``, export, and return a summary."""
+        """Train until ``train.iterations``, export, and return a summary; the writer claim ends with it."""
+        try:
+            return self._run()
+        finally:
+            self.release_claims()
+
+    def release_claims(self) -> None:
+        """Give up this process's writer claims on ``output.dir`` (:mod:`g2rpo.training.run_dir`)."""
+        for claim in self.claims:
+            claim.release()
+        self.claims = []
+
+    def _run(self) -> dict[str, Any]:
         if not self._is_setup:
             self.setup()
         cfg = self.config
@@ -889,5 +902,6 @@ def train_from_config(config: RunConfig, callbacks: Sequence[TrainerCallback] = 
     try:
         return trainer.run()
     finally:
+        trainer.release_claims()
         if getattr(trainer, "ctx", None) is not None and sys.exc_info()[0] is None:
             trainer.ctx.shutdown()
