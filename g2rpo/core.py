@@ -40,6 +40,8 @@ __all__ = [
     "group_advantages",
     "mix_advantages",
     "clipped_surrogate",
+    "flow_grpo_advantages",
+    "gaussian_mean_kl",
     "take_rows",
 ]
 
@@ -404,6 +406,37 @@ def clipped_surrogate(
             "ratio_max": ratio.max(),
         }
     return loss, stats
+
+
+def flow_grpo_advantages(rewards: torch.Tensor, eps: float = 1e-4, global_std: bool = True) -> torch.Tensor:
+    """Flow-GRPO's advantage: A = (R − mean_G R) / (std + δ), rewards ``[..., P, G]`` → same shape.
+
+    The mean is per group (last dim, one prompt's G samples). With ``global_std`` the std is the
+    population std of every reward in the batch (all P·G, the published ``sample.global_std =
+    True``), else the group's own population std (numpy's ``np.std``, ddof 0). δ = 1e-4 as published
+    (``flow_grpo/stat_tracking.py``). A group whose rewards are all equal gets exact zeros.
+    """
+    mean = rewards.mean(dim=-1, keepdim=True)  # [..., P, 1]
+    if global_std:
+        std = rewards.flatten(-2).std(dim=-1, unbiased=False)[..., None, None]  # [..., 1, 1]
+    else:
+        std = rewards.std(dim=-1, keepdim=True, unbiased=False)  # [..., P, 1]
+    adv = (rewards - mean) / (std + eps)
+    constant = rewards.amax(dim=-1, keepdim=True) == rewards.amin(dim=-1, keepdim=True)  # [..., P, 1]
+    return torch.where(constant, torch.zeros_like(adv), adv)
+
+
+def gaussian_mean_kl(mean: torch.Tensor, mean_ref: torch.Tensor, std: torch.Tensor | float) -> torch.Tensor:
+    """KL( N(μ, s²) ‖ N(μ_ref, s²) ) of two Gaussians with one std, averaged over the latent dims:
+
+        kl = mean_dims (μ − μ_ref)² / (2 s²)                 (Flow-GRPO's KL penalty per sample)
+
+    ``mean``, ``mean_ref`` ``[B, ...]``; ``std`` broadcastable (``[]`` or ``[B, 1, ...]``). Returns ``[B]``.
+    """
+    std = torch.as_tensor(std, dtype=mean.dtype, device=mean.device)
+    per_element = (mean - mean_ref) ** 2 / (2 * std**2)
+    per_element = per_element.expand(mean.shape) if per_element.shape != mean.shape else per_element
+    return per_element.mean(dim=tuple(range(1, mean.ndim)))
 
 
 # --------------------------------------------------------------------------- batch rows

@@ -366,6 +366,26 @@ class FluxVelocity(nn.Module):
         )[0]  # [B, L, C] in the model dtype
         return v.float()
 
+    @torch.no_grad()
+    def reference_velocity(self, x: torch.Tensor, sigma: torch.Tensor, cond: FluxConditioning) -> torch.Tensor:
+        """The reference policy's velocity (a KL penalty's π_ref): the base model, LoRA adapters disabled.
+
+        Only a LoRA run has its base at hand; training the full weights leaves no reference here."""
+        if not getattr(self.transformer, "_hf_peft_config_loaded", False):
+            raise G2RPOError(
+                problem(
+                    "train.lora.enabled",
+                    False,
+                    "a KL penalty to the reference policy needs LoRA (the reference is the base with adapters "
+                    "disabled): set train.lora.enabled=true, or the strategy's kl_beta: 0",
+                )
+            )
+        self.transformer.disable_adapters()
+        try:
+            return self.forward(x, sigma, cond)
+        finally:
+            self.transformer.enable_adapters()
+
 
 # --------------------------------------------------------------------------- text encoding
 

@@ -4,6 +4,7 @@ record and the per-step loss loop."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -230,6 +231,7 @@ def trajectory_loss_terms(
     rollout: Rollout,
     advantages: Advantages,
     trajectories_per_step: int | None = None,
+    kl_beta: float = 0.0,
 ) -> Iterator[LossTerm]:
     """Loss terms of whole-trajectory strategies: for each trained slot s, one forward per
     trajectory at its trained step ``trained[p, g, s]`` (rows at different σ are batched), the
@@ -242,7 +244,20 @@ def trajectory_loss_terms(
     ``[c·a, (c+1)·a)`` of every valid prompt form accumulation c (the last one may be smaller), its
     terms scaled so that they sum to the mean surrogate over that accumulation's trajectories and
     slots, and the optimiser steps after each: ``ceil(G / a)`` steps per iteration.
+
+    ``kl_beta`` β > 0 (Flow-GRPO): each term adds β·mean KL(π_θ ‖ π_ref) of its rows' SDE steps
+    (:func:`g2rpo.core.gaussian_mean_kl`), π_ref from ``model.reference_velocity`` (no grad; one
+    more forward per row, not back-propagated). A model without it is refused.
     """
+    reference = None
+    if kl_beta > 0:
+        reference = getattr(model, "reference_velocity", None)
+        if reference is None:
+            raise ValueError(
+                f"a KL penalty (β = {kl_beta}) needs the reference policy: the velocity model "
+                f"{type(model).__name__} has no reference_velocity (train with LoRA, whose base is the reference, "
+                "or set the strategy's kl_beta: 0)"
+            )
     st = rollout.states
     states, lp_old, trained = st.latents, st.log_prob_old, st.trained_steps  # [P,G,T+1,L,C] [P,G,T] [P,G,S]
     sigmas = rollout.sigmas
@@ -271,7 +286,7 @@ def trajectory_loss_terms(
             lp_new = core.gaussian_log_prob(states[p, g, i + 1].to(device), mean, std, config.log_prob_reduce)  # [n]
             last = n + 1 == len(work)
             step = last or (per_slot and work[n + 1][0] != s)
-            yield surrogate_term(
+            term = surrogate_term(
                 config,
                 lp_new,
                 lp_old[p, g, i],
@@ -281,3 +296,17 @@ def trajectory_loss_terms(
                 step_optimizer=step,
                 step_index=None,
             )
+            if reference is not None:
+                with torch.no_grad():
+                    v_ref = reference(x, model_sigma(config, sig), rollout.cond[p.cpu()]).float()
+                    mean_ref, _ = core.sde_mean_std(x, v_ref, sig, sig_next, config.eta, sigmas[1], config.sde_noise)
+                kl = core.gaussian_mean_kl(mean, mean_ref, std).mean()  # scalar, over the term's rows
+                scaled = kl_beta * kl * (p.numel() / total)
+                term = LossTerm(
+                    term.loss + scaled,
+                    dataclasses.replace(
+                        term.stats, loss=term.stats.loss + float(scaled.detach()), kl=float(kl.detach())
+                    ),
+                    term.step_optimizer,
+                )
+            yield term

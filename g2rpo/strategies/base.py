@@ -65,6 +65,8 @@ if TYPE_CHECKING:  # the config holds every strategy's settings, so it imports t
 __all__ = [
     "Conditioning",
     "VelocityModel",
+    "ReferenceVelocityModel",
+    "WithReference",
     "Strategy",
     "StrategySettings",
     "Draws",
@@ -107,6 +109,30 @@ class VelocityModel(Protocol):
     """``v = model(x [B, L, C] float32, sigma [B] float32, cond (batch B)) -> [B, L, C] float32``."""
 
     def __call__(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor: ...
+
+
+@runtime_checkable
+class ReferenceVelocityModel(VelocityModel, Protocol):
+    """A velocity model that can also give the frozen reference policy's velocity (for a KL penalty):
+    ``model.reference_velocity(x, sigma, cond)``, same shapes, no grad. With LoRA the reference is
+    the base model with its adapters disabled (Flow-GRPO's ``disable_adapter()``)."""
+
+    def reference_velocity(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor: ...
+
+
+class WithReference:
+    """``policy`` as a velocity model whose reference is ``reference`` (a frozen model, e.g. a copy of
+    the policy's initial weights when it is trained in full)."""
+
+    def __init__(self, policy: VelocityModel, reference: VelocityModel) -> None:
+        self.policy, self.reference = policy, reference
+
+    def __call__(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        return self.policy(x, sigma, cond)
+
+    @torch.no_grad()
+    def reference_velocity(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        return self.reference(x, sigma, cond)
 
 
 # --------------------------------------------------------------------------- records
@@ -212,6 +238,7 @@ class TermStats:
     num_ratios: int  # how many (sample, step) ratios the term covers
     forwards: int  # training forwards (rows) of this term, each back-propagated once
     step_index: int | None = None  # the grid index k the term trains, where it has one
+    kl: float | None = None  # Flow-GRPO: mean KL(π_θ ‖ π_ref) of the term's SDE steps (before β)
 
 
 @dataclass

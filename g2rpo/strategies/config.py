@@ -4,7 +4,7 @@ and one section per strategy with its own knobs.
 ::
 
     algorithm:
-      strategy: g2rpo          # g2rpo | dancegrpo | mixgrpo, or a preset such as g2rpo_no_mgai
+      strategy: g2rpo          # g2rpo | dancegrpo | mixgrpo | flowgrpo, or a preset such as g2rpo_no_mgai
       num_steps: 16            # shared: grid, group, SDE noise, advantages, ratio clip, batching
       g2rpo:                   # the chosen strategy's own section (G2RPOSettings in strategies/g2rpo.py)
         granularities: [1, 2, 3]
@@ -44,6 +44,7 @@ from g2rpo.errors import did_you_mean, problem
 from g2rpo.strategies import PRESETS, STRATEGIES
 from g2rpo.strategies.base import StrategySettings
 from g2rpo.strategies.dancegrpo import DanceGRPOSettings
+from g2rpo.strategies.flowgrpo import FlowGRPOSettings
 from g2rpo.strategies.g2rpo import G2RPOSettings
 from g2rpo.strategies.mixgrpo import MixGRPOSettings
 
@@ -121,6 +122,9 @@ class AlgorithmConfig(Section):
     )
     mixgrpo: MixGRPOSettings = Field(
         default_factory=MixGRPOSettings, description="MixGRPO's own settings (used when strategy is mixgrpo)"
+    )
+    flowgrpo: FlowGRPOSettings = Field(
+        default_factory=FlowGRPOSettings, description="Flow-GRPO's own settings (used when strategy is flowgrpo)"
     )
 
     @model_validator(mode="before")

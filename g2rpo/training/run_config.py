@@ -334,6 +334,17 @@ def cross_field_problems(config: Any) -> list[str]:
                     "from whole weights; ZeRO-3 would shard them)",
                 )
             )
+    if algorithm is not None and train is not None and algorithm.strategy == "flowgrpo":
+        beta = algorithm.flowgrpo.kl_beta
+        if beta > 0 and not train.lora.enabled:
+            problems.append(
+                problem(
+                    "algorithm.flowgrpo.kl_beta",
+                    beta,
+                    "the KL penalty's reference policy is the base model with LoRA adapters disabled: set "
+                    "train.lora.enabled=true, or algorithm.flowgrpo.kl_beta=0",
+                )
+            )
     if output is not None and train is not None and output.export_ema and not train.ema.enabled:
         problems.append(problem("output.export_ema", True, "needs train.ema.enabled=true"))
     if output is not None and train is not None and output.export_ema and train.validation.enabled:

@@ -122,6 +122,7 @@ STRATEGIES = {
     "g2rpo": {"g2rpo": G2RPOSettings(branch_steps=[0, 1], granularities=[1, 2])},
     "dancegrpo": {},
     "mixgrpo": {},
+    "flowgrpo": {},
 }
 
 

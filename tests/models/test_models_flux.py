@@ -294,3 +294,30 @@ def test_models_decode_range_and_pipeline_agreement(pipe, cond):
     # far-out latents saturate: the clamp keeps images in [0, 1]
     loud = decode_latents(pipe.vae, latents * 1e3, 64, 64)
     assert loud.min() >= 0 and loud.max() <= 1
+
+
+def test_models_reference_velocity_is_the_base_with_lora_disabled(tiny_flux_dir, cond):
+    from diffusers import FluxPipeline
+
+    from g2rpo.training.drivers import apply_lora
+    from g2rpo.training.run_config import LoraSection
+
+    transformer = FluxPipeline.from_pretrained(tiny_flux_dir, dtype=torch.float32, local_files_only=True).transformer
+    base = FluxVelocity(transformer, height=64, width=64)
+    x, sigma = torch.randn(2, 16, 64, generator=torch.Generator().manual_seed(0)), torch.tensor([0.9, 0.4])
+    with pytest.raises(G2RPOError, match="train.lora.enabled=False: a KL penalty to the reference policy needs LoRA"):
+        base.reference_velocity(x, sigma, cond)
+    with torch.no_grad():
+        v_base = base(x, sigma, cond)
+    apply_lora(transformer, LoraSection(enabled=True, rank=2, alpha=2.0, target_modules=["to_q", "to_v"]), seed=0)
+    with torch.no_grad():  # peft starts B at 0: move the adapters so the policy leaves its base
+        for name, p in transformer.named_parameters():
+            if "lora_B" in name:
+                p.add_(0.1)
+    model = FluxVelocity(transformer, height=64, width=64)
+    with torch.no_grad():
+        v_policy = model(x, sigma, cond)
+    v_ref = model.reference_velocity(x, sigma, cond)
+    torch.testing.assert_close(v_ref, v_base, rtol=1e-5, atol=1e-6)
+    assert (v_policy - v_base).abs().max() > 1e-4
+    torch.testing.assert_close(model(x, sigma, cond).detach(), v_policy)  # adapters are back on afterwards

@@ -1,0 +1,202 @@
+"""Flow-GRPO baseline: an SDE at every step, a KL penalty to the reference policy, the first steps trained.
+
+After the paper (Liu et al., 2025, "Flow-GRPO: Training Flow Matching Models via Online RL") and its
+published code (``yifan123/flow_grpo`` at ac4c86e: ``flow_grpo/diffusers_patch/sd3_sde_with_logprob.py``,
+``scripts/train_sd3.py``, ``config/base.py``, ``config/grpo.py``, ``flow_grpo/stat_tracking.py``);
+docs/core.md lists where this differs.
+
+Rollout for P prompts: G trajectories per prompt, each from its own initial noise (the script draws
+every image's noise independently). Every step is the SDE step of spec §1, which is Flow-GRPO's:
+noise scale s_σ = η·sqrt(σ/(1 − σ)) (σ = 1 replaced by σ[1] in the denominator), η the shared
+``eta`` (the script's ``noise_level`` 0.7). The last sample x[T] is scored. Sampling forwards per
+prompt: G·T.
+
+Advantages: rewards ``[R, P, G]`` → per reward model (R − mean over the prompt's G) / (std + 1e-4),
+std over the whole batch (``flowgrpo.global_std``, the published configs' ``global_std = True``) or
+the group's; population std as numpy's → weighted sum → clip ±``advantage_clip`` (the script's
+``adv_clip_max`` 5) → ``[P, G]``, broadcast to every trained step.
+
+Loss: the first S = int(f·T) steps of every trajectory (f = ``flowgrpo.train_fraction``, the
+script's ``timestep_fraction`` 0.99: T = 16 → 15, the last step is left out). Per step the clipped
+surrogate (ε = ``ratio_clip``) plus β·KL(π_θ ‖ π_ref) of that step's Gaussians,
+mean((μ_θ − μ_ref)²)/(2·std²) (β = ``flowgrpo.kl_beta``, 0.04 as the GenEval and OCR configs). π_ref
+is the reference policy, the frozen base: with LoRA the model with its adapters disabled (the
+script's ``disable_adapter()``), from the model's ``reference_velocity``. Training forwards per
+prompt: G·S, plus G·S reference forwards (no grad, not back-propagated) when β > 0. Optimiser
+steps: ``flowgrpo.trajectories_per_step`` = 6 trajectories per prompt (the script steps twice per
+epoch: at G = 12 twice per iteration). Learning rate 3e-4 (the base config's, a LoRA rate) unless
+``train.learning_rate`` is set.
+
+Flow-GRPO-Fast (SDE at one or two steps only) is not built here.
+
+Rollout ``states`` (:class:`~g2rpo.strategies.base.TrajectoryStates`): ``latents``
+``[P, G, T+1, L, C]``, ``log_prob_old`` ``[P, G, T]``, ``trained_steps`` ``[P, G, S]`` long (the
+same first S steps in every row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, ClassVar
+
+import torch
+from pydantic import Field
+
+from g2rpo import core
+from g2rpo.config import COUNT_MAX
+from g2rpo.seeding import Draws
+from g2rpo.strategies._shared import (
+    check_rewards,
+    make_grid,
+    reward_weight_tensor,
+    sample_velocity,
+    trajectory_loss_terms,
+    trajectory_multi_step_setting,
+    trajectory_rollout,
+    trajectory_sde_step,
+    trajectory_stepping_problems,
+)
+from g2rpo.strategies.base import (
+    Advantages,
+    Conditioning,
+    LossTerm,
+    NFECounters,
+    Rollout,
+    StrategySettings,
+    VelocityModel,
+)
+
+if TYPE_CHECKING:  # the config imports this module for FlowGRPOSettings
+    from g2rpo.strategies.config import AlgorithmConfig
+
+__all__ = ["FlowGRPO", "FlowGRPOSettings", "trained_steps_per_trajectory"]
+
+ADVANTAGE_EPS = 1e-4  # flow_grpo/stat_tracking.py: std + 1e-4
+
+
+def trained_steps_per_trajectory(num_steps: int, train_fraction: float) -> int:
+    """S = int(f·T), at least 1 and at most T (the script's ``num_train_timesteps``)."""
+    return min(num_steps, max(1, int(train_fraction * num_steps)))
+
+
+class FlowGRPOSettings(StrategySettings):
+    """Flow-GRPO's own settings: which steps train, the KL penalty, the advantage's std, optimiser stepping."""
+
+    strategy: ClassVar[str] = "flowgrpo"
+
+    train_fraction: float = Field(
+        0.99,
+        gt=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description="f, every trajectory trains its first int(f·T) steps (Flow-GRPO timestep_fraction 0.99)",
+    )
+    kl_beta: float = Field(
+        0.04,
+        ge=0.0,
+        allow_inf_nan=False,
+        description=(
+            "β of the KL penalty to the reference policy (Flow-GRPO GenEval/OCR 0.04, PickScore 0.01); "
+            "> 0 needs the reference (train.lora.enabled: the base with adapters disabled); 0 = no KL"
+        ),
+    )
+    global_std: bool = Field(
+        True, description="normalise advantages by the std of the whole batch (Flow-GRPO) rather than the group's"
+    )
+    trajectories_per_step: int | None = Field(
+        6,
+        ge=1,
+        le=COUNT_MAX,
+        description=(
+            "trajectories per prompt accumulated into each optimiser step (Flow-GRPO steps twice per epoch: 6 "
+            "at G = 12); null = one step per iteration"
+        ),
+    )
+    learning_rate: float = Field(
+        3e-4,
+        gt=0.0,
+        allow_inf_nan=False,
+        description="AdamW learning rate, constant, when train.learning_rate is null (Flow-GRPO base config, LoRA: 3e-4)",
+    )
+
+    def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
+        return trajectory_multi_step_setting(self.strategy, self.trajectories_per_step, config)
+
+    def cross_checks(self, config: AlgorithmConfig) -> list[str]:
+        return trajectory_stepping_problems(self.strategy, self.trajectories_per_step, config)
+
+
+class FlowGRPO:
+    """SDE on every step; the last sample is scored; the first int(f·T) steps train, with a KL to the reference."""
+
+    name = "flowgrpo"
+    Settings = FlowGRPOSettings
+
+    def __init__(self, config: AlgorithmConfig):
+        self.config = config
+        self.settings: FlowGRPOSettings = config.flowgrpo
+
+    @property
+    def trained_per_trajectory(self) -> int:
+        return trained_steps_per_trajectory(self.config.num_steps, self.settings.train_fraction)
+
+    @torch.no_grad()
+    def rollout(
+        self,
+        model: VelocityModel,
+        cond: Conditioning,
+        draws: Draws,
+        latent_shape: tuple[int, int],
+        *,
+        device: torch.device | str = "cpu",
+    ) -> Rollout:
+        cfg = self.config
+        length, channels = latent_shape
+        num_prompts, group, t_steps = len(cond), cfg.group_size, cfg.num_steps
+        if len(draws.prompt_indices) != num_prompts:
+            raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {num_prompts}")
+        sigmas = make_grid(cfg, length).to(device)
+        nfe = NFECounters()
+        x = torch.stack(
+            [
+                draws.normal(latent_shape, "initial-noise", p, g, device=device)
+                for p in range(num_prompts)
+                for g in range(group)
+            ]
+        )  # [P·G, L, C], rows (p, g)
+        row_cond = cond[torch.arange(num_prompts).repeat_interleave(group)]
+        states, log_probs = [x], []
+        for i in range(t_steps):
+            v = sample_velocity(model, cfg, x, sigmas[i].expand(x.shape[0]), row_cond, nfe)
+            x, log_prob = trajectory_sde_step(cfg, draws, x, v, sigmas, i, group)
+            log_probs.append(log_prob)  # [P·G]
+            states.append(x)
+        first = torch.arange(self.trained_per_trajectory, device=device)  # [S]
+        trained = first.expand(num_prompts, group, -1).contiguous()  # [P, G, S]
+        return trajectory_rollout(self.name, sigmas, cond, draws, nfe, states, log_probs, trained, group)
+
+    def advantages(
+        self, rollout: Rollout, rewards: torch.Tensor, reward_weights: Sequence[float] | None = None
+    ) -> Advantages:
+        """Rewards ``[R, P, G]`` → ``[P, G]``; a prompt with a NaN/inf reward is dropped (and left out
+        of the batch std)."""
+        num_rewards = check_rewards(rollout, rewards)
+        rewards = rewards.float().cpu()
+        w = reward_weight_tensor(reward_weights, num_rewards)
+        valid = torch.isfinite(rewards).all(dim=-1).all(dim=0)  # [P]
+        adv = torch.zeros_like(rewards)  # [R, P, G]
+        if bool(valid.any()):
+            adv[:, valid] = core.flow_grpo_advantages(rewards[:, valid], ADVANTAGE_EPS, self.settings.global_std)
+        mixed = core.mix_advantages(adv[:, None], [1.0], w, self.config.advantage_clip)  # [P, G]
+        mixed = torch.where(valid[:, None], mixed, torch.zeros_like(mixed))
+        return Advantages(mixed, valid, dropped_groups=int((~valid).sum()), total_groups=int(valid.numel()))
+
+    def loss_terms(self, model: VelocityModel, rollout: Rollout, advantages: Advantages) -> Iterator[LossTerm]:
+        return trajectory_loss_terms(
+            self.config,
+            model,
+            rollout,
+            advantages,
+            self.settings.trajectories_per_step,
+            kl_beta=self.settings.kl_beta,
+        )
