@@ -73,14 +73,18 @@ def _train(args: argparse.Namespace) -> int:
     import os
 
     from g2rpo.steps.train import train
+    from g2rpo.training.preemption import Preempted
     from g2rpo.training.run_config import load_run_config
 
     config = load_run_config(args.config, args.overrides)
     if args.summary_json:  # found now, not after the whole run
         check_writable(args.summary_json, "--summary-json", kind="file")
-    result = train(
-        config, publish_uri=args.publish, settings=settings_from_args(args), checkpoint_uri=args.checkpoint_uri
-    )
+    try:
+        result = train(
+            config, publish_uri=args.publish, settings=settings_from_args(args), checkpoint_uri=args.checkpoint_uri
+        )
+    except Preempted as stopped:  # SIGTERM/SIGINT: checkpointed; 128 + signal tells the pod's owner
+        return stopped.exit_status
     if int(os.environ.get("RANK", "0")) == 0:
         print(json.dumps(result.summary, indent=1))
         if result.published is not None:

@@ -3,12 +3,15 @@
 The resume tests need a run that dies at a known point, the way a preempted node dies: SIGKILL, no
 ``finally`` blocks, no flushing. One environment variable picks the point::
 
-    G2RPO_FAULT_KILL_AT=iteration:N    # or checkpoint:N
+    G2RPO_FAULT_KILL_AT=iteration:N    # or checkpoint:N, or sigterm:N
 
 - ``iteration:N`` — in :meth:`~g2rpo.training.trainer.Trainer.step` of iteration N, after the
   rewards and advantages, before the training phase (no optimiser step of N has happened). Proves
   that a run killed mid-iteration resumes from its last checkpoint and ends bit-identical to an
   uninterrupted one.
+- ``sigterm:N`` — at the same place as ``iteration:N``, SIGTERM instead (what Kubernetes sends a
+  pod it ends): the run must finish iteration N, checkpoint it and exit 143
+  (:mod:`g2rpo.training.preemption`).
 - ``checkpoint:N`` — while the checkpoint of iteration N is saved, after the driver's weights and
   optimiser state are written, before the RNG files, the EMA and the manifest. Proves that a
   half-written checkpoint (no manifest) is never resumed from.
@@ -37,8 +40,11 @@ FailPoint = Literal["iteration", "checkpoint"]
 
 def fail_point(point: FailPoint, iteration: int) -> None:
     """SIGKILL this process if ``G2RPO_FAULT_KILL_AT`` names this point and iteration."""
-    if os.environ.get(FAIL_POINT_ENV) == f"{point}:{iteration}":
+    wanted = os.environ.get(FAIL_POINT_ENV)
+    if wanted == f"{point}:{iteration}":
         os.kill(os.getpid(), signal.SIGKILL)
+    if point == "iteration" and wanted == f"sigterm:{iteration}":
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class _SavesAndLoads(Protocol):

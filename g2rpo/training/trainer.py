@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import sys
 import time
 from collections.abc import Iterator, Sequence
@@ -81,6 +82,7 @@ from g2rpo.training.distributed import global_prompt_indices, init_distributed, 
 from g2rpo.training.drivers import EMA, DeepSpeedDriver, TorchDriver, apply_lora
 from g2rpo.training.failpoints import FailAfterSave, fail_point
 from g2rpo.training.memory import is_out_of_memory, out_of_memory_message
+from g2rpo.training.preemption import Preempted, StopOnSignal
 from g2rpo.training.run_config import RunConfig, resume_hash, run_problems
 from g2rpo.training.run_dir import WriterClaim, check_run_dir, claim_run_dir
 from g2rpo.training.validation import (
@@ -698,18 +700,24 @@ class Trainer:
         bar = None
         if cfg.train.progress and self.ctx.is_main:
             bar = progress_bar(total=cfg.train.iterations, initial=start, desc="g2rpo train", unit="it")
-        while self.iteration < cfg.train.iterations and self.stop_reason is None:
-            try:
-                last = self.step()
-            except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
-                # On the CPU torch reports an exhausted allocator as a RuntimeError ("can't allocate memory").
-                if isinstance(exc, RuntimeError) and not is_out_of_memory(exc):
-                    raise
-                raise G2RPOError(out_of_memory_message(cfg, self.iteration, self.ctx.device, exc)) from exc
-            first = first or last
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(reward=f"{last.reward_mean_global:.4f}", loss=f"{last.stats.loss:.4g}")
+        with StopOnSignal(cfg.train.stop_grace_s, announce=self.ctx.is_main) as stop:
+            while self.iteration < cfg.train.iterations and self.stop_reason is None:
+                try:
+                    last = self.step()
+                except (torch.OutOfMemoryError, MemoryError, RuntimeError) as exc:
+                    # On the CPU torch reports an exhausted allocator as a RuntimeError ("can't allocate memory").
+                    if isinstance(exc, RuntimeError) and not is_out_of_memory(exc):
+                        raise
+                    raise G2RPOError(out_of_memory_message(cfg, self.iteration, self.ctx.device, exc)) from exc
+                first = first or last
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(reward=f"{last.reward_mean_global:.4f}", loss=f"{last.stats.loss:.4g}")
+                signum = stop.requested(self.ctx)
+                if signum is not None:  # preempted: keep this iteration, then leave (g2rpo.training.preemption)
+                    if bar is not None:
+                        bar.close()
+                    raise self._preempted(signum, stop)
         if bar is not None:
             bar.close()
         history = self.validation_history
@@ -733,6 +741,20 @@ class Trainer:
             "prompts": dict(self.prompt_counts),  # read, unique, duplicates (dropped)
             "validation": self._validation_summary(selection),
         }
+
+    def _preempted(self, signum: int, stop: StopOnSignal) -> Preempted:
+        """Checkpoint the iteration just finished (unless it already is) and say so: the stop's exception."""
+        path = self.checkpoints.path(self.iteration)
+        saved = is_complete(path)
+        self.ctx.barrier()  # every rank has looked at the disk before anyone writes
+        if not saved:
+            self.save_checkpoint()
+        stop.done()
+        self._log_event({"event": "preempted", "iteration": self.iteration, "signal": signal.Signals(signum).name})
+        stopped = Preempted(signum, self.iteration, str(path))
+        if self.ctx.is_main:
+            print(f"g2rpo train: {stopped}", file=sys.stderr, flush=True)
+        return stopped
 
     def _validation_summary(self, selection: Selection | None) -> dict[str, Any] | None:
         """The summary's validation block: the curve, the chosen iteration and why, the stop, the cost."""
