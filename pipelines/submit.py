@@ -41,6 +41,7 @@ from pipelines.alignment import PIPELINE_NAME, build_pipeline, compile_pipeline
 from pipelines.check import check_arguments
 from pipelines.cron import next_fire_times
 from pipelines.placement import PlacementProfile, load_profile
+from pipelines.train_pod import size_train_pod
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -313,6 +314,7 @@ def submit(
     texts = {"--run-name": run_name, "--experiment": experiment}
     _check_request_texts(arguments, texts, pipeline_root, service_account)
     check_arguments(arguments, profile)  # every value, as the tasks will build it, before the first request
+    arguments = size_train_pod(arguments, profile)
     check_name("--run-name", run_name)
     check_name("--experiment", experiment)
     host = check_host(host)
@@ -362,6 +364,7 @@ def schedule(
     name = name or f"{PIPELINE_NAME}-schedule"
     _check_request_texts(arguments, {"--name": name, "--experiment": experiment}, pipeline_root, service_account)
     check_arguments(arguments, profile)  # every value, as the tasks will build it, before the first request
+    arguments = size_train_pod(arguments, profile)
     check_name("--name", name)
     check_name("--experiment", experiment)
     account = service_account or profile.service_account or None

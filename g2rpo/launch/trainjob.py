@@ -61,6 +61,7 @@ from kubernetes import client as k8s
 from g2rpo.errors import G2RPOError, problem
 
 __all__ = [
+    "train_pod_problems",
     "CONFIG_ENV",
     "MAX_GPUS_PER_NODE",
     "S3_SECRET_KEYS",
@@ -159,6 +160,32 @@ def gpus_per_node_from(value: str | int) -> int:
             )
         )
     return int(text)
+
+
+def train_pod_problems(nodes: Any, gpus_per_node: Any, pod_gpus: Any) -> list[str]:
+    """What is wrong with the train task's own pod having ``pod_gpus`` GPUs (the ``train_pod_gpus``
+    parameter) for ``nodes`` and ``gpus_per_node``: with more than one node it only creates and watches
+    the TrainJob, whose pods get the GPUs, so it must hold none; on one node it trains on ``gpus_per_node``."""
+    pod_gpus, gpus = str(pod_gpus).strip(), str(gpus_per_node).strip()
+    if isinstance(nodes, int) and nodes > 1 and pod_gpus != "0":
+        return [
+            problem(
+                "train_pod_gpus",
+                pod_gpus,
+                f"with nodes={nodes} the train task only creates and watches the TrainJob (whose pods get the GPUs): "
+                f"its own pod would hold {pod_gpus} idle GPUs; give 0 (`g2rpo pipeline submit` does)",
+            )
+        ]
+    if isinstance(nodes, int) and nodes == 1 and pod_gpus != gpus:
+        return [
+            problem(
+                "train_pod_gpus",
+                pod_gpus,
+                f"with nodes=1 the train task trains in its own pod on gpus_per_node={gpus} GPUs; give {gpus} "
+                "(`g2rpo pipeline submit` does)",
+            )
+        ]
+    return []
 
 
 def job_name(run_id: str, task: str) -> str:
