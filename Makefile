@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 export OMP_NUM_THREADS ?= 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo lint test test-slow test-gpu test-all parity bench ablation lock clean help
+.PHONY: install demo lint test test-slow test-gpu test-cluster test-all parity bench ablation lock clean help
 
 help:
 	@echo "make demo       create .venv, install, run the whole Kubeflow pipeline here (kfp.local, on the shipped"
@@ -24,6 +24,8 @@ help:
 	@echo "make lint       ruff (lint + format check) and the import contracts (lint-imports)"
 	@echo "make test-slow  the opt-in slow tier (full-size reward architectures, long runs)"
 	@echo "make test-gpu   the CUDA tier (-m gpu; needs a GPU)"
+	@echo "make test-cluster  the cluster tier (-m cluster; root and ../shared/tools/cluster): the component image"
+	@echo "                built by buildah and run (docs/cluster.md)"
 	@echo "make parity     build the reference-package virtualenvs and regenerate parity fixtures"
 	@echo "make bench      run the CPU benchmarks in benchmarks/ (JSON + table; about 30 min)"
 	@echo "make ablation   the paper's ablation with cost on the shapes task (about an hour on 2 cores; reuses the committed runs"
@@ -77,6 +79,10 @@ test-slow: install
 
 test-gpu: install
 	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
+
+# The cluster tier (docs/cluster.md): skips, saying why, without root or ../shared/tools/cluster.
+test-cluster: install
+	$(PY) -m pytest -m cluster tests/cluster $(PYTEST_ARGS)
 
 test-all: install
 	$(PY) -m pytest -m "not gpu and not parity_env" $(PYTEST_ARGS)

@@ -2,7 +2,8 @@
 
 Checkpoints are mirrored under the run's checkpoint store, named by the KFP run id and the task name, so a
 retried task resumes. With ``nodes > 1`` the task launches the run's TrainJob in the trainer image on the
-task's own placement (node selector, tolerations, /dev/shm, the S3 Secret by name, service account).
+task's own placement (node selector, tolerations, /dev/shm, the S3 Secret by name, service account), and
+this task's pod, sized by the ``train_pod_*`` parameters, holds no GPU (checked here).
 """
 
 from kfp import dsl
@@ -44,6 +45,9 @@ def train(
     s3_secret_keys: dict,
     service_account: str,
     trainjob_deadline_s: int,
+    train_pod_gpus: str,
+    train_pod_cpu: str,
+    train_pod_memory: str,
     model: Output[Model],
     metrics: Output[Metrics],
 ):
@@ -54,10 +58,15 @@ def train(
     from g2rpo.progress import quiet_library_bars_in_logs
 
     quiet_library_bars_in_logs()  # a pod's log: no loading bars of carriage returns (before transformers loads)
-    from g2rpo.launch.trainjob import gpus_per_node_from
+    from g2rpo.errors import G2RPOError
+    from g2rpo.launch.trainjob import gpus_per_node_from, train_pod_problems
     from g2rpo.steps.train_task import checkpoint_uri_for, train_task, trainjob_for
 
     gpus = gpus_per_node_from(gpus_per_node)  # a string parameter: the driver reads accelerator counts as strings
+    # This pod's own size (the train_pod_* parameters, pipelines/train_pod.py): no idle GPUs while a TrainJob trains.
+    problems = train_pod_problems(nodes, gpus_per_node, train_pod_gpus)
+    if problems:
+        raise G2RPOError(f"train pod ({train_pod_cpu} CPU, {train_pod_memory}): " + "; ".join(problems))
 
     choices = {
         "strategy": strategy,

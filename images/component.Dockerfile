@@ -4,8 +4,15 @@
 # prebuilt DeepSpeed ops (torch's wheels carry the CUDA libraries evaluation needs on a GPU node).
 # Build from the repository root:  docker build -f images/component.Dockerfile -t ghcr.io/g2rpo/g2rpo:0.1.0 .
 # KFP components run it with install_kfp_package=False: `python3 -m kfp.dsl.executor_main`.
+# Build arguments (images/README.md): BASE_IMAGE, any Debian-bookworm-based image with python3 3.11 and
+# python3-venv (default the public slim image); PIP_CONFIG_FILE, a pip.conf mounted into the build that
+# points pip at the build machine's own package sources (a local wheel store, a mirror), so torch comes
+# from there and not as a multi-GB download.
 
-FROM python:3.11.14-slim-bookworm AS build
+ARG BASE_IMAGE=python:3.11.14-slim-bookworm
+
+FROM ${BASE_IMAGE} AS build
+ARG PIP_CONFIG_FILE
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN python3 -m venv /opt/venv
@@ -18,7 +25,7 @@ RUN pip install -c constraints.txt . \
     && pip check \
     && python -c "import kfp, kfp.dsl.executor_main; assert kfp.__version__ == '2.17.3', kfp.__version__"
 
-FROM python:3.11.14-slim-bookworm AS runtime
+FROM ${BASE_IMAGE} AS runtime
 LABEL org.opencontainers.image.source="https://github.com/g2rpo/g2rpo" \
       org.opencontainers.image.title="g2rpo" \
       org.opencontainers.image.licenses="Apache-2.0"

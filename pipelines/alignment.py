@@ -156,6 +156,11 @@ def build_pipeline(profile: PlacementProfile):
         node_selector: dict = node_selector_default,
         tolerations: list = tolerations_default,
         pushgateway_url: str = d["pushgateway_url"],
+        # The train task's own pod (pipelines/train_pod.py): the one-node size by default; with nodes > 1
+        # give 0 GPUs and a small CPU/memory (`g2rpo pipeline submit` does), the TrainJob's pods hold the GPUs.
+        train_pod_gpus: str = gpus_default,
+        train_pod_cpu: str = profile.cpu_limit,
+        train_pod_memory: str = profile.memory_limit,
     ):
         timeouts = profile.timeouts
         exit_task = _with_s3(report_status(pushgateway_url=pushgateway_url), profile, timeouts.report)
@@ -197,10 +202,14 @@ def build_pipeline(profile: PlacementProfile):
                 s3_secret_keys=profile.s3_secret_keys,
                 service_account=profile.service_account,
                 trainjob_deadline_s=deadline,
+                # Also this pod's size below (and inputs, so the compiler passes them into the exit handler).
+                train_pod_gpus=train_pod_gpus,
+                train_pod_cpu=train_pod_cpu,
+                train_pod_memory=train_pod_memory,
             )
             _retry(_with_s3(trained.set_display_name("train"), profile, timeouts.train))
-            trained.set_accelerator_type(profile.accelerator_type).set_accelerator_limit(gpus_per_node)
-            trained.set_cpu_limit(profile.cpu_limit).set_memory_limit(profile.memory_limit)
+            trained.set_accelerator_type(profile.accelerator_type).set_accelerator_limit(train_pod_gpus)
+            trained.set_cpu_limit(train_pod_cpu).set_memory_limit(train_pod_memory)
             kubernetes.add_node_selector_json(trained, node_selector)
             kubernetes.add_toleration_json(trained, tolerations)
             kubernetes.empty_dir_mount(trained, "dshm", "/dev/shm", medium="Memory", size_limit=profile.shm_size)

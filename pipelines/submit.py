@@ -42,6 +42,7 @@ from pipelines.alignment import PIPELINE_NAME, build_pipeline, compile_pipeline
 from pipelines.check import check_arguments
 from pipelines.cron import next_fire_times
 from pipelines.placement import PlacementProfile, load_profile
+from pipelines.train_pod import size_train_pod
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -50,6 +51,8 @@ __all__ = [
     "check_cron",
     "check_host",
     "check_name",
+    "check_text",
+    "check_texts",
     "merge_node_selector",
     "next_fire_times",
     "parse_arguments",
@@ -67,6 +70,12 @@ _TYPES = {"String": str, "Integer": int, "Float": (int, float), "Boolean": bool,
 # 'DisplayName'" — after the ScheduledWorkflow had been created in Kubernetes, a schedule the API no
 # longer lists. Names are checked before any request.
 NAME_MAX = 255
+# KFP 2.17 talks to MySQL as `utf8` (three bytes a character): a character outside the Basic Multilingual
+# Plane (above U+FFFF, e.g. an emoji) in a name or a parameter was answered with HTTP 500 "Error 1366
+# Incorrect string value" — after the Argo Workflow (a run, which would go on to run the whole pipeline
+# unseen) or the ScheduledWorkflow (a schedule, one more per retry) had been created in Kubernetes.
+# Every name and string is checked before any request.
+BMP_MAX = 0xFFFF
 # A recurring run made by `g2rpo pipeline schedule` says so in its description, with a digest of its
 # settings: the same name with the same digest is the same schedule.
 _SETTINGS_TAG = "g2rpo schedule settings sha256:"
@@ -77,10 +86,22 @@ _FIXES = {
     404: "check --host (the KFP API, e.g. http://localhost:8888) and that the experiment exists",
     409: "it conflicts with something already on the server: look in the KFP UI",
 }
-_SERVER_FIX = (
-    "the KFP server failed; it may have created part of it (a ScheduledWorkflow) before failing: check the "
-    "KFP UI and `kubectl get scheduledworkflows` before retrying"
-)
+# What a failing server may have left in Kubernetes, by request: a run's Argo Workflow, a schedule's
+# ScheduledWorkflow.
+_LEFT_BEHIND = {
+    "run": ("an Argo Workflow", "workflows"),
+    "schedule": ("a ScheduledWorkflow", "scheduledworkflows"),
+}
+
+
+def _server_fix(kind: str | None) -> str:
+    if kind not in _LEFT_BEHIND:
+        return "the KFP server failed; check the KFP UI before retrying"
+    thing, resource = _LEFT_BEHIND[kind]
+    return (
+        f"the KFP server failed; it may have created part of it ({thing}) before failing: check the "
+        f"KFP UI and `kubectl get {resource}` before retrying"
+    )
 
 
 @dataclass(frozen=True)
@@ -171,6 +192,49 @@ def check_name(field: str, name: str) -> str:
     return name
 
 
+def check_text(field: str, value: Any) -> Any:
+    """``value`` (a string, or a list or mapping holding strings, keys included) with no character the KFP
+    server cannot store: none above U+FFFF (:data:`BMP_MAX`). Returns it unchanged."""
+    for text in _strings(value):
+        wide = [ch for ch in text if ord(ch) > BMP_MAX]
+        if wide:
+            shown = ", ".join(f"{ch!r} (U+{ord(ch):X})" for ch in dict.fromkeys(wide))
+            raise G2RPOError(
+                problem(
+                    field,
+                    text,
+                    f"has {shown}, outside the Basic Multilingual Plane: KFP 2.17 stores names and parameters "
+                    "in MySQL as utf8 (3 bytes a character) and fails on it only after creating the Kubernetes "
+                    "object, which is then left behind; use characters up to U+FFFF (no emoji)",
+                )
+            )
+    return value
+
+
+def _strings(value: Any) -> Iterator[str]:
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _strings(key)
+            yield from _strings(item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            yield from _strings(item)
+
+
+def check_texts(texts: dict[str, Any]) -> None:
+    """:func:`check_text` on every ``field -> value`` (the run's names and arguments), all reported at once."""
+    problems = []
+    for field, value in texts.items():
+        try:
+            check_text(field, value)
+        except G2RPOError as exc:
+            problems.append(str(exc))
+    if problems:
+        raise G2RPOError("characters the KFP server cannot store:\n  - " + "\n  - ".join(problems))
+
+
 def merge_node_selector(value: Any, profile: PlacementProfile) -> Any:
     """``node_selector``: the user's labels over the profile's, so that ``{pool: spot}`` keeps the profile's
     GPU product label; a label set to null is removed. Anything but a mapping is left for the checks."""
@@ -206,8 +270,9 @@ def _client(host: str):
 
 
 @contextmanager
-def server_errors(what: str) -> Iterator[None]:
-    """Turn the KFP server's errors during ``what`` into a G2RPOError: its status, its reason, what to do."""
+def server_errors(what: str, kind: str | None = None) -> Iterator[None]:
+    """Turn the KFP server's errors during ``what`` into a G2RPOError: its status, its reason, what to do;
+    ``kind`` ("run" or "schedule") names what a failing server may have left in Kubernetes."""
     # kfp's generated API package is slow to import: only where a request is made, as in _client.
     from kfp_server_api.exceptions import ApiException
     from urllib3.exceptions import HTTPError as Urllib3Error
@@ -216,7 +281,7 @@ def server_errors(what: str) -> Iterator[None]:
         yield
     except ApiException as exc:
         status = int(exc.status or 0)
-        fix = _FIXES.get(status, _SERVER_FIX if status >= 500 else "see the server's reason")
+        fix = _FIXES.get(status, _server_fix(kind) if status >= 500 else "see the server's reason")
         raise G2RPOError(
             f"{what}: the KFP server answered {status} {exc.reason or ''}".rstrip() + f" — {_server_reason(exc)}; {fix}"
         ) from None
@@ -246,12 +311,19 @@ def submit(
     """Start one run of the pipeline (compiled for the profile) in ``experiment``; ``service_account``
     overrides the profile's (the Helm chart's CronJob passes its own)."""
     profile = load_profile(profile_path)
+    run_name = run_name or PIPELINE_NAME
+    texts = {"--run-name": run_name, "--experiment": experiment}
+    _check_request_texts(arguments, texts, pipeline_root, service_account)
     check_arguments(arguments, profile)  # every value, as the tasks will build it, before the first request
-    run_name = check_name("--run-name", run_name or PIPELINE_NAME)
+    arguments = size_train_pod(arguments, profile)
+    check_name("--run-name", run_name)
     check_name("--experiment", experiment)
     host = check_host(host)
     client = _client(host)
-    with tempfile.TemporaryDirectory(prefix="g2rpo-submit-") as tmp, server_errors(f"submitting run {run_name!r}"):
+    with (
+        tempfile.TemporaryDirectory(prefix="g2rpo-submit-") as tmp,
+        server_errors(f"submitting run {run_name!r}", "run"),
+    ):
         package = compile_pipeline(Path(tmp) / "pipeline.yaml", profile_path)
         result = client.create_run_from_pipeline_package(
             str(package),
@@ -290,8 +362,11 @@ def schedule(
     and deletes the old one."""
     cron = check_cron(cron)
     profile = load_profile(profile_path)
+    name = name or f"{PIPELINE_NAME}-schedule"
+    _check_request_texts(arguments, {"--name": name, "--experiment": experiment}, pipeline_root, service_account)
     check_arguments(arguments, profile)  # every value, as the tasks will build it, before the first request
-    name = check_name("--name", name or f"{PIPELINE_NAME}-schedule")
+    arguments = size_train_pod(arguments, profile)
+    check_name("--name", name)
     check_name("--experiment", experiment)
     account = service_account or profile.service_account or None
     host = check_host(host)
@@ -323,7 +398,7 @@ def schedule(
                     "choose another --name",
                 )
             )
-        with server_errors(f"creating recurring run {name!r}"):
+        with server_errors(f"creating recurring run {name!r}", "schedule"):
             recurring = client.create_recurring_run(
                 experiment_id,
                 name,
@@ -349,6 +424,16 @@ def schedule(
         url=f"{host}/#/recurringrun/details/{recurring.recurring_run_id}",
         replaced=tuple(run.recurring_run_id for run in existing),
     )
+
+
+def _check_request_texts(
+    arguments: dict[str, Any], names: dict[str, str], pipeline_root: str | None, service_account: str | None
+) -> None:
+    """Every name and string the request carries, before it is made (:func:`check_texts`)."""
+    texts: dict[str, Any] = dict(names)
+    texts.update({"--pipeline-root": pipeline_root, "--service-account": service_account})
+    texts.update(arguments)
+    check_texts({field: value for field, value in texts.items() if value is not None})
 
 
 def _settings_digest(

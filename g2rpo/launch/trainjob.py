@@ -61,6 +61,8 @@ from kubernetes import client as k8s
 from g2rpo.errors import G2RPOError, problem
 
 __all__ = [
+    "run_labels",
+    "train_pod_problems",
     "CONFIG_ENV",
     "MAX_GPUS_PER_NODE",
     "S3_SECRET_KEYS",
@@ -161,6 +163,32 @@ def gpus_per_node_from(value: str | int) -> int:
     return int(text)
 
 
+def train_pod_problems(nodes: Any, gpus_per_node: Any, pod_gpus: Any) -> list[str]:
+    """What is wrong with the train task's own pod having ``pod_gpus`` GPUs (the ``train_pod_gpus``
+    parameter) for ``nodes`` and ``gpus_per_node``: with more than one node it only creates and watches
+    the TrainJob, whose pods get the GPUs, so it must hold none; on one node it trains on ``gpus_per_node``."""
+    pod_gpus, gpus = str(pod_gpus).strip(), str(gpus_per_node).strip()
+    if isinstance(nodes, int) and nodes > 1 and pod_gpus != "0":
+        return [
+            problem(
+                "train_pod_gpus",
+                pod_gpus,
+                f"with nodes={nodes} the train task only creates and watches the TrainJob (whose pods get the GPUs): "
+                f"its own pod would hold {pod_gpus} idle GPUs; give 0 (`g2rpo pipeline submit` does)",
+            )
+        ]
+    if isinstance(nodes, int) and nodes == 1 and pod_gpus != gpus:
+        return [
+            problem(
+                "train_pod_gpus",
+                pod_gpus,
+                f"with nodes=1 the train task trains in its own pod on gpus_per_node={gpus} GPUs; give {gpus} "
+                "(`g2rpo pipeline submit` does)",
+            )
+        ]
+    return []
+
+
 def job_name(run_id: str, task: str) -> str:
     """The TrainJob's name for a run's task: the same for every retry of the task, different for
     every other run or task; a DNS-1035 label short enough for the pods JobSet derives from it."""
@@ -179,6 +207,11 @@ def train_command(args: list[str]) -> list[str]:
     return ["bash", "-c", script, "g2rpo-train", *args]
 
 
+def run_labels(launch: TrainJobLaunch) -> dict[str, str]:
+    """The run's identity as labels: on the TrainJob, and through the runtime patch on its JobSet, Jobs and pods."""
+    return {LABEL_RUN: _label_value(launch.run_id), "app.kubernetes.io/part-of": "g2rpo"}
+
+
 def trainjob_options(launch: TrainJobLaunch, name: str, command: list[str]) -> list[Any]:
     """The SDK options that make the job: name, labels, deadline, command and the runtime patch."""
     placement = launch.placement
@@ -195,23 +228,29 @@ def trainjob_options(launch: TrainJobLaunch, name: str, command: list[str]) -> l
         node_selector=dict(placement.node_selector) or None,
         tolerations=[dict(t) for t in placement.tolerations] or None,
     )
+    # The TrainJob's own labels stay on the TrainJob (Trainer v2.3 copies none of them down): the run's
+    # identity rides in the runtime patch's metadata, which the Trainer applies to the JobSet, its Jobs and
+    # the pod template, so every training pod carries it (dashboards, cleanup by label).
+    identity = {"labels": run_labels(launch)}
+    pod_template = PodTemplatePatch(metadata=identity, spec=pod)
     patch = RuntimePatch(
         training_runtime_spec=TrainingRuntimeSpecPatch(
             template=JobSetTemplatePatch(
+                metadata=identity,
                 spec=JobSetSpecPatch(
                     replicated_jobs=[
                         ReplicatedJobPatch(
                             name=NODE_JOB,
-                            template=JobTemplatePatch(spec=JobSpecPatch(template=PodTemplatePatch(spec=pod))),
+                            template=JobTemplatePatch(metadata=identity, spec=JobSpecPatch(template=pod_template)),
                         )
                     ]
-                )
+                ),
             )
         )
     )
     return [
         Name(name=name),
-        Labels(labels={LABEL_RUN: _label_value(launch.run_id), "app.kubernetes.io/part-of": "g2rpo"}),
+        Labels(labels=run_labels(launch)),
         Annotations(annotations={ANNOTATION_RUN: launch.run_id, ANNOTATION_TASK: launch.task}),
         ActiveDeadlineSeconds(seconds=launch.active_deadline_s),
         TrainerCommand(command=command),

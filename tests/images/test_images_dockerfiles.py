@@ -137,13 +137,31 @@ def test_dockerfiles_parse_into_a_build_and_a_runtime_stage(image):
     assert [s.name for s in stages][-2:] == ["build", "runtime"]
 
 
+def _global_args(text: str) -> dict[str, str]:
+    """The ``ARG name=default`` lines before the first FROM (the ones a FROM line may use)."""
+    args = {}
+    for line in text.splitlines():
+        if line.strip().upper().startswith("FROM "):
+            break
+        if line.strip().upper().startswith("ARG "):
+            name, _, default = line.strip()[4:].strip().partition("=")
+            args[name] = default
+    return args
+
+
 def test_every_base_is_pinned_by_exact_tag_or_digest(image):
-    _, stages = image
+    name, stages = image
     names = {s.name for s in stages if s.name}
+    args = _global_args(IMAGES[name].read_text())
     for stage in stages:
         if stage.image in names:
             continue
-        assert "$" not in stage.image, f"{stage.image}: spell the base out, not through an ARG"
+        # A base given as a build argument (the component image's BASE_IMAGE): its default must be pinned.
+        arg = re.fullmatch(r"\$\{?(\w+)\}?", stage.image)
+        if arg:
+            assert args.get(arg.group(1)), f"{stage.image}: give the ARG a pinned default before the first FROM"
+            stage = Stage(args[arg.group(1)], stage.name, stage.instructions)
+        assert "$" not in stage.image, f"{stage.image}: spell the base out, or as an ARG with a pinned default"
         if "@sha256:" in stage.image:
             assert re.search(r"@sha256:[0-9a-f]{64}$", stage.image), stage.image
             continue

@@ -19,7 +19,7 @@ import yaml
 from kubeapi import KubeAPI, condition
 
 from g2rpo.errors import G2RPOError
-from g2rpo.launch.trainjob import TRAINING_RUNTIME, Placement, TrainJobLaunch, launch_trainjob
+from g2rpo.launch.trainjob import LABEL_RUN, TRAINING_RUNTIME, Placement, TrainJobLaunch, launch_trainjob
 from pipelines.placement import load_profile
 from tests.chart.chart_render import VALUE_SETS, training_runtime
 from tests.shared_checkout import shared_path
@@ -152,6 +152,15 @@ def test_the_launchers_trainjob_is_admitted_and_its_pods_get_the_runs_placement(
     assert env["PET_MASTER_PORT"]["value"] == "29500"
     assert "job-completion-index" in env["PET_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
     assert "exec torchrun -m g2rpo train" in container["command"][2]
+    # The run's identity reaches the JobSet, its Job template and every pod (the TrainJob's own labels do not).
+    identity = job["metadata"]["labels"]
+    assert identity[LABEL_RUN] and identity["app.kubernetes.io/part-of"] == "g2rpo"
+    for where, metadata in (
+        ("jobset", jobset["metadata"]),
+        ("job template", node["template"]["metadata"]),
+        ("pod template", node["template"]["spec"]["template"]["metadata"]),
+    ):
+        assert identity.items() <= (metadata.get("labels") or {}).items(), (where, metadata)
 
 
 def test_env_in_the_runtime_patches_is_refused_as_the_webhook_did(tmp_path):

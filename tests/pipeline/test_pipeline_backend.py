@@ -26,6 +26,7 @@ import yaml
 
 from components.images import G2RPO_IMAGE, TRAINER_IMAGE
 from pipelines.placement import load_profile
+from pipelines.train_pod import size_train_pod
 from tests.shared_checkout import shared_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,16 +48,20 @@ EXTRA_TOLERATIONS = [
     *PROFILE.tolerations,
     {"key": "dedicated", "operator": "Equal", "value": "alignment", "effect": "NoSchedule"},
 ]
-# Run-time parameters as a run request carries them (`g2rpo pipeline submit` turns gpus_per_node=4 into "4").
+# Run-time parameters as a run request carries them (`g2rpo pipeline submit` turns gpus_per_node=4 into "4"
+# and sizes the train pod from nodes: pipelines/train_pod.py).
 RUNS = {
-    "defaults": {},
-    "b200-pool-4-gpus-2-nodes": {
-        "node_selector": B200_POOL,
-        "tolerations": EXTRA_TOLERATIONS,
-        "gpus_per_node": "4",
-        "nodes": 2,
-    },
-    "one-node-1-gpu": {"gpus_per_node": "1", "nodes": 1},
+    name: size_train_pod(parameters, PROFILE)
+    for name, parameters in {
+        "defaults": {},
+        "b200-pool-4-gpus-2-nodes": {
+            "node_selector": B200_POOL,
+            "tolerations": EXTRA_TOLERATIONS,
+            "gpus_per_node": "4",
+            "nodes": 2,
+        },
+        "one-node-1-gpu": {"gpus_per_node": "1", "nodes": 1},
+    }.items()
 }
 
 
@@ -152,9 +157,13 @@ def test_the_train_pod_gets_its_gpus_resources_and_placement(run):
     container = _container(patch)
     gpus = parameters.get("gpus_per_node", str(PROFILE.gpus_per_node))
     # The driver reads resourceCpuLimit/resourceMemoryLimit (not the old cpuLimit/memoryLimit).
-    assert container["resources"] == {
-        "limits": {PROFILE.accelerator_type: gpus, "cpu": PROFILE.cpu_limit, "memory": PROFILE.memory_limit}
-    }
+    if parameters.get("nodes", 1) > 1:
+        # It only creates and watches the TrainJob, whose pods get the GPUs: no GPU here, sized for waiting.
+        assert container["resources"] == {"limits": {PROFILE.accelerator_type: "0", "cpu": "1", "memory": "4Gi"}}
+    else:
+        assert container["resources"] == {
+            "limits": {PROFILE.accelerator_type: gpus, "cpu": PROFILE.cpu_limit, "memory": PROFILE.memory_limit}
+        }
     assert container["image"] == TRAINER_IMAGE
     assert patch["nodeSelector"] == parameters.get("node_selector", PROFILE.node_selector)
     assert patch["tolerations"] == parameters.get("tolerations", PROFILE.tolerations)

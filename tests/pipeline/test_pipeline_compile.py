@@ -47,8 +47,9 @@ def test_train_placement_lands_in_the_platform_spec():
     assert inputs["gpus_per_node"] == {"defaultValue": "8", "isOptional": True, "parameterType": "STRING"}
     resources = spec["deploymentSpec"]["executors"]["exec-train"]["container"]["resources"]
     assert resources["accelerator"]["resourceType"] == "nvidia.com/gpu"
-    assert resources["accelerator"]["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--gpus_per_node']}}"
-    assert resources["resourceMemoryLimit"] == profile.memory_limit
+    # The pod's size: parameters whose defaults are the profile's (pipelines/train_pod.py).
+    assert resources["accelerator"]["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--train_pod_gpus']}}"
+    assert inputs["train_pod_memory"]["defaultValue"] == profile.memory_limit
 
 
 def test_every_task_has_a_timeout_the_s3_secret_by_name_and_no_cache():

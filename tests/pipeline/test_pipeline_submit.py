@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from g2rpo.cli import main
+from g2rpo.errors import G2RPOError
 from pipelines.check import check_arguments
 from pipelines.placement import load_profile
 from pipelines.submit import check_cron
@@ -63,6 +64,7 @@ def test_submit_sends_experiment_pipeline_platform_spec_and_parameters(capsys):
         # Merged over the profile's labels: the pool changes, the GPU product stays.
         "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H200", "pool": "h200-spot"},
         "gpus_per_node": "4",  # a string: the only form KFP's driver turns into a GPU limit (pipelines/alignment.py)
+        "train_pod_gpus": "4",  # one node: the train pod trains on them (pipelines/train_pod.py)
     }
     assert run["service_account"] == load_profile().service_account
     _check_pipeline_spec(run)
@@ -309,3 +311,46 @@ def test_the_installed_command_finds_pipelines_outside_the_checkout(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert yaml.safe_load_all(out.read_text()).__next__()["pipelineInfo"]["name"] == "g2rpo-alignment"
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ["pipeline", "submit", "--run-name", "run-\U0001f680"],
+        ["pipeline", "submit", "--experiment", "nightly-\U0001f680"],
+        ["pipeline", "submit", "prompts_uri=s3://g2rpo/prompts/\U0001f680.txt"],
+        ["pipeline", "submit", "overrides=[train.note=\U0001f680]"],
+        ["pipeline", "schedule", "--cron", "0 0 3 * * *", "--name", "emoji-\U0001f680"],
+        ["pipeline", "schedule", "--cron", "0 0 3 * * *", "prompts_uri=s3://g2rpo/prompts/\U0001f680.txt"],
+    ],
+)
+def test_characters_outside_the_bmp_are_refused_before_any_request(command, capsys):
+    # KFP 2.17 stores names and parameters in MySQL as utf8 (3 bytes): an emoji fails there only after the
+    # Argo Workflow or ScheduledWorkflow exists in Kubernetes. Nothing may reach the server.
+    with KfpServer() as server:
+        assert main([*command[:2], "--host", server.url, *command[2:]]) == 2
+        assert server.requests == []
+    err = capsys.readouterr().err
+    assert "'\U0001f680' (U+1F680), outside the Basic Multilingual Plane" in err
+    assert "MySQL as utf8" in err and "no emoji" in err
+
+
+def test_characters_up_to_u_ffff_pass():
+    from pipelines.submit import check_texts
+
+    check_texts({"--run-name": "Läufe \u00e9t\u00e9 \u4e2d\u6587 \ufffd", "rewards": [{"name": "clip", "w": 1.0}]})
+    with pytest.raises(G2RPOError) as err:
+        check_texts({"rewards": [{"name": "clip"}], "node_selector": {"pool\U00010000": "x"}})
+    assert "node_selector" in str(err.value) and "U+10000" in str(err.value)
+
+
+def test_a_failing_server_names_what_it_may_have_left_per_request_kind(capsys):
+    with KfpServer() as server:
+        server.fail[("POST", RUNS)] = (500, {"error": "boom", "message": "Error 1366 (HY000): Incorrect string value"})
+        assert main(["pipeline", "submit", "--host", server.url]) == 2
+        err = capsys.readouterr().err
+        assert "an Argo Workflow" in err and "kubectl get workflows" in err and "ScheduledWorkflow" not in err
+        server.fail[("POST", RECURRING)] = (500, {"error": "boom", "message": "boom"})
+        assert _schedule(server) == 2
+        err = capsys.readouterr().err
+        assert "a ScheduledWorkflow" in err and "kubectl get scheduledworkflows" in err
