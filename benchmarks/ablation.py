@@ -28,7 +28,8 @@ each run at iteration N, the *equal-compute* table at the budget, and the *equal
 the least wall time any method took for the budget. A run is evaluated at iteration 0 (the shared
 base model), at N, at its end, and at ``--evals`` points spread evenly over the budget; between
 points the curves are interpolated linearly (stated in the JSON). Means over seeds with a 95 %
-Student-t interval (3 seeds: t = 4.30).
+Student-t interval (:func:`benchmarks.stats.t_quantile`, any n); the method gaps paired per seed,
+Holm-corrected, with the detectable difference: ``python -m benchmarks.paired OUT/ablation.json``.
 
 Learning rates. Each method's own, chosen by a small sweep (``--lrs``, one seed) on a validation
 split of the training prompts — never the held-out split — by the mean gain of the trained rewards at
@@ -64,6 +65,8 @@ from typing import Any
 
 import torch
 
+from benchmarks.stats import t_quantile
+
 RESULTS = Path(__file__).resolve().parent / "results" / "ablation"
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = REPO / "g2rpo" / "models" / "shapes_flux"  # the shipped shapes model
@@ -88,7 +91,6 @@ METHODS: dict[str, dict[str, Any]] = {
 # default here is the demo's reduced sampler (configs/shapes-cpu.yaml), which fits 5 seeds × 6 methods
 # into hours on 2 cores; ``--num-steps 16 --group-size 12`` is the paper's arm.
 SHARED_ALGORITHM = {"num_steps": 6, "group_size": 6, "micro_batch": 256}
-T_95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
 @dataclass(frozen=True)
@@ -269,7 +271,7 @@ def mean_ci(values: list[float]) -> dict[str, float]:
     """Mean and the half-width of its 95 % Student-t interval (0 for one value)."""
     n = len(values)
     mean = statistics.fmean(values)
-    half = T_95.get(n - 1, 1.96) * statistics.stdev(values) / math.sqrt(n) if n > 1 else 0.0
+    half = t_quantile(0.975, n - 1) * statistics.stdev(values) / math.sqrt(n) if n > 1 else 0.0
     return {"mean": mean, "ci95": half, "n": n}
 
 

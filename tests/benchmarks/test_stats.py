@@ -57,3 +57,33 @@ def test_holm_by_hand():
 def test_minimum_detectable_by_hand():
     # sd 1, n 8: (t_{0.975,7} + t_{0.8,7}) / √8 = (2.364624 + 0.896030) / 2.828427 = 1.152817.
     assert minimum_detectable(1.0, 8) == pytest.approx(1.152817, abs=1e-5)
+
+
+def test_paired_table_reads_each_view_at_its_point_and_pairs_by_seed():
+    from benchmarks.paired import compare
+
+    def run(method, seed, colour_at_4):  # two eval points: 0 at the start, colour_at_4 at iteration 4
+        evals = [
+            {"iteration": 0, "compute": 0, "seconds": 0.0, "shapes_colour": 0.5, "shapes_shape": 0.5},
+            {"iteration": 4, "compute": 40, "seconds": 8.0, "shapes_colour": colour_at_4, "shapes_shape": 0.5},
+        ]
+        return {"method": method, "rewards": "multi", "seed": seed, "evals": evals}
+
+    # at iteration 4: a = 0.8, 1.0, 1.2 and b = 0.6; at iteration 2 (halfway, linear) a = 0.65, 0.75, 0.85
+    # and b = 0.55, so a − b per seed = [0.1, 0.2, 0.3] (mean 0.2); at the budget (iteration 4) [0.2, 0.4, 0.6].
+    runs = [run("a", s, 0.5 + d) for s, d in enumerate([0.3, 0.5, 0.7])] + [
+        run("b", s, 0.5 + d) for s, d in enumerate([0.1, 0.1, 0.1])
+    ]
+    result = {
+        "settings": {"iterations": 2},
+        "summary": {"multi": {"budget_compute": 40, "wall_seconds": 8.0}},
+        "runs": runs,
+    }
+    table = compare(result)
+    colour = next(r for r in table["multi/equal_iterations"]["comparisons"] if r["metric"] == "shapes_colour")
+    assert (colour["leader"], colour["other"]) == ("a", "b")
+    assert colour["mean"] == pytest.approx(0.2)
+    at_budget = next(r for r in table["multi/equal_compute"]["comparisons"] if r["metric"] == "shapes_colour")
+    assert at_budget["mean"] == pytest.approx(0.4)
+    shape = next(r for r in table["multi/equal_compute"]["comparisons"] if r["metric"] == "shapes_shape")
+    assert shape["mean"] == 0 and shape["p"] == 1.0 and not shape["significant"]
