@@ -34,6 +34,7 @@ module makes diffusers' ``FluxTransformer2DModel`` that field, the way ``FluxPip
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -43,6 +44,8 @@ from torch import nn
 
 from g2rpo.core import take_rows
 from g2rpo.errors import G2RPOError, problem
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_GUIDANCE",
@@ -417,6 +420,7 @@ class FluxTextEncoder:
         if not 1 <= max_sequence_length <= 512:
             raise G2RPOError(problem("max_sequence_length", max_sequence_length, "use 1..512 (FLUX.1-dev: 512)"))
         self.max_sequence_length = int(max_sequence_length)
+        self._truncation_announced: set[str] = set()  # tokenizers whose cut was already announced
 
     @classmethod
     def from_pipeline(cls, pipe: Any, max_sequence_length: int | None = None) -> FluxTextEncoder:
@@ -426,9 +430,34 @@ class FluxTextEncoder:
     def device(self) -> torch.device:
         return next(self.text_encoder_2.parameters()).device
 
+    def _announce_truncation(self, prompts: list[str]) -> None:
+        """Say once per encoder and tokenizer, with the numbers, that prompts are cut to its limit (as
+        diffusers' FluxPipeline cuts them): a cut prompt asks for less than its text says."""
+        warned = self._truncation_announced
+        for name, tokenizer, limit, fix in (
+            ("CLIP", self.tokenizer, self.tokenizer.model_max_length, "shorten them (CLIP reads 77 tokens)"),
+            ("T5", self.tokenizer_2, self.max_sequence_length, "raise data.max_sequence_length (at most 512)"),
+        ):
+            if name in warned:
+                continue
+            lengths = [len(ids) for ids in tokenizer(prompts, truncation=False).input_ids]
+            over = [n for n in lengths if n > limit]
+            if over:
+                warned.add(name)
+                _log.warning(
+                    "%d of %d prompts exceed the %s tokenizer's %d tokens (longest %d) and are cut there; %s",
+                    len(over),
+                    len(prompts),
+                    name,
+                    limit,
+                    max(over),
+                    fix,
+                )
+
     @torch.no_grad()
     def encode(self, prompts: Sequence[str]) -> FluxConditioning:
         prompts = list(prompts)
+        self._announce_truncation(prompts)
         clip_ids = self.tokenizer(
             prompts,
             padding="max_length",

@@ -412,6 +412,13 @@ class Trainer:
         the scored rewards and the run's σ grid (the rollout's; the ODE sampler has no noise)."""
         validation = self.config.train.validation
         self.validation_indices = validation_prompt_indices(validation.num_prompts, len(self.prompts))
+        if validation.num_prompts > len(self.prompts) and self.ctx.is_main:
+            print(
+                f"g2rpo train: train.validation.num_prompts = {validation.num_prompts} but the training split holds "
+                f"{len(self.prompts)} prompts: validating on all {len(self.prompts)}",
+                file=sys.stderr,
+                flush=True,
+            )
         self.validation_metrics = list(validation.metrics or self.reward_names)
         self.validation_weights = {
             name: weight for name, weight in zip(self.reward_names, self.reward_weights) if weight != 0
