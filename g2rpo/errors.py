@@ -8,7 +8,11 @@ fix. The CLI prints these without a traceback; anything else is a bug and keeps 
 from __future__ import annotations
 
 import difflib
+import errno
+import os
+import shutil
 from collections.abc import Iterable
+from pathlib import Path
 
 
 class G2RPOError(Exception):
@@ -46,3 +50,39 @@ class ConfigError(G2RPOError):
         lines = [f"{len(self.problems)} configuration problem(s){where}:"]
         lines += [f"  - {p}" for p in self.problems]
         super().__init__("\n".join(lines))
+
+
+_WRITE_CAUSES = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "the disk quota is exhausted",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+    errno.EROFS: "the filesystem is read-only",
+}
+
+
+def write_failure(what: str, path: str | os.PathLike[str], exc: BaseException) -> G2RPOError:
+    """A failed write of ``what`` at ``path`` as an error that names the path and the cause.
+
+    torch's writer reports a full disk as ``RuntimeError: [enforce fail at inline_container.cc] …
+    unexpected pos``, without errno; the free space of the filesystem then tells the cause.
+    """
+    where = Path(path)
+    probe = where
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        free = shutil.disk_usage(probe).free
+    except OSError:
+        free = None
+    code = getattr(exc, "errno", None)
+    cause = _WRITE_CAUSES.get(code) if code is not None else None
+    if cause is None and free is not None and free < 64 * 2**20:
+        cause = "the filesystem is (nearly) full"
+    space = f"; {free / 2**20:.1f} MiB free on {probe}" if free is not None else ""
+    detail = str(exc).splitlines()[0][:200] if str(exc) else exc.__class__.__name__
+    return G2RPOError(
+        f"writing {what} at {where} failed: {cause or detail}{space}. Free space or fix the permissions (or write "
+        "elsewhere), then run the same command again: nothing complete was lost"
+        + ("" if cause is None else f" ({detail})")
+    )

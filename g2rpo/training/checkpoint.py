@@ -59,7 +59,7 @@ import torch
 
 from g2rpo import __version__
 from g2rpo.artifacts.manifest import write_dir_manifest
-from g2rpo.errors import G2RPOError
+from g2rpo.errors import G2RPOError, write_failure
 from g2rpo.seeding import derive_seed
 
 __all__ = [
@@ -310,6 +310,19 @@ class CheckpointManager:
                 f"checkpoint {target} already exists and is complete: refusing to overwrite it; "
                 "resume from it (train.resume=auto) or write to a new output.dir"
             )
+        try:
+            self._write(target, state, driver, ema, json_files)
+        except (OSError, RuntimeError) as exc:  # full disk, permissions, read-only: name the path and why
+            raise write_failure(f"checkpoint of iteration {state.iteration}", target, exc) from exc
+        if self.rank == 0:
+            self.prune()
+        self._barrier()
+        return target
+
+    def _write(
+        self, target: Path, state: TrainerState, driver: Any, ema: Any, json_files: dict[str, Any] | None
+    ) -> None:
+        """Every file of one checkpoint, the manifest last (by rank 0, after every rank's files)."""
         if self.rank == 0:
             if target.exists():  # left by a run killed mid-save: never complete, nothing to keep
                 shutil.rmtree(target)
@@ -333,9 +346,6 @@ class CheckpointManager:
                 config_hash=self.config_hash,
                 metadata={"kind": "resumable-checkpoint", "iteration": state.iteration, "world_size": self.world_size},
             )
-            self.prune()
-        self._barrier()
-        return target
 
     def prune(self) -> list[Path]:
         """Remove complete checkpoints beyond the last ``keep_last`` (named and protected ones stay)."""
