@@ -17,6 +17,7 @@ from g2rpo.errors import G2RPOError
 from g2rpo.training.checkpoint import CheckpointManager, TrainerState, is_complete
 from g2rpo.training.run_config import RunConfig, resume_hash
 from g2rpo.training.trainer import Trainer
+from g2rpo.training.validation import ValidationRecord, select_best
 from tests.tiny_flux_fixture import make_tiny_flux
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -80,8 +81,8 @@ VALIDATED = {
         {"name": "sharpness", "weight": 0.0},
         {"name": "total_variation", "weight": 0.0},
     ],
-    # iteration 6 breaches the held-out sharpness tolerance on this seed, so 2 is the best
-    # (tests/trainer/test_trainer_validation.py measures the curve)
+    # which validation is the best, and whether one breaches the held-out sharpness tolerance, depends
+    # on the trajectory (it differs between CPUs): the test reads it from the runs' own records
     "train.validation": {
         "enabled": True,
         "every": 2,
@@ -93,10 +94,10 @@ VALIDATED = {
 }
 
 
-def _validation_history(checkpoint: Path) -> list[dict]:
-    """The stored history without the wall seconds (the one number a rerun cannot repeat)."""
+def _validation_history(checkpoint: Path, with_seconds: bool = False) -> list[dict]:
+    """The stored history, without the wall seconds (the one number a rerun cannot repeat) unless asked."""
     history = json.loads((checkpoint / "validation.json").read_text())["history"]
-    return [{k: v for k, v in record.items() if k != "seconds"} for record in history]
+    return [{k: v for k, v in record.items() if with_seconds or k != "seconds"} for record in history]
 
 
 def test_sigkill_with_validation_resumes_history_and_best_bit_identical(tiny_model, tmp_path):
@@ -104,10 +105,14 @@ def test_sigkill_with_validation_resumes_history_and_best_bit_identical(tiny_mod
     assert run_train(tiny_overrides(tiny_model, straight, **VALIDATED)).returncode == 0
     out = tmp_path / "killed"
     config = tiny_overrides(tiny_model, out, **VALIDATED)
-    killed = run_train(config, fault="iteration:5")  # after checkpoint 4; the best so far is 2
+    killed = run_train(config, fault="iteration:5")  # after checkpoint 4, validations 0, 2 and 4 recorded
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
-    # keep_last 1 would have removed 2; it is kept because it is the best validated one
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["iter-000002", "iter-000004"]
+    # keep_last 1 keeps the newest (4) and the best validated one so far, whichever that is on this machine
+    recorded = [ValidationRecord.from_json(r) for r in _validation_history(out / "checkpoints" / "iter-000004", True)]
+    assert [r.iteration for r in recorded] == [0, 2, 4]
+    best_so_far = select_best(recorded).iteration
+    kept = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert kept == sorted({"iter-000004", f"iter-{best_so_far:06d}"})
     resumed = run_train(config)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     # the resumed run's history (baseline and best-so-far included) is the uninterrupted one's
@@ -117,9 +122,12 @@ def test_sigkill_with_validation_resumes_history_and_best_bit_identical(tiny_mod
     # validation ran after the resume only where the killed run had not recorded it (6), never 0 again
     validated = [e["iteration"] for e in _events(out) if e.get("event") == "validation"]
     assert validated == [0, 2, 4, 6]
+    # both export the same selection, the one the recorded history gives
+    history = [ValidationRecord.from_json(r) for r in _validation_history(straight / "checkpoints" / final, True)]
+    selection = select_best(history)
     for run in (straight, out):
         info = json.loads((run / "export" / "base_model.json").read_text())
-        assert info["selected_iteration"] == 2, info
+        assert (info["selected_iteration"], info["selection_reason"]) == (selection.iteration, selection.reason), info
     _assert_same_weights(straight, out)
 
 

@@ -53,48 +53,60 @@ def _events(out: Path, kind: str) -> list[dict]:
 def test_best_validated_checkpoint_is_exported_kept_and_named(tiny_model, tmp_path):
     out = tmp_path / "run"
     # keep_last 1 and no scheduled checkpoints: only the validated ones, of which retention keeps the newest
-    # and the best. Measured on this seed (deterministic CPU run), change from iteration 0:
-    #   it  jpeg (trained, = objective − (−7.2399))  sharpness (held out)
-    #    2  +0.0570                                  −0.00051  within 0.001
-    #    4  −0.1032                                  +0.00039  within
-    #    6  +0.1165                                  −0.00113  beyond 0.001: the last checkpoint is the hacked one
-    # so the best within tolerance is iteration 2 (objective −7.1829 > −7.3431).
-    config = _config(tiny_model, out, max_regression={"sharpness": 0.001})
+    # and the best. Which validations breach is the trajectory's business and differs between CPUs (the
+    # floats of 6 updates of a random model are not bit-equal across machines), so the test reads it from
+    # the recorded history and asserts the rule. The scenario makes a breach all but certain: a zero
+    # tolerance on the held-out sharpness, validated after every one of 6 iterations (training the JPEG
+    # size smooths or sharpens the images and sharpness moves every iteration; on 12 seeds here every run
+    # breached at least once and 11 of 12 also had validations within).
+    config = _config(tiny_model, out, every=1, max_regression={"sharpness": 0.0})
     config = config.model_copy(update={"train": config.train.model_copy(update={"keep_last": 1})})
     summary = train_from_config(config)
     validations = _events(out, "validation")
-    assert [v["iteration"] for v in validations] == [0, 2, 4, 6]
+    assert [v["iteration"] for v in validations] == [0, 1, 2, 3, 4, 5, 6]
     for v in validations:  # every scored reward, 3 prompts × 2 seeds each, with a 95 % interval around its mean
         assert set(v["metrics"]) == {"jpeg_compressibility", "sharpness", "total_variation"}
         for m in v["metrics"].values():
             assert m["n"] == 6 and m["ci_low"] <= m["mean"] <= m["ci_high"]
         assert v["forwards"] == 6 * 4  # rows × T
         assert v["objective"] == v["metrics"]["jpeg_compressibility"]["mean"]  # the one trained reward, weight 1
+    # the breaches follow from the recorded means: a drop of sharpness below the baseline's, by any amount
+    baseline = validations[0]["metrics"]["sharpness"]["mean"]
+    for v in validations:
+        change = v["metrics"]["sharpness"]["mean"] - baseline
+        assert v["changes"]["sharpness"] == change
+        assert v["breached"] == (["sharpness"] if change < 0 else []), v
+    breached = [v["iteration"] for v in validations if v["breached"]]
+    if not breached:
+        pytest.fail(f"no validation breached a zero tolerance: {[v['changes'] for v in validations]}")
+    # the export is the best non-breaching validation of the recorded history (the earliest of equal
+    # objectives), or the last one when every validation breached
+    within = {v["iteration"]: v["objective"] for v in validations[1:] if not v["breached"]}
+    best = max(within, key=lambda i: (within[i], -i)) if within else 6
     history = [
         ValidationRecord.from_json({k: v[k] for k in ValidationRecord.__dataclass_fields__}) for v in validations
     ]
     expected = select_best(history)
-    objectives = {v["iteration"]: v["objective"] for v in validations[1:]}
-    within = {i: o for i, o in objectives.items() if not validations[i // 2]["breached"]}
-    assert [v["breached"] for v in validations] == [[], [], [], ["sharpness"]]
-    assert expected.iteration == max(within, key=lambda i: (within[i], -i)) == 2
+    assert expected.iteration == best and expected.within_tolerance == bool(within)
+    assert f"iterations {breached}" in expected.reason if within else "every validation breached" in expected.reason
     block = summary["validation"]
-    assert block["selected_iteration"] == expected.iteration and block["selection_reason"] == expected.reason
-    assert [c["iteration"] for c in block["curve"]] == [0, 2, 4, 6]
+    assert block["selected_iteration"] == best and block["selection_reason"] == expected.reason
+    assert [c["iteration"] for c in block["curve"]] == [0, 1, 2, 3, 4, 5, 6]
     cost = block["cost"]
-    assert cost["validation_forwards"] == 4 * 24 and cost["training_forwards"] > 0 and cost["validation_seconds"] > 0
+    assert cost["validation_forwards"] == 7 * 24 and cost["training_forwards"] > 0 and cost["validation_seconds"] > 0
     # retention: the newest (6) and the best are on disk, nothing else
     kept = sorted(p.name for p in (out / "checkpoints").iterdir())
-    assert kept == sorted({f"iter-{6:06d}", f"iter-{expected.iteration:06d}"})
+    assert kept == sorted({f"iter-{6:06d}", f"iter-{best:06d}"})
     # the export holds the selected checkpoint's weights and says which and why
-    saved = torch.load(out / "checkpoints" / f"iter-{expected.iteration:06d}" / "torch" / "model.pt")
+    saved = torch.load(out / "checkpoints" / f"iter-{best:06d}" / "torch" / "model.pt")
     exported = export_weights(out)
     assert all(torch.equal(exported[k.removeprefix("transformer.")], v) for k, v in saved.items())
     info = json.loads((out / "export" / "base_model.json").read_text())
-    assert info["selected_iteration"] == expected.iteration and info["selection_reason"] == expected.reason
+    assert info["selected_iteration"] == best and info["selection_reason"] == expected.reason
     assert info["iterations"] == 6
-    last = torch.load(out / "checkpoints" / f"iter-{6:06d}" / "torch" / "model.pt")
-    assert any(not torch.equal(last[k], saved[k]) for k in saved)  # not the last weights
+    if best != 6:  # the last weights moved on from the exported ones
+        last = torch.load(out / "checkpoints" / f"iter-{6:06d}" / "torch" / "model.pt")
+        assert any(not torch.equal(last[k], saved[k]) for k in saved)
 
 
 def test_early_stop_on_breaches_is_an_event_and_ends_the_run(tiny_model, tmp_path):

@@ -4,7 +4,10 @@ the shapes gates' held-out tolerance and an earlier validated one, within it, is
 On the shipped shapes model (g2rpo/models/shapes_flux), at lr 1.5e-3 (fifteen times the demo's 1e-4;
 at 1e-3 no validation of a 60-iteration run breached) and 4 prompts per iteration, so that the hacking
 shows within 36 iterations: the JPEG compressibility, never trained on, falls by more than the gates'
-0.25 bits per pixel from iteration 18 on, while the trained rewards' objective still rises.
+0.25 bits per pixel (measured here: from iteration 18 on, -3.211 at 0 to -3.736 at 36), while the
+trained rewards' objective still rises. Which validations breach, and which one is best, is the
+trajectory's and may differ on another CPU; the test asserts the rule on the recorded curve, and only
+the last checkpoint's breach (twice the tolerance here) as an outcome.
 """
 
 from __future__ import annotations
@@ -53,18 +56,19 @@ def test_shapes_run_exports_the_validated_checkpoint_the_held_out_gates_accept(t
     summary = train_from_config(config)["validation"]
     curve = {point["iteration"]: point for point in summary["curve"]}
     assert list(curve) == [0, 6, 12, 18, 24, 30, 36]
-    # Measured (CPU, this seed): iterations 6 and 12 stay within every tolerance; from 18 on the JPEG
-    # compressibility falls from -3.211 (iteration 0) to -3.500 (18), -3.622 (24), -3.563 (30) and -3.736
-    # (36), more than the gates' 0.25, while position and background stay within their 0.05.
-    assert not curve[6]["breached"] and not curve[12]["breached"]
-    assert all(curve[i]["breached"] == ["jpeg_compressibility"] for i in (18, 24, 30, 36))
-    # The hacked checkpoints score higher on the trained rewards (objective 1.559 at 30, 1.513 at 36 against
-    # 1.502 at 12): the objective alone would export one of them.
-    best_objective = max(curve, key=lambda i: curve[i]["objective"])
-    assert best_objective == 30 and curve[30]["objective"] > curve[36]["objective"] > curve[12]["objective"]
+    # The hacking: the last checkpoint breaches the JPEG tolerance (and only it), and some earlier
+    # validation stays within every tolerance.
+    assert curve[36]["breached"] == ["jpeg_compressibility"]
+    within = [i for i in curve if i and not curve[i]["breached"]]
+    assert within, [curve[i]["breached"] for i in curve]
+    # The export is the best non-breaching validation of the recorded curve (the earliest of equal objectives).
     chosen = summary["selected_iteration"]
-    assert chosen != 36 and not curve[chosen]["breached"] and summary["within_tolerance"]
-    assert chosen == max((i for i in curve if i and not curve[i]["breached"]), key=lambda i: curve[i]["objective"])
+    assert summary["within_tolerance"] and not curve[chosen]["breached"]
+    assert chosen == max(within, key=lambda i: (curve[i]["objective"], -i))
+    # The objective alone would not be safe: a breached checkpoint scores at least as high on the trained
+    # rewards as the chosen one (measured here: 1.559 at 30 and 1.513 at 36 against 1.502 at 12).
+    best_objective = max((i for i in curve if i), key=lambda i: curve[i]["objective"])
+    assert curve[best_objective]["breached"], {i: (curve[i]["objective"], curve[i]["breached"]) for i in curve}
 
     # The shapes gates themselves, with the run's first validation as the champion: the last checkpoint's
     # held-out regression gate fails, the chosen one's all pass.
@@ -79,5 +83,6 @@ def test_shapes_run_exports_the_validated_checkpoint_the_held_out_gates_accept(t
     assert held_out_failures(36) == ["jpeg_compressibility"]
     assert held_out_failures(chosen) == []
     exported = json.loads((tmp_path / "run" / "export" / "base_model.json").read_text())
-    assert exported["selected_iteration"] == chosen == 12 and exported["iterations"] == 36
-    assert "beyond it: iterations [18, 24, 30, 36]" in exported["selection_reason"]
+    assert exported["selected_iteration"] == chosen and exported["iterations"] == 36
+    breached = [i for i in curve if curve[i]["breached"]]
+    assert f"beyond it: iterations {breached}" in exported["selection_reason"]
