@@ -42,6 +42,8 @@ from pipelines.alignment import PIPELINE_NAME, build_pipeline, compile_pipeline
 from pipelines.check import check_arguments
 from pipelines.cron import next_fire_times
 from pipelines.placement import PlacementProfile, load_profile
+from pipelines.reachability import CONNECT_TIMEOUT_S as REACHABLE_TIMEOUT_S
+from pipelines.reachability import check_reachable
 from pipelines.train_pod import size_train_pod
 
 __all__ = [
@@ -62,7 +64,7 @@ __all__ = [
     "submit",
 ]
 
-CONNECT_TIMEOUT_S = 5.0
+CONNECT_TIMEOUT_S = REACHABLE_TIMEOUT_S
 HEALTHZ = "/apis/v2beta1/healthz"
 _TYPES = {"String": str, "Integer": int, "Float": (int, float), "Boolean": bool, "List": list, "Dict": dict}
 # KFP keeps display names (runs, recurring runs, experiments) in MySQL columns: a name longer than
@@ -314,6 +316,7 @@ def submit(
     run_name = run_name or PIPELINE_NAME
     texts = {"--run-name": run_name, "--experiment": experiment}
     _check_request_texts(arguments, texts, pipeline_root, service_account)
+    check_reachable(host)  # a dead host is said at once, not after the checks below
     check_arguments(arguments, profile)  # every value, as the tasks will build it, before the first request
     arguments = size_train_pod(arguments, profile)
     check_name("--run-name", run_name)
@@ -364,6 +367,7 @@ def schedule(
     profile = load_profile(profile_path)
     name = name or f"{PIPELINE_NAME}-schedule"
     _check_request_texts(arguments, {"--name": name, "--experiment": experiment}, pipeline_root, service_account)
+    check_reachable(host)  # a dead host is said at once, not after the checks below
     check_arguments(arguments, profile)  # every value, as the tasks will build it, before the first request
     arguments = size_train_pod(arguments, profile)
     check_name("--name", name)

@@ -158,6 +158,9 @@ def _compile(args: argparse.Namespace) -> int:
 
 def _submit(args: argparse.Namespace) -> int:
     _use_source_tree()
+    from pipelines.reachability import check_reachable
+
+    check_reachable(args.host)  # before the pipeline's imports and checks, which take seconds
     from pipelines.placement import load_profile
     from pipelines.submit import parse_arguments, submit
 
@@ -177,6 +180,9 @@ def _submit(args: argparse.Namespace) -> int:
 
 def _schedule(args: argparse.Namespace) -> int:
     _use_source_tree()
+    from pipelines.reachability import check_reachable
+
+    check_reachable(args.host)  # before the pipeline's imports and checks, which take seconds
     from pipelines.placement import load_profile
     from pipelines.submit import check_cron, next_fire_times, parse_arguments, schedule
 
