@@ -48,7 +48,7 @@ from g2rpo.artifacts.storage import (
 )
 from g2rpo.errors import G2RPOError, problem
 
-__all__ = ["LEASE_S", "publish_dir", "unique_prefix", "unique_uri"]
+__all__ = ["LEASE_S", "pid_alive", "process_start", "publish_dir", "unique_prefix", "unique_uri"]
 
 # A publish's claim on its prefix lapses this long after its holder last renewed it (every sixth of
 # it, while uploading): long enough for a slow request or a pause, short enough that a retry after a
@@ -220,7 +220,7 @@ def _claim(store: Store, producer: str, lease_s: float) -> _Claim:
         "lease_s": float(lease_s),
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "pid_started": _process_start(os.getpid()),
+        "pid_started": process_start(os.getpid()),
         "token": token,
     }
     body = json.dumps(marker).encode()
@@ -294,15 +294,15 @@ def _holder_gone(holder: dict) -> str | None:
         with _LIVE_LOCK:
             live = holder.get("token") in _LIVE_TOKENS
         return None if live else "its publish in this process has ended"
-    started = _process_start(pid)
-    if not _pid_alive(pid):
+    started = process_start(pid)
+    if not pid_alive(pid):
         return f"process {pid} on this host is gone"
     if started is not None and holder.get("pid_started") not in (None, started):
         return f"process {pid} on this host is gone (the pid belongs to a newer process now)"
     return None
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Whether ``pid`` is a running (not zombie) process on this host."""
     try:
         os.kill(pid, 0)
@@ -317,7 +317,7 @@ def _pid_alive(pid: int) -> bool:
     return state != "Z"
 
 
-def _process_start(pid: int) -> str | None:
+def process_start(pid: int) -> str | None:
     """The process's start time in clock ticks since boot (/proc/PID/stat field 22), which tells a reused
     pid apart; None where /proc is not there."""
     try:

@@ -40,6 +40,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from g2rpo import __version__
+from g2rpo.artifacts.publish import pid_alive, process_start
 from g2rpo.artifacts.storage import check_writable
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.training.checkpoint import is_complete
@@ -155,7 +156,7 @@ def _take_writer_claim(out: Path, field: str, lease_s: float) -> WriterClaim:
         "tool": "g2rpo",
         "host": socket.gethostname(),
         "pid": os.getpid(),
-        "pid_started": _process_start(os.getpid()),
+        "pid_started": process_start(os.getpid()),
         "started": now,
         "renewed_at": now,
         "lease_s": float(lease_s),
@@ -236,9 +237,9 @@ def _holder_gone(holder: dict) -> str | None:
         return None  # another machine's process: only its lease can tell
     if pid == os.getpid():
         return "it is this process's own earlier claim"
-    if not _pid_alive(pid):
+    if not pid_alive(pid):
         return f"process {pid} on this host is gone"
-    started = _process_start(pid)
+    started = process_start(pid)
     if started is not None and holder.get("pid_started") not in (None, started):
         return f"process {pid} on this host is gone (the pid belongs to a newer process now)"
     return None
@@ -260,26 +261,3 @@ def _write_json(path: Path, value: dict) -> None:
 
 def _now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether ``pid`` is a running (not zombie) process on this host."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state != "Z"
-
-
-def _process_start(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): tells a reused pid apart."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[19]
-    except (OSError, IndexError):
-        return None
