@@ -176,6 +176,14 @@ class Trainer:
     # ------------------------------------------------------------------ setup
 
     def setup(self) -> Trainer:
+        """Load everything a run needs; a setup that fails gives back the writer claim it took."""
+        try:
+            return self._setup()
+        except BaseException:
+            self.release_claims()
+            raise
+
+    def _setup(self) -> Trainer:
         cfg = self.config
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
