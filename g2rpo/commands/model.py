@@ -56,6 +56,34 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
     shapes.add_argument("--overwrite", action="store_true", help=OVERWRITE_HELP)
     shapes.set_defaults(handler=_pretrain_shapes)
 
+    rewards = sub.add_parser(
+        "pretrain-shapes-rewards",
+        help="train the shapes task's learned rewards (a tiny CLIP and a preference model; CPU, ~15 min)",
+        description=(
+            "Train the testbed's analogues of CLIP and HPS-v2.1 (g2rpo.models.shapes_rewards): shapes_clip, "
+            "a tiny open_clip CLIP trained contrastively on augmented renders of the pretraining scenes, and "
+            "shapes_pref, shapes_clip fine-tuned on pairs of the base model's samples ranked by the exact "
+            "utility (shapes_colour + shapes_shape) / 2. The unseen scenes are left out of both. Writes "
+            "OUTPUT/shapes_clip and OUTPUT/shapes_pref (open_clip local-dir folders, sealed by a manifest), "
+            "loaded by the clip and hps_v21 reward heads. See docs/models.md."
+        ),
+    )
+    rewards.add_argument("--output", required=True, metavar="DIR", help="folder to write the two models into")
+    rewards.add_argument(
+        "--base-model",
+        metavar="DIR",
+        help="the shapes model whose samples the preferences rank (default: the shipped unseen-scenes model)",
+    )
+    rewards.add_argument("--seed", type=int, default=0, help="seed of the weights and of every draw (default 0)")
+    rewards.add_argument("--clip-steps", type=int, default=2500, help="contrastive steps (default 2500)")
+    rewards.add_argument("--pref-steps", type=int, default=1200, help="preference steps (default 1200)")
+    rewards.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace OUTPUT/shapes_clip and shapes_pref when they are learned rewards",
+    )
+    rewards.set_defaults(handler=_pretrain_shapes_rewards)
+
     quality = sub.add_parser(
         "quality-shapes",
         help="score a shapes model's samples on the held-out prompts (asked colour drawn, per colour and shape)",
@@ -199,6 +227,22 @@ def _pretrain_shapes(args: argparse.Namespace) -> int:
     print(shapes_quality(out).table())
     if args.prompts:
         print(f"wrote the task's prompts to {write_prompts(args.prompts)}")
+    return 0
+
+
+def _pretrain_shapes_rewards(args: argparse.Namespace) -> int:
+    from g2rpo.models.shapes import SHIPPED_SHAPES_MODEL
+    from g2rpo.models.shapes_rewards import RewardPretraining, pretrain_shapes_rewards
+
+    for flag, value in (("--clip-steps", args.clip_steps), ("--pref-steps", args.pref_steps)):
+        if value < 1:
+            raise G2RPOError(problem(flag, value, "give at least 1 step"))
+    base = Path(args.base_model) if args.base_model else SHIPPED_SHAPES_MODEL.with_name("shapes_flux_unseen")
+    settings = RewardPretraining(seed=args.seed, clip_steps=args.clip_steps, pref_steps=args.pref_steps)
+    clip, pref = pretrain_shapes_rewards(
+        args.output, base, settings, overwrite=args.overwrite, log=print, progress=True
+    )
+    print(f"wrote {clip} (the clip head's weights) and {pref} (the hps_v21 head's weights)")
     return 0
 
 

@@ -27,12 +27,13 @@ from pathlib import Path
 
 import torch
 
-from g2rpo.errors import G2RPOError, problem
-from g2rpo.rewards.base import RewardModel, load_weights_only, require_dir, require_file
+from g2rpo.rewards.base import RewardModel, require_dir, require_file
 from g2rpo.rewards.openclip_loading import (
     OpenClipConfig,
     build_open_clip,
+    find_open_clip_weights,
     load_open_clip_state_dict,
+    load_open_clip_weights,
     open_clip_preprocess,
 )
 
@@ -40,29 +41,6 @@ __all__ = ["CLIPScore", "load_open_clip_weights", "find_open_clip_weights", "DEF
 
 # What the reference scripts load: hf-hub:apple/DFN5B-CLIP-ViT-H-14-384, here from a local folder.
 DEFAULT_CLIP_ARCH = "apple/DFN5B-CLIP-ViT-H-14-384 (local-dir)"
-_WEIGHT_NAMES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
-
-
-def find_open_clip_weights(field: str, folder: Path) -> Path:
-    for name in _WEIGHT_NAMES:
-        if (folder / name).is_file():
-            return folder / name
-    raise G2RPOError(problem(field, str(folder), f"holds no weights; expected one of {list(_WEIGHT_NAMES)}"))
-
-
-def load_open_clip_weights(field: str, path: Path) -> dict[str, torch.Tensor]:
-    """A state dict from ``.safetensors`` or a tensors-only torch file (``weights_only=True``)."""
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        try:
-            return load_file(str(path))
-        except Exception as exc:  # noqa: BLE001
-            raise G2RPOError(problem(field, str(path), f"is not a readable safetensors file ({exc})")) from None
-    state = load_weights_only(field, path)
-    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
-        state = state["state_dict"]
-    return state  # type: ignore[return-value]
 
 
 class CLIPScore(RewardModel):

@@ -11,7 +11,10 @@ with no logit scale (≈ 0.25–0.35 on real images, the scale of the paper's ta
 Checkpoint: ``HPS_v2.1_compressed.pt`` is ``{"state_dict": <open_clip CLIP state dict>}`` (the
 hpsv2 code reads ``checkpoint['state_dict']`` and loads it strictly into
 ``create_model_and_transforms('ViT-H-14', ...)``); it holds only tensors, so it is read with
-``torch.load(weights_only=True)``. A bare state dict (no ``state_dict`` wrapper) is accepted too.
+``torch.load(weights_only=True)``. A bare state dict (no ``state_dict`` wrapper) is accepted too, and
+so is a ``.safetensors`` state dict (a converted checkpoint, or a learned reward made here:
+:mod:`g2rpo.models.shapes_rewards`); a folder holding ``open_clip_model.safetensors`` and
+``open_clip_config.json`` (open_clip's ``local-dir`` layout) is read as that file with that config.
 
 Preprocessing reproduced: hpsv2's ``img_score`` builds its model with
 ``light_augmentation=True``, so its ``preprocess_val`` is ``ToTensor`` then ``ResizeMaxSize(224)``:
@@ -41,8 +44,13 @@ from pathlib import Path
 
 import torch
 
-from g2rpo.rewards.base import RewardModel, load_weights_only, normalize, require_file, resize_longest_pad
-from g2rpo.rewards.openclip_loading import OpenClipConfig, build_open_clip, load_open_clip_state_dict
+from g2rpo.rewards.base import RewardModel, normalize, require_file, resize_longest_pad
+from g2rpo.rewards.openclip_loading import (
+    OpenClipConfig,
+    build_open_clip,
+    load_open_clip_state_dict,
+    load_open_clip_weights,
+)
 
 __all__ = ["HPSv21"]
 
@@ -71,13 +79,11 @@ class HPSv21(RewardModel):
     ) -> HPSv21:
         """Load an ``HPS_v2.1_compressed.pt``-layout checkpoint strictly (see module docstring)."""
         field = "hps_v21.weights"
-        path = require_file(field, checkpoint_path, "HPS_v2.1_compressed.pt (a {'state_dict': ...} torch file)")
-        model, preprocess_cfg, tokenizer = build_open_clip("hps_v21", arch, open_clip_config)
-        checkpoint = load_weights_only(field, path)
-        state_dict = (
-            checkpoint["state_dict"] if isinstance(checkpoint, dict) and "state_dict" in checkpoint else checkpoint
+        path = require_file(
+            field, checkpoint_path, "HPS_v2.1_compressed.pt (a {'state_dict': ...} torch file) or a .safetensors"
         )
-        load_open_clip_state_dict(field, path, model, state_dict)
+        model, preprocess_cfg, tokenizer = build_open_clip("hps_v21", arch, open_clip_config)
+        load_open_clip_state_dict(field, path, model, load_open_clip_weights(field, path))
         return cls(model, tokenizer, preprocess_cfg, device=device, dtype=dtype)
 
     def preprocess(self, images: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from g2rpo.errors import G2RPOError, problem
-from g2rpo.rewards.base import strict_key_check
+from g2rpo.rewards.base import load_weights_only, strict_key_check
 
 OpenClipConfig = None | dict | str | Path
 
@@ -157,3 +157,28 @@ def open_clip_preprocess(images: torch.Tensor, preprocess_cfg: dict[str, Any]) -
             )
         )
     return normalize(images, preprocess_cfg["mean"], preprocess_cfg["std"])
+
+
+_WEIGHT_NAMES = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+
+
+def find_open_clip_weights(field: str, folder: Path) -> Path:
+    for name in _WEIGHT_NAMES:
+        if (folder / name).is_file():
+            return folder / name
+    raise G2RPOError(problem(field, str(folder), f"holds no weights; expected one of {list(_WEIGHT_NAMES)}"))
+
+
+def load_open_clip_weights(field: str, path: Path) -> dict[str, torch.Tensor]:
+    """A state dict from ``.safetensors`` or a tensors-only torch file (``weights_only=True``)."""
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        try:
+            return load_file(str(path))
+        except Exception as exc:  # noqa: BLE001
+            raise G2RPOError(problem(field, str(path), f"is not a readable safetensors file ({exc})")) from None
+    state = load_weights_only(field, path)
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    return state  # type: ignore[return-value]

@@ -108,7 +108,11 @@ def _build_hps(cfg, device, dtype, cache_dir):
     from g2rpo.rewards.hps import HPSv21
 
     loc = resolve_location("hps_v21.weights", cfg.weights, cache_dir)
-    checkpoint = _file_in("hps_v21.weights", loc, "HPS_v2.1_compressed.pt")
+    converted = loc / "open_clip_model.safetensors"  # a local-dir folder (e.g. g2rpo/models/shapes_pref)
+    if loc.is_dir() and converted.is_file() and not (loc / "HPS_v2.1_compressed.pt").is_file():
+        checkpoint = converted
+    else:
+        checkpoint = _file_in("hps_v21.weights", loc, "HPS_v2.1_compressed.pt")
     oc_config = _optional(cfg, "arch_config", loc, "open_clip_config.json", cache_dir)
     return HPSv21.from_checkpoint(
         checkpoint,
