@@ -74,8 +74,27 @@ DEFAULT_MODEL = REPO / "g2rpo" / "models" / "shapes_flux"  # the shipped shapes 
 IN_DOMAIN = ("shapes_colour", "shapes_shape")
 CHECKS = ("shapes_colour_match",)  # the fraction drawn in the asked colour: what shapes_colour asks, read plainly
 OUT_OF_DOMAIN = ("shapes_position", "shapes_background", "jpeg_compressibility")
-METRICS = IN_DOMAIN + CHECKS + OUT_OF_DOMAIN
-REWARD_SETTINGS = {"multi": list(IN_DOMAIN), "single": ["shapes_colour"]}
+# The learned rewards (g2rpo.models.shapes_rewards): the analogues of the paper's HPS-v2.1 and CLIP,
+# loaded by those heads from the shipped folders. Every run is scored on them as well, so that the
+# gap between their gain and the exact rewards' gain (reward hacking) is measured on every run.
+LEARNED_WEIGHTS = {
+    "hps_v21": str(REPO / "g2rpo" / "models" / "shapes_pref"),
+    "clip": str(REPO / "g2rpo" / "models" / "shapes_clip"),
+}
+LEARNED = tuple(LEARNED_WEIGHTS)
+METRICS = IN_DOMAIN + CHECKS + OUT_OF_DOMAIN + LEARNED
+REWARD_SETTINGS = {
+    "multi": list(IN_DOMAIN),
+    "single": ["shapes_colour"],
+    "learned": ["hps_v21", "clip"],  # the paper's HPS + CLIP, learned; the exact rewards are ground truth
+    "learned_hps": ["hps_v21"],  # the paper's HPS-only row
+}
+
+
+def reward_model(name: str) -> dict[str, Any]:
+    """A reward model's config entry: a learned reward with its shipped weights, an exact one by name."""
+    return {"name": name, "weights": LEARNED_WEIGHTS[name]} if name in LEARNED_WEIGHTS else {"name": name}
+
 
 # Each method: its algorithm section overrides (on top of the shared settings below).
 METHODS: dict[str, dict[str, Any]] = {
@@ -137,7 +156,7 @@ def run_config(spec: RunSpec, out: Path) -> Any:
         "algorithm": method_algorithm(spec.method, dict(spec.algorithm)),
         "model": {"path": spec.model, "create_tiny": False, "height": 64, "width": 64},
         "data": {"prompts": spec.train_prompts},
-        "rewards": {"models": [{"name": n} for n in REWARD_SETTINGS[spec.rewards]], "batch_size": 512},
+        "rewards": {"models": [reward_model(n) for n in REWARD_SETTINGS[spec.rewards]], "batch_size": 512},
         "train": {
             "iterations": 10**6,
             "prompts_per_iteration": spec.prompts_per_iteration,
@@ -157,7 +176,7 @@ def run_config(spec: RunSpec, out: Path) -> Any:
 
 
 class Evaluator:
-    """Deterministic held-out evaluation of a live trainer on all five metrics."""
+    """Deterministic held-out evaluation of a live trainer on every metric (exact and learned)."""
 
     def __init__(self, spec: RunSpec, trainer: Any) -> None:
         from g2rpo.models.loading import load_text_encoder
@@ -166,7 +185,9 @@ class Evaluator:
 
         encoder = load_text_encoder(spec.model, dtype="float32")
         self.cond = encoder.encode(list(spec.heldout))
-        self.rewards = {name: build_reward(name) for name in METRICS}
+        from g2rpo.rewards.config import RewardModelConfig
+
+        self.rewards = {name: build_reward(RewardModelConfig(**reward_model(name))) for name in METRICS}
         self.sigmas = make_grid(trainer.config.algorithm, trainer.latent_shape[0])
         self.spec = spec
 
@@ -188,7 +209,10 @@ class Evaluator:
             reward_batch=512,
         )
         trainer.velocity.train(was_training)
-        return {name: result.mean(name) for name in METRICS}
+        per_prompt = {  # each held-out prompt's mean over the eval seeds: prompt-sampling variance
+            name: [round(float(v), 5) for v in result.scores[name].float().mean(1)] for name in METRICS
+        }
+        return {**{name: result.mean(name) for name in METRICS}, "per_prompt": per_prompt}
 
 
 def train_one(spec: RunSpec) -> dict[str, Any]:
@@ -355,40 +379,71 @@ def markdown(summary: dict[str, Any], equal_iteration: int) -> str:
 
 
 def plot(runs: list[dict[str, Any]], folder: Path) -> list[Path]:
+    """Held-out curves per reward setting and axis: mean over seeds (line, a marker at each reading
+    point), its 95 % Student-t interval (band), the base model (dashed), one legend for all panels.
+
+    Each method's curve runs to the median of its seeds' ends; a seed that ended earlier is read at
+    its end beyond it (said in the title), so no curve stops at its shortest seed.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
 
     written = []
-    axes_spec = (("iteration", "iterations"), ("compute", "compute (forward units)"), ("seconds", "wall time (s)"))
+    axes_spec = (
+        ("iteration", "iterations"),
+        ("compute", "compute (transformer forward units)"),
+        ("seconds", "wall time (s, one thread)"),
+    )
     for setting in REWARD_SETTINGS:
         subset = [r for r in runs if r["rewards"] == setting]
         if not subset:
             continue
         methods = list(dict.fromkeys(r["method"] for r in subset))
+        colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
+        base = {m: statistics.fmean(r["evals"][0][m] for r in subset) for m in METRICS}
         for axis, label in axes_spec:
-            fig, grid = plt.subplots(1, len(METRICS), figsize=(4 * len(METRICS), 3.4), squeeze=False)
-            for col, metric in enumerate(METRICS):
-                ax = grid[0][col]
+            fig, grid = plt.subplots(2, math.ceil(len(METRICS) / 2), figsize=(3.6 * math.ceil(len(METRICS) / 2), 6.4))
+            panels = list(grid.flat)
+            for ax, metric in zip(panels, METRICS):
                 for method in methods:
                     mine = [r for r in subset if r["method"] == method]
-                    end = min(max(p[axis] for p in r["evals"]) for r in mine)
-                    xs = sorted({p[axis] for r in mine for p in r["evals"] if p[axis] <= end})
-                    ys = [[interpolate(r["evals"], axis, x, metric) for r in mine] for x in xs]
-                    stats = [mean_ci(v) for v in ys]
+                    end = statistics.median(max(p[axis] for p in r["evals"]) for r in mine)
+                    xs = sorted({p[axis] for r in mine for p in r["evals"] if p[axis] <= end} | {end})
+                    stats = [mean_ci([interpolate(r["evals"], axis, x, metric) for r in mine]) for x in xs]
                     mean = [s["mean"] for s in stats]
-                    ax.plot(xs, mean, label=method)
-                    ax.fill_between(
-                        xs, [s["mean"] - s["ci95"] for s in stats], [s["mean"] + s["ci95"] for s in stats], alpha=0.15
-                    )
-                domain = "trained" if metric in REWARD_SETTINGS[setting] else "not trained on"
-                ax.set_title(f"{metric}\n({domain})", fontsize=9)
-                ax.set_xlabel(label)
-            grid[0][0].set_ylabel("held-out mean")
-            grid[0][-1].legend(fontsize=8)
-            fig.suptitle(f"shapes ablation, rewards: {setting}")
-            fig.tight_layout()
+                    ax.plot(xs, mean, color=colours[method], lw=1.4)
+                    read = [x for x in xs if any(p[axis] == x for r in mine for p in r["evals"])]
+                    ax.plot(read, [mean[xs.index(x)] for x in read], "o", ms=2.5, color=colours[method])
+                    low = [s["mean"] - s["ci95"] for s in stats]
+                    high = [s["mean"] + s["ci95"] for s in stats]
+                    ax.fill_between(xs, low, high, color=colours[method], alpha=0.12, lw=0)
+                ax.axhline(base[metric], color="black", ls="--", lw=0.8)
+                domain = "trained on" if metric in REWARD_SETTINGS[setting] else "held-out check"
+                kind = "learned" if metric in LEARNED else "exact"
+                ax.set_title(f"{metric} ({kind})\n{domain}", fontsize=9)
+                ax.set_xlabel(label, fontsize=8)
+                ax.tick_params(labelsize=7)
+            for ax in panels[len(METRICS) :]:
+                ax.axis("off")
+            for row in grid:
+                row[0].set_ylabel("held-out mean score", fontsize=8)
+            handles = [Line2D([], [], color=colours[m], lw=1.4, marker="o", ms=3, label=m) for m in methods]
+            handles += [
+                Patch(color="grey", alpha=0.3, label="95 % t-interval over seeds"),
+                Line2D([], [], color="black", ls="--", lw=0.8, label="base model"),
+            ]
+            fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
+            seeds = len({r["seed"] for r in subset})
+            fig.suptitle(
+                f"shapes ablation, rewards: {setting} ({' + '.join(REWARD_SETTINGS[setting])}); {seeds} seeds; "
+                "markers: reading points; curves to each method's median end",
+                fontsize=10,
+            )
+            fig.tight_layout(rect=(0, 0.07, 1, 0.96))
             path = folder / f"{setting}_vs_{axis}.png"
             fig.savefig(path, dpi=90)
             plt.close(fig)
@@ -494,7 +549,9 @@ def main(argv: list[str] | None = None) -> int:
         "--model", type=Path, default=DEFAULT_MODEL, help="pretrained shapes model (default: the shipped one)"
     )
     parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated: " + ", ".join(METHODS))
-    parser.add_argument("--rewards", default="multi", help="reward settings: multi, single (comma-separated)")
+    parser.add_argument(
+        "--rewards", default="multi", help=f"reward settings, comma-separated: {', '.join(REWARD_SETTINGS)}"
+    )
     parser.add_argument("--seeds", type=int, default=8, help="training seeds per (method, rewards)")
     parser.add_argument("--iterations", type=int, default=30, help="the equal-iteration point N (sets the budget)")
     parser.add_argument(
