@@ -8,7 +8,7 @@ config (ZeRO stage, precision, gradient clipping, the batch arithmetic), and
    unknown keys *inside* ``zero_optimization``, stage range, bf16 together with fp16), which
    runs without a GPU and without an initialised process group;
 2. for unknown *top-level* keys, which DeepSpeed silently accepts (a misspelt
-   ``gradient_clippping`` would train without clipping; ``../shared/notes/STACK.md``). The
+   ``gradient_clippping`` would train without clipping, as measured with DeepSpeed 0.19). The
    known keys are the ones DeepSpeed's parser actually reads, recorded while it parses, plus a
    few it only looks up through ``dict.keys()``.
 
