@@ -24,7 +24,7 @@ help:
 	@echo "make lint       ruff (lint + format check) and the import contracts (lint-imports)"
 	@echo "make test-slow  the opt-in slow tier (full-size reward architectures, long runs)"
 	@echo "make test-gpu   the CUDA tier (-m gpu; needs a GPU)"
-	@echo "make test-cluster  the cluster tier (-m cluster; root and ../shared/tools/cluster): the component image"
+	@echo "make test-cluster  the cluster tier (-m cluster; root and the optional cluster tools, docs/testing.md): the component image"
 	@echo "                built by buildah and run (docs/cluster.md)"
 	@echo "make parity     build the reference-package virtualenvs and regenerate parity fixtures"
 	@echo "make bench      run the CPU benchmarks in benchmarks/ (JSON + table; about 30 min)"
@@ -80,7 +80,7 @@ test-slow: install
 test-gpu: install
 	$(PY) -m pytest -m gpu $(PYTEST_ARGS)
 
-# The cluster tier (docs/cluster.md): skips, saying why, without root or ../shared/tools/cluster.
+# The cluster tier (docs/cluster.md): skips, saying why, without root or the optional ../shared/tools/cluster.
 test-cluster: install
 	$(PY) -m pytest -m cluster tests/cluster $(PYTEST_ARGS)
 

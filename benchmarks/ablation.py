@@ -106,7 +106,7 @@ METHODS: dict[str, dict[str, Any]] = {
     "g2rpo_dpm4": {"strategy": "g2rpo", "g2rpo": {"finish_solver": "dpmpp_2m", "finish_steps": 4}},
     "g2rpo_half_m": {"strategy": "g2rpo", "g2rpo": {"branch_steps_per_iteration": "half"}},  # |M|/2 drawn
 }
-# The paper's sampler (spec §6) is T = 16, G = 12 (G²RPO's M = the noisiest half, Λ = {1, 2, 3}); the
+# The paper's sampler (docs/algorithm.md §6) is T = 16, G = 12 (G²RPO's M = the noisiest half, Λ = {1, 2, 3}); the
 # default here is the demo's reduced sampler (configs/shapes-cpu.yaml), which fits 5 seeds × 6 methods
 # into hours on 2 cores; ``--num-steps 16 --group-size 12`` is the paper's arm.
 SHARED_ALGORITHM = {"num_steps": 6, "group_size": 6, "micro_batch": 256}

@@ -6,7 +6,7 @@ pipeline for two settings:
 - ``tiny-cpu``: ``configs/tiny-cpu.yaml`` (T = 4, G = 4, Λ = {1, 2}, 2 prompts per iteration);
 - ``paper-shape``: the paper's sampler shape at tiny size — T = 16, G = 12, M = the noisiest half
   (|M| = 8), Λ = {1, 2, 3}, one prompt per iteration — so that the NFE counts are the paper's
-  per-prompt counts (spec §8), at 64×64 and with a 135k-parameter transformer.
+  per-prompt counts (docs/algorithm.md §8), at 64×64 and with a 135k-parameter transformer.
 
 Each iteration is split into the trainer's four phases — sampling (the strategy's rollout),
 decoding (VAE, micro-batched), reward (JPEG compressibility, per image on the CPU), training

@@ -22,7 +22,7 @@ of such a run mean nothing). What it does:
    The same G images are also sampled one per call (the reference code's way): the ratio of the
    two is what batching buys per forward at this size, and times the forward-count ratio
    2188/1892 it predicts the rollout ratio that ``benchmarks/rollout.py`` measures on the CPU.
-4. **The G²RPO training term** (spec §3, §5): for P groups, **one** forward of the policy at the
+4. **The G²RPO training term** (docs/algorithm.md §3, §5): for P groups, **one** forward of the policy at the
    shared state x[k] (P rows, not P·G: the shared-velocity trick), the SDE transition mean, the
    Gaussian log-probability of the G stored branches under it, the clipped surrogate with random
    advantages, and the backward. No optimiser state: full AdamW for 11.9B parameters (fp32 master

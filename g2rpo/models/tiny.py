@@ -13,8 +13,8 @@ path as FLUX.1-dev, so every code path but the sizes is the production one:
 | tokenizer_2 | ``T5TokenizerFast`` | a ~200-piece unigram vocab, max length 32 (32k pieces, 512) |
 | scheduler | ``FlowMatchEulerDiscreteScheduler`` | FLUX.1-dev's config (dynamic shift 0.5 → 1.15) |
 
-Sizes follow ``../shared/notes/STACK.md`` (measured to work): the RoPE axes (4, 6, 6) are even and
-sum to the head dimension 16; joint/pooled projection dims equal the text encoders' widths.
+Sizes were measured to work with diffusers' Flux classes: the RoPE axes (4, 6, 6) are even and sum
+to the head dimension 16; joint/pooled projection dims equal the text encoders' widths.
 
 Tokenizers are built in memory and saved (nothing is downloaded). The CLIP vocabulary is the one
 open_clip ships (``bpe_simple_vocab_16e6.txt.gz``): 256 byte symbols, the same with ``</w>``, the

@@ -53,7 +53,9 @@ class RewardModelConfig(Section):
     name: str = Field(
         description="registered reward name (`g2rpo rewards list`), e.g. hps_v21, clip, jpeg_compressibility"
     )
-    weight: float = Field(1.0, description="w_r, this reward's weight in the advantage sum Σ_r w_r A_r (spec §4)")
+    weight: float = Field(
+        1.0, description="w_r, this reward's weight in the advantage sum Σ_r w_r A_r (docs/algorithm.md §4)"
+    )
     weights: str | None = Field(
         None, description="weights location: a local file/folder or s3://bucket/prefix of a published artifact"
     )

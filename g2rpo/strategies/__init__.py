@@ -35,7 +35,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
 
 # preset name -> (strategy, the settings of its section it fixes)
 PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
-    "g2rpo_no_mgai": ("g2rpo", {"granularities": [1]}),  # G²RPO without MGAI: one stride (spec §9)
+    "g2rpo_no_mgai": ("g2rpo", {"granularities": [1]}),  # G²RPO without MGAI: one stride (docs/algorithm.md §9)
 }
 
 

@@ -20,7 +20,7 @@ A preset (:data:`g2rpo.strategies.PRESETS`) is read as its strategy with some se
 ``strategy: g2rpo_no_mgai`` loads as ``strategy: g2rpo`` with ``g2rpo.granularities: [1]``. Setting
 one of those knobs to another value is an error.
 
-Defaults are the paper's (spec §6) except where noted: ratio clip ε = 1e-4 comes from the
+Defaults are the paper's (docs/algorithm.md §6) except where noted: ratio clip ε = 1e-4 comes from the
 reference code (the paper gives none); the grid defaults to Flux's own (diffusers ``FluxPipeline``)
 rather than the reference code's static shift 3.
 """
@@ -81,7 +81,7 @@ class AlgorithmConfig(Section):
     sde_noise: Literal["flow_grpo", "dancegrpo"] = Field(
         "flow_grpo",
         description=(
-            "SDE noise scale for every strategy: flow_grpo s_σ = η·sqrt(σ/(1−σ)) (spec §1, reference code) "
+            "SDE noise scale for every strategy: flow_grpo s_σ = η·sqrt(σ/(1−σ)) (docs/algorithm.md §1, reference code) "
             "or dancegrpo s_σ = η (DanceGRPO's original step)"
         ),
     )

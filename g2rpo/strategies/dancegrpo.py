@@ -1,9 +1,9 @@
-"""DanceGRPO baseline: SDE at every step, terminal advantage broadcast (spec §9), after the published
+"""DanceGRPO baseline: SDE at every step, terminal advantage broadcast (docs/algorithm.md §9), after the published
 code (``XueZeyue/DanceGRPO``, ``fastvideo/train_grpo_flux.py``; docs/core.md lists where this differs).
 
 Rollout for P prompts: G trajectories per prompt, from one shared initial noise per prompt
 (DanceGRPO's ``init_same_noise``; ``dancegrpo.shared_noise: false`` draws one per trajectory,
-Flow-GRPO style). Every step is an SDE step (the same step as G²RPO's, spec §1, so a comparison
+Flow-GRPO style). Every step is an SDE step (the same step as G²RPO's, docs/algorithm.md §1, so a comparison
 isolates credit assignment; ``sde_noise: dancegrpo`` gives DanceGRPO's own noise form, s_σ = η). All
 P·G trajectories advance together, ``micro_batch`` rows per model call. Sampling forwards per
 prompt: G·T.

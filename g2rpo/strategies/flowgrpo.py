@@ -6,7 +6,7 @@ published code (``yifan123/flow_grpo`` at ac4c86e: ``flow_grpo/diffusers_patch/s
 docs/core.md lists where this differs.
 
 Rollout for P prompts: G trajectories per prompt, each from its own initial noise (the script draws
-every image's noise independently). Every step is the SDE step of spec §1, which is Flow-GRPO's:
+every image's noise independently). Every step is the SDE step of docs/algorithm.md §1, which is Flow-GRPO's:
 noise scale s_σ = η·sqrt(σ/(1 − σ)) (σ = 1 replaced by σ[1] in the denominator), η the shared
 ``eta`` (the script's ``noise_level`` 0.7). The last sample x[T] is scored. Sampling forwards per
 prompt: G·T.

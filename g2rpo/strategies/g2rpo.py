@@ -1,4 +1,4 @@
-"""G²RPO: singular stochastic sampling + multi-granularity advantage integration (spec §3–§5).
+"""G²RPO: singular stochastic sampling + multi-granularity advantage integration (docs/algorithm.md §3–§5).
 
 Rollout for P prompts (all model calls batched, ``micro_batch`` rows per call):
 
@@ -30,7 +30,7 @@ Loss. For each k, **one** forward at x[k] for the whole group: μ_θ is the same
 (they share x[k]), so the G log-probs come from one mean. Training forwards per prompt = |M|
 (``training_backwards`` the same). The surrogate is averaged over the G branches and over the
 (prompt, k) groups kept; each k's term is scaled by 1/(number of kept groups) so that the sum of the
-backward passes is the objective of spec §5.
+backward passes is the objective of docs/algorithm.md §5.
 
 Advantages. Rewards ``[R, P, |M|, J, G]`` → per (reward model, stride) group-normalised over G →
 ``clip(Σ_r w_r Σ_j α_j A, ±clip)`` → ``[P, |M|, G]``. A (prompt, k) group with any NaN/inf reward

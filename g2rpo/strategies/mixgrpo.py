@@ -1,4 +1,4 @@
-"""MixGRPO baseline: SDE only inside a sliding window of steps, ODE elsewhere (spec §9).
+"""MixGRPO baseline: SDE only inside a sliding window of steps, ODE elsewhere (docs/algorithm.md §9).
 
 MixGRPO (Li et al., 2025, "MixGRPO: Unlocking Flow-based GRPO Efficiency with Mixed ODE-SDE";
 code ``Tencent-Hunyuan/MixGRPO``, ``fastvideo/utils/grpo_states.py`` and
@@ -14,7 +14,7 @@ The window is a pure function of the iteration (:func:`window_steps`), so a resu
 window an uninterrupted one would: with n = iteration // τ and positions 0, s, 2s, … ≤ T − 3,
 the window starts at l = (n mod #positions)·s and is ``range(l, min(l + W, T − 2))``.
 
-The SDE step is G²RPO's (spec §1), which is also the MixGRPO script's (``--flow_grpo_sampling``);
+The SDE step is G²RPO's (docs/algorithm.md §1), which is also the MixGRPO script's (``--flow_grpo_sampling``);
 the script runs no DPM-Solver (``dpm_algorithm_type="null"``; MixGRPO-Flash does). The ODE prefix
 before the window is deterministic from the shared noise, so it is computed once per prompt, not G
 times (same values). Sampling forwards per prompt: l + G·(T − l); training

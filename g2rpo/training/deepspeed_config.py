@@ -8,7 +8,7 @@ config (ZeRO stage, precision, gradient clipping, the batch arithmetic), and
    unknown keys *inside* ``zero_optimization``, stage range, bf16 together with fp16), which
    runs without a GPU and without an initialised process group;
 2. for unknown *top-level* keys, which DeepSpeed silently accepts (a misspelt
-   ``gradient_clippping`` would train without clipping; ``../shared/notes/STACK.md``). The
+   ``gradient_clippping`` would train without clipping, as measured with DeepSpeed 0.19). The
    known keys are the ones DeepSpeed's parser actually reads, recorded while it parses, plus a
    few it only looks up through ``dict.keys()``.
 
@@ -17,7 +17,7 @@ one trained step k over the groups a rank holds (one group = one prompt and its 
 shared-velocity trick makes it a single forward/backward). ``gradient_accumulation_steps`` is the
 number of loss terms between two optimiser steps (|M| when the strategy steps once per
 iteration, 1 when it steps once per k), and ``train_batch_size = micro × accumulation ×
-world_size`` as DeepSpeed requires. The strategy already divides each term by |M| (spec §5), so
+world_size`` as DeepSpeed requires. The strategy already divides each term by |M| (docs/algorithm.md §5), so
 the trainer calls ``engine.backward(loss, scale_wrt_gas=False)``: DeepSpeed must not divide again.
 
 The optimiser is ``torch.optim.AdamW`` built by the trainer (not DeepSpeed's FusedAdam, which

@@ -4,7 +4,8 @@ Launch: one process (plain ``g2rpo train``), or ``torchrun --nproc_per_node N -m
 (torchrun sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``PORT``). The backend
 is NCCL on CUDA and gloo on the CPU. DeepSpeed is driven directly (``deepspeed.init_distributed``
 reuses the group made here); accelerate is not used because with DeepSpeed on the CPU it
-miscounts processes (both ranks claim to be the main one; ``../shared/notes/STACK.md``).
+miscounts processes (both ranks claim to be the main one; measured with accelerate 1.15 and
+DeepSpeed 0.19).
 
 Prompt → rank assignment. An iteration trains ``prompts_per_iteration`` groups (one prompt and
 its G branches each). A whole group stays on one rank (its advantages are normalised over its G

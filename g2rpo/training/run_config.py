@@ -11,7 +11,7 @@ The **config hash** that guards resume (:func:`resume_hash`) covers ``model``, `
 ``data``: what the weights and the trajectory of draws depend on. Run length, learning-rate,
 checkpoint cadence and output paths are free to change between a run and its resume.
 
-Defaults are the paper's / reference code's (spec §6) at Flux.1-dev scale. Test and demo configs
+Defaults are the paper's / reference code's (docs/algorithm.md §6) at Flux.1-dev scale. Test and demo configs
 (``configs/tiny-cpu.yaml``) change them — larger learning rate and ratio clip, few steps — and
 say so.
 """

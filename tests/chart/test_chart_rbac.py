@@ -1,7 +1,8 @@
 """The chart's RBAC grants exactly what the pipeline's pods call on the Kubernetes API.
 
-The calls are the Kubeflow SDK's (TrainerClient) as measured against a fake API server
-(``../shared/notes/STACK.md``, "Kubeflow Trainer v2"), and the calls the TrainJob launcher's test
+The calls are the Kubeflow SDK's (``kubeflow`` 0.5.0, TrainerClient) as measured against a fake API
+server (the ``kubeflow-trainer-public`` ConfigMap in ``kubeflow-system``, ``trainingruntimes`` then
+``clustertrainingruntimes``, ``trainjobs`` create/get, pods by JobSet name), and the calls the TrainJob launcher's test
 records in ``tests/fixtures/trainjob_api_calls.json`` (tests/launch/test_trainjob.py). Both directions:
 every call is allowed (nothing fails with 403 on a cluster), and every granted verb is used by some
 call (least privilege).
@@ -20,7 +21,7 @@ from tests.chart.chart_render import NAMESPACE, REPO, render
 RECORDED_CALLS = REPO / "tests" / "fixtures" / "trainjob_api_calls.json"
 RUNTIME = "g2rpo-torch-distributed"
 
-# What TrainerClient does for train() / wait_for_job_status() / get_job_logs() (STACK.md).
+# What TrainerClient does for train() / wait_for_job_status() / get_job_logs(), measured against a fake API server.
 SDK_CALLS = [
     ("GET", "/api/v1/namespaces/kubeflow-system/configmaps/kubeflow-trainer-public"),
     ("GET", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NAMESPACE}/trainingruntimes/{RUNTIME}"),

@@ -15,7 +15,7 @@ from g2rpo.toy import make_toy_problem
 
 def test_g2rpo_updates_raise_the_mean_reward(tmp_path):
     # Test settings, not the paper's: T = 8, G = 8, AdamW lr 1e-2 (paper: T = 16, G = 12, lr 2e-6 on
-    # Flux). The paper's learning rate moves a 6k-parameter model too slowly to see (spec §6). The
+    # Flux). The paper's learning rate moves a 6k-parameter model too slowly to see (docs/algorithm.md §6). The
     # ratio clip stays at the reference 1e-4: with one optimiser step per iteration every term is
     # evaluated at the sampling parameters (ratio 1), so ε does not limit the update.
     result = run_toy_demo(

@@ -1,7 +1,7 @@
 """Real Prometheus and Pushgateway servers on loopback for the observability tests.
 
-Debian's ``prometheus`` (2.42) and ``prometheus-pushgateway`` (1.5), installed by ``make install``
-(see ../shared/notes/STACK.md). Prometheus scrapes every second: the Pushgateway (``honor_labels``:
+Debian's ``prometheus`` (2.42) and ``prometheus-pushgateway`` (1.5), installed by ``make install``.
+Prometheus scrapes every second: the Pushgateway (``honor_labels``:
 the pushed ``job`` and ``pipeline`` are kept) and the training exporter's port, chosen here before
 the run starts (scrapes fail until the exporter listens; :meth:`Servers.start` returns once the scrape loop runs). It also loads the chart's alert rules,
 so every rule is evaluated by the real server. The gateway keeps no persistence file, so no series

@@ -1,6 +1,6 @@
 """A loopback HTTP server that answers the KFP v2beta1 endpoints ``kfp.Client`` calls, recording each request.
 
-Minimal replies (../shared/notes/STACK.md): healthz, experiments (list empty, create), runs, pipelines/upload.
+Minimal replies, as the real ``kfp.Client`` 2.17.3 was measured to need them: healthz, experiments (list empty, create), runs, pipelines/upload.
 Recurring runs behave as a KFP 2.17 API server was observed to: every create makes a new one (no check that
 the name is unused), listed per experiment and filtered by display name (case-insensitively), disabled and
 deleted by id; a display name longer than :data:`DISPLAY_NAME_COLUMN` characters is answered with HTTP 500

@@ -232,7 +232,7 @@ def test_full_size_vit_h_14_hps_loads_and_scores(tmp_path):
     torch.save({"state_dict": model.state_dict()}, checkpoint)
     del model
     head = HPSv21.from_checkpoint(checkpoint)
-    assert len(head.model.state_dict()) == 686  # the tensor count of hpsv2's ViT-H-14 (STACK.md)
+    assert len(head.model.state_dict()) == 686  # the tensor count of hpsv2 1.2.0's bundled ViT-H-14
     scores = head.score(torch.rand(2, 3, 256, 320), PROMPTS[:2])
     assert scores.shape == (2,) and bool(torch.isfinite(scores).all())
     assert np.all(np.abs(scores.numpy()) <= 1.0)

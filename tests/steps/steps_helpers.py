@@ -18,7 +18,7 @@ PROMPTS = REPO / "configs" / "tiny-prompts.txt"
 def tiny_run_config(model_dir: Path, out_dir: Path, **sections: dict[str, Any]) -> RunConfig:
     """configs/tiny-cpu.yaml on the tiny Flux, 2 iterations of 2 prompts, no progress bars.
 
-    Test settings, far from the paper's (spec §6): T = 4, G = 4, 64×64, the JPEG reward.
+    Test settings, far from the paper's (docs/algorithm.md §6): T = 4, G = 4, 64×64, the JPEG reward.
     """
     overrides: dict[str, Any] = {
         "model": {"path": str(model_dir)},

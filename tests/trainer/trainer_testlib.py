@@ -14,7 +14,7 @@ REPO = Path(__file__).resolve().parents[2]
 PROMPTS = REPO / "configs" / "tiny-prompts.txt"
 
 
-# Test settings, far from the paper's (spec §6): lr 1e-2 (paper 2e-6), ratio clip 0.2 (reference
+# Test settings, far from the paper's (docs/algorithm.md §6): lr 1e-2 (paper 2e-6), ratio clip 0.2 (reference
 # 1e-4), T = 4, G = 4, Λ = {1, 2}, 64×64 images, the exact JPEG-compressibility reward. The
 # paper's settings move a 135k-parameter model too little to see in a few iterations.
 def tiny_overrides(model_dir: Path, out_dir: Path, **extra: Any) -> dict[str, Any]:
