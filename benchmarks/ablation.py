@@ -31,7 +31,7 @@ points the curves are interpolated linearly (stated in the JSON). Means over see
 Student-t interval (:func:`benchmarks.stats.t_quantile`, any n); the method gaps paired per seed,
 Holm-corrected, with the detectable difference: ``python -m benchmarks.paired OUT/ablation.json``.
 
-Learning rates. Each method's own, chosen by a small sweep (``--lrs``, one seed) on a validation
+Learning rates. Each method's own, chosen by a sweep (``--lrs``, ``--sweep-seeds`` seeds each, averaged) on a validation
 split of the training prompts — never the held-out split — by the mean gain of the trained rewards at
 the compute budget (:func:`choose_learning_rates`); ``--lr`` skips the sweep and trains every method
 at one rate. Every method has the same ratio clip and its own published optimiser stepping
@@ -262,16 +262,41 @@ def train_one(spec: RunSpec) -> dict[str, Any]:
     }
 
 
-def cost_per_iteration(spec: RunSpec) -> dict[str, float]:
-    """One timed iteration of ``spec.method`` (after setup): its compute units and seconds."""
+def cost_per_iteration(spec: RunSpec, timed: int = 3) -> dict[str, Any]:
+    """``spec.method``'s cost per iteration, measured alone (the probes run one at a time): its
+    compute units, and the median over ``timed`` iterations after a warm-up one of its seconds, in
+    all and per phase (sampling, decoding, reward, training)."""
     from g2rpo.training.trainer import Trainer
 
     torch.set_num_threads(1)
     out = Path(spec.work) / f"probe-{spec.method}"
     trainer = Trainer(run_config(spec, out)).setup()
-    record = trainer.step()
+    first = trainer.step()  # the warm-up: first calls allocate and initialise
+    records = [trainer.step() for _ in range(timed)]
     shutil.rmtree(out, ignore_errors=True)
-    return {"compute": compute_of(record.stats), "seconds": sum(record.seconds.values())}
+    phases = {phase: statistics.median(r.seconds[phase] for r in records) for phase in first.seconds}
+    return {
+        "compute": compute_of(first.stats),
+        "seconds": statistics.median(sum(r.seconds.values()) for r in records),
+        "phases": phases,
+        "decoded_images": int(first.extra["decoded_images"]),
+    }
+
+
+def attach_quiet_seconds(runs: list[dict[str, Any]], cost: dict[str, dict[str, Any]]) -> None:
+    """Give every run and eval point ``quiet_seconds`` = iterations × its method's seconds per
+    iteration measured alone (:func:`cost_per_iteration`): the wall-time axis the tables read, free of
+    the machine's load while the runs trained (their own ``seconds`` stay beside it)."""
+    for run in runs:
+        per_iteration = cost[run["method"]]["seconds"]
+        run["quiet_seconds"] = run["iterations"] * per_iteration
+        for point in run["evals"]:
+            point["quiet_seconds"] = point["iteration"] * per_iteration
+
+
+def wall_axis(runs: list[dict[str, Any]]) -> str:
+    """``quiet_seconds`` when every run has it (:func:`attach_quiet_seconds`), else the measured ``seconds``."""
+    return "quiet_seconds" if runs and all("quiet_seconds" in r for r in runs) else "seconds"
 
 
 # ----------------------------------------------------------------------------- summaries
@@ -307,12 +332,13 @@ def summarise(runs: list[dict[str, Any]], equal_iteration: int) -> dict[str, Any
             continue
         methods = list(dict.fromkeys(r["method"] for r in subset))
         budget = min(r["compute"] for r in subset)  # every run reached it
+        axis = wall_axis(subset)
         wall = min(
-            statistics.median(r["seconds"] for r in subset if r["method"] == m) for m in methods
+            statistics.median(r[axis] for r in subset if r["method"] == m) for m in methods
         )  # the fastest method's median wall time for the budget
         views = {"equal_iterations": ("iteration", equal_iteration), "equal_compute": ("compute", budget)}
-        views["equal_wall_time"] = ("seconds", wall)
-        out: dict[str, Any] = {"budget_compute": budget, "wall_seconds": wall}
+        views["equal_wall_time"] = (axis, wall)
+        out: dict[str, Any] = {"budget_compute": budget, "wall_seconds": wall, "wall_axis": axis}
         for view, (axis, at) in views.items():
             out[view] = {
                 m: {
@@ -398,6 +424,8 @@ def plot(runs: list[dict[str, Any]], folder: Path) -> list[Path]:
         ("compute", "compute (transformer forward units)"),
         ("seconds", "wall time (s, one thread)"),
     )
+    if wall_axis(runs) == "quiet_seconds":
+        axes_spec = (*axes_spec[:2], ("quiet_seconds", "wall time (s): iterations × s/iteration measured alone"))
     for setting in REWARD_SETTINGS:
         subset = [r for r in runs if r["rewards"] == setting]
         if not subset:
@@ -529,15 +557,28 @@ def run_all(specs: list[RunSpec], folder: Path, jobs: int, label: str, train: bo
 
 
 def choose_learning_rates(sweep: list[dict[str, Any]], rewards: str) -> dict[str, dict[str, Any]]:
-    """Per method, the swept learning rate whose validation objective (the mean over the trained
-    rewards of the gain over the base model, at the compute budget) is highest."""
-    chosen: dict[str, dict[str, Any]] = {}
+    """Per method, the swept learning rate whose validation objective — the mean over the trained
+    rewards of the gain over the base model at the compute budget, averaged over the sweep's seeds —
+    is highest; ``interior`` says whether both its neighbours in the sweep are worse (a choice at an
+    end of the sweep may be truncated), and ``objectives`` keeps every rate's figure."""
+    by: dict[str, dict[float, list[float]]] = {}
     for run in sweep:
         base, end = run["evals"][0], run["evals"][-1]
         objective = statistics.fmean(end[m] - base[m] for m in REWARD_SETTINGS[rewards])
-        best = chosen.get(run["method"])
-        if best is None or objective > best["objective"]:
-            chosen[run["method"]] = {"lr": run["lr"], "objective": objective}
+        by.setdefault(run["method"], {}).setdefault(float(run["lr"]), []).append(objective)
+    chosen: dict[str, dict[str, Any]] = {}
+    for method, per_lr in by.items():
+        lrs = sorted(per_lr)
+        means = {lr: statistics.fmean(v) for lr, v in per_lr.items()}
+        best = max(lrs, key=lambda lr: means[lr])
+        i = lrs.index(best)
+        chosen[method] = {
+            "lr": best,
+            "objective": means[best],
+            "interior": 0 < i < len(lrs) - 1,
+            "seeds": len(per_lr[best]),
+            "objectives": {f"{lr:g}": round(means[lr], 5) for lr in lrs},
+        }
     return chosen
 
 
@@ -560,8 +601,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--lrs",
         default="3e-5,1e-4,3e-4,1e-3",
-        help="learning rates swept per method on the validation split (one seed)",
+        help="learning rates swept per method on the validation split",
     )
+    parser.add_argument("--sweep-seeds", type=int, default=2, help="seeds per swept learning rate (default 2)")
     parser.add_argument("--lr", type=float, default=None, help="skip the sweep: one learning rate for every method")
     parser.add_argument("--heldout", type=int, default=64, help="held-out scenes (never trained on)")
     parser.add_argument("--eval-seeds", type=int, default=4, help="sampling seeds per held-out scene")
@@ -624,10 +666,10 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         probes_file = args.out / "probes.json"
-        key = json.dumps([methods, algorithm, args.prompts_per_iteration, model_sha])
+        key = json.dumps([methods, algorithm, args.prompts_per_iteration, model_sha, settings[0], "timed alone"])
         probes = json.loads(probes_file.read_text()) if probes_file.is_file() else {}
         if probes.get("key") != key:
-            with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            with ProcessPoolExecutor(max_workers=1) as pool:  # one at a time: the wall-time view reads these
                 costs = pool.map(cost_per_iteration, [spec(m, settings[0], 0, lrs[0], "probe") for m in methods])
                 probes = {"key": key, "cost": dict(zip(methods, costs))}
             probes_file.write_text(json.dumps(probes, indent=1) + "\n")
@@ -639,7 +681,12 @@ def main(argv: list[str] | None = None) -> int:
                 chosen[setting] = {m: {"lr": lrs[0], "objective": None} for m in methods}
                 continue
             sweep = run_all(
-                [spec(m, setting, 0, lr, "sweep", budget) for lr in lrs for m in methods],
+                [
+                    spec(m, setting, seed, lr, "sweep", budget)
+                    for seed in range(args.sweep_seeds)
+                    for lr in lrs
+                    for m in methods
+                ],
                 args.out / "per_run",
                 args.jobs,
                 f"learning-rate sweep ({setting}, validation split)",
@@ -648,7 +695,10 @@ def main(argv: list[str] | None = None) -> int:
             if {r["method"] for r in sweep} != set(methods):
                 raise SystemExit(f"--partial: the learning-rate sweep ({setting}) has not finished for every method")
             chosen[setting] = choose_learning_rates(sweep, setting)
-            print(f"chosen learning rates ({setting}): { {m: c['lr'] for m, c in chosen[setting].items()} }")
+            print(
+                f"chosen learning rates ({setting}): "
+                f"{ {m: (c['lr'], 'interior' if c['interior'] else 'AT AN END') for m, c in chosen[setting].items()} }"
+            )
         # Seed-major order: the methods share the machine's load alike, and a partial run has whole seeds.
         specs = [
             spec(m, s, seed, chosen[s][m]["lr"], "main", budget)
@@ -670,6 +720,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
+    attach_quiet_seconds(runs, probes["cost"])
     summary = summarise(runs, args.iterations)
     pngs = plot(runs, args.out)
     result = {

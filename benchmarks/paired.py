@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.ablation import REWARD_SETTINGS, interpolate
+from benchmarks.ablation import IN_DOMAIN, REWARD_SETTINGS, interpolate, wall_axis
 from benchmarks.stats import holm, minimum_detectable, paired
 
 VIEWS = {"equal_iterations": "iteration", "equal_compute": "compute", "equal_wall_time": "seconds"}
@@ -43,9 +43,13 @@ def compare(result: dict[str, Any]) -> dict[str, Any]:
         by = {(r["method"], r["seed"]): r for r in runs}
         seeds = [s for s in seeds if all((m, s) in by for m in methods)]
         points = reading_points(result, setting)
+        # The trained rewards, and the exact in-domain ones whatever was trained: on learned rewards the
+        # exact ones are the ground truth the ranking is about.
+        metrics = list(dict.fromkeys([*REWARD_SETTINGS[setting], *IN_DOMAIN]))
         for view, axis in VIEWS.items():
+            axis = wall_axis(runs) if view == "equal_wall_time" else axis
             rows = []
-            for metric in REWARD_SETTINGS[setting]:
+            for metric in metrics:
                 values = {
                     m: [interpolate(by[(m, s)]["evals"], axis, points[view], metric) for s in seeds] for m in methods
                 }

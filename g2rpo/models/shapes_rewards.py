@@ -387,7 +387,7 @@ def pretrain_shapes_rewards(
     for target in targets:
         if target.exists():
             shutil.rmtree(target)
-    pref_state = model.state_dict()
+    pref_state = {k: v.clone() for k, v in model.state_dict().items()}  # state_dict() aliases the live tensors
     model.load_state_dict(clip_state)
     _save(
         model,

@@ -85,6 +85,22 @@ def test_each_method_gets_the_swept_rate_with_the_best_validation_gain():
     assert chosen["a"]["objective"] == pytest.approx(0.2) and chosen["b"]["objective"] == pytest.approx(0.1)
 
 
+def test_the_sweep_averages_its_seeds_and_says_whether_the_choice_is_interior():
+    def run(lr, gain):
+        base = dict.fromkeys(ablation.METRICS, 0.5)
+        end = {**base, "hps_v21": 0.5 + gain, "clip": 0.5 + gain}
+        return {"method": "m", "lr": lr, "evals": [base, end]}
+
+    # seed means: 1e-4 → 0.1, 3e-4 → (0.4 + 0.0)/2 = 0.2, 1e-3 → (0.15 + 0.15)/2 = 0.15: 3e-4, interior
+    sweep = [run(1e-4, 0.1), run(1e-4, 0.1), run(3e-4, 0.4), run(3e-4, 0.0), run(1e-3, 0.15), run(1e-3, 0.15)]
+    chosen = ablation.choose_learning_rates(sweep, "learned")["m"]
+    assert chosen["lr"] == 3e-4 and chosen["interior"] and chosen["seeds"] == 2
+    assert chosen["objective"] == pytest.approx(0.2)
+    assert chosen["objectives"] == {"0.0001": 0.1, "0.0003": 0.2, "0.001": 0.15}
+    at_end = ablation.choose_learning_rates([run(1e-4, 0.1), run(3e-4, 0.3)], "learned")["m"]
+    assert at_end["lr"] == 3e-4 and not at_end["interior"]
+
+
 def test_power_compares_the_widest_interval_with_the_best_gain():
     def row(mean, ci):
         return {m: {"mean": mean, "ci95": ci, "n": 5} for m in ablation.METRICS}
@@ -126,7 +142,13 @@ def test_quick_ablation_trains_real_strategies_to_one_budget(tmp_path):
         assert it["compute"] == it["sampling_forwards"] + it["training_forwards"] + 2 * it["training_backwards"]
     # the shared base model is evaluated once per run on the same prompts and seeds: same scores
     assert runs["g2rpo"]["evals"][0] == runs["dancegrpo"]["evals"][0]
-    assert {"multi_vs_iteration.png", "multi_vs_compute.png", "multi_vs_seconds.png"} == set(result["plots"])
+    assert {"multi_vs_iteration.png", "multi_vs_compute.png", "multi_vs_quiet_seconds.png"} == set(result["plots"])
+    # the wall-time view reads each method's seconds per iteration measured alone, per phase too
+    assert result["summary"]["multi"]["wall_axis"] == "quiet_seconds"
+    for method, run in runs.items():
+        probe = result["probe_cost_per_iteration"][method]
+        assert set(probe["phases"]) == {"sampling", "decoding", "reward", "training"}
+        assert run["quiet_seconds"] == pytest.approx(run["iterations"] * probe["seconds"])
     assert "at equal compute" in (out / "ablation.md").read_text()
     # every finished run is saved on its own: a second invocation trains nothing and summarises the same runs
     saved = sorted((out / "per_run").glob("*.json"))

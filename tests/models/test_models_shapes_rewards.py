@@ -71,7 +71,7 @@ def test_augment_keeps_range_and_is_seeded():
 @pytest.fixture(scope="module")
 def tiny_rewards(tmp_path_factory) -> tuple[Path, Path]:
     settings = replace(
-        RewardPretraining(), clip_steps=3, clip_batch=16, pref_steps=2, pref_pairs=4, sample_steps=(2,)
+        RewardPretraining(), clip_steps=3, clip_batch=16, pref_steps=2, pref_pairs=4, pref_lr=1e-2, sample_steps=(2,)
     )
     settings = replace(settings, samples_per_steps=2)
     return pretrain_shapes_rewards(tmp_path_factory.mktemp("rewards"), BASE, settings)
@@ -91,6 +91,9 @@ def test_tiny_training_writes_sealed_folders_the_heads_load(tiny_rewards):
         assert float(scores.abs().max()) <= 1.0 + 1e-5  # a cosine
     pref = json.loads((pref_dir / REWARD_MARKER).read_text())
     assert pref["preference_pairs"] > 0
+    # the preference model is the fine-tuned one, not a second copy of the CLIP
+    weights = [(folder / "open_clip_model.safetensors").read_bytes() for folder in tiny_rewards]
+    assert weights[0] != weights[1]
 
 
 def test_a_damaged_reward_folder_is_refused(tiny_rewards, tmp_path):
@@ -126,6 +129,11 @@ def test_shipped_rewards_are_sealed_and_never_saw_the_unseen_scenes(folder):
     marker = json.loads((folder / REWARD_MARKER).read_text())
     assert marker["settings"]["unseen"] == 96 and marker["trained_scenes"] == 360 - 96
     assert marker["base_model"] == "shapes_flux_unseen"
+
+
+def test_shipped_preference_model_is_not_the_clip():
+    clip = (SHIPPED_SHAPES_CLIP / "open_clip_model.safetensors").read_bytes()
+    assert (SHIPPED_SHAPES_PREF / "open_clip_model.safetensors").read_bytes() != clip
 
 
 @pytest.mark.parametrize(
