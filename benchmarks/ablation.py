@@ -273,10 +273,16 @@ def cost_per_iteration(spec: RunSpec, timed: int = 3) -> dict[str, Any]:
     trainer = Trainer(run_config(spec, out)).setup()
     first = trainer.step()  # the warm-up: first calls allocate and initialise
     records = [trainer.step() for _ in range(timed)]
-    shutil.rmtree(out, ignore_errors=True)
     phases = {phase: statistics.median(r.seconds[phase] for r in records) for phase in first.seconds}
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:  # every phase: transformer forwards/backwards, VAE decodes, reward scoring
+        trainer.step()
+    shutil.rmtree(out, ignore_errors=True)
     return {
         "compute": compute_of(first.stats),
+        "flops": int(counter.get_total_flops()),
         "seconds": statistics.median(sum(r.seconds.values()) for r in records),
         "phases": phases,
         "decoded_images": int(first.extra["decoded_images"]),
@@ -286,12 +292,17 @@ def cost_per_iteration(spec: RunSpec, timed: int = 3) -> dict[str, Any]:
 def attach_quiet_seconds(runs: list[dict[str, Any]], cost: dict[str, dict[str, Any]]) -> None:
     """Give every run and eval point ``quiet_seconds`` = iterations × its method's seconds per
     iteration measured alone (:func:`cost_per_iteration`): the wall-time axis the tables read, free of
-    the machine's load while the runs trained (their own ``seconds`` stay beside it)."""
+    the machine's load while the runs trained (their own ``seconds`` stay beside it); and ``flops`` =
+    iterations × its FLOPs per iteration, every phase counted (the equal-FLOPs view)."""
     for run in runs:
-        per_iteration = cost[run["method"]]["seconds"]
+        per_iteration, flops = cost[run["method"]]["seconds"], cost[run["method"]].get("flops")
         run["quiet_seconds"] = run["iterations"] * per_iteration
         for point in run["evals"]:
             point["quiet_seconds"] = point["iteration"] * per_iteration
+        if flops is not None:  # full FLOPs (every phase, torch's FlopCounterMode) of the method's iterations
+            run["flops"] = run["iterations"] * flops
+            for point in run["evals"]:
+                point["flops"] = point["iteration"] * flops
 
 
 def wall_axis(runs: list[dict[str, Any]]) -> str:
@@ -339,6 +350,9 @@ def summarise(runs: list[dict[str, Any]], equal_iteration: int) -> dict[str, Any
         views = {"equal_iterations": ("iteration", equal_iteration), "equal_compute": ("compute", budget)}
         views["equal_wall_time"] = (axis, wall)
         out: dict[str, Any] = {"budget_compute": budget, "wall_seconds": wall, "wall_axis": axis}
+        if all("flops" in r for r in subset):  # every run reached the least any run spent
+            out["budget_flops"] = min(r["flops"] for r in subset)
+            views["equal_flops"] = ("flops", out["budget_flops"])
         for view, (axis, at) in views.items():
             out[view] = {
                 m: {
@@ -373,15 +387,20 @@ def markdown(summary: dict[str, Any], equal_iteration: int) -> str:
         "equal_iterations": f"at {equal_iteration} iterations",
         "equal_compute": "at equal compute (the budget)",
         "equal_wall_time": "at equal wall time",
+        "equal_flops": "at equal full FLOPs (transformer, VAE decodes and reward scoring)",
     }
     for setting, out in summary.items():
         lines.append(f"## rewards: {setting} ({' + '.join(REWARD_SETTINGS[setting])})\n")
         lines.append(
-            f"budget {out['budget_compute']:.0f} compute units; equal wall time = {out['wall_seconds']:.0f} s; "
+            f"budget {out['budget_compute']:.0f} compute units"
+            + (f" ({out['budget_flops'] / 1e9:.0f} GFLOP in full)" if "budget_flops" in out else "")
+            + f"; equal wall time = {out['wall_seconds']:.0f} s ({out.get('wall_axis', 'seconds')}); "
             "mean ± 95 % CI over seeds; in-domain first, then out-of-domain\n"
         )
         base = " | ".join(f"{out['base'][m]:.3f}" for m in METRICS)
         for view, title in titles.items():
+            if view not in out:
+                continue
             lines.append(f"### {title}\n")
             lines.append("| method | " + " | ".join(METRICS) + " |")
             lines.append("|---" * (len(METRICS) + 1) + "|")
@@ -426,6 +445,8 @@ def plot(runs: list[dict[str, Any]], folder: Path) -> list[Path]:
     )
     if wall_axis(runs) == "quiet_seconds":
         axes_spec = (*axes_spec[:2], ("quiet_seconds", "wall time (s): iterations × s/iteration measured alone"))
+    if runs and all("flops" in r for r in runs):
+        axes_spec = (*axes_spec, ("flops", "full FLOPs (transformer + VAE + rewards)"))
     for setting in REWARD_SETTINGS:
         subset = [r for r in runs if r["rewards"] == setting]
         if not subset:

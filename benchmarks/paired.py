@@ -24,14 +24,22 @@ from typing import Any
 from benchmarks.ablation import IN_DOMAIN, REWARD_SETTINGS, interpolate, wall_axis
 from benchmarks.stats import holm, minimum_detectable, paired
 
-VIEWS = {"equal_iterations": "iteration", "equal_compute": "compute", "equal_wall_time": "seconds"}
+VIEWS = {
+    "equal_iterations": "iteration",
+    "equal_compute": "compute",
+    "equal_wall_time": "seconds",
+    "equal_flops": "flops",  # when the runs carry full FLOPs (benchmarks.ablation.attach_quiet_seconds)
+}
 
 
 def reading_points(result: dict[str, Any], setting: str) -> dict[str, float]:
     """Where each view reads the curves: the summary's own points (iteration N, the budget, the wall time)."""
     table = result["summary"][setting]
     n = result["settings"]["iterations"]
-    return {"equal_iterations": n, "equal_compute": table["budget_compute"], "equal_wall_time": table["wall_seconds"]}
+    points = {"equal_iterations": n, "equal_compute": table["budget_compute"], "equal_wall_time": table["wall_seconds"]}
+    if "budget_flops" in table:
+        points["equal_flops"] = table["budget_flops"]
+    return points
 
 
 def compare(result: dict[str, Any]) -> dict[str, Any]:
@@ -47,6 +55,8 @@ def compare(result: dict[str, Any]) -> dict[str, Any]:
         # exact ones are the ground truth the ranking is about.
         metrics = list(dict.fromkeys([*REWARD_SETTINGS[setting], *IN_DOMAIN]))
         for view, axis in VIEWS.items():
+            if view not in points:
+                continue
             axis = wall_axis(runs) if view == "equal_wall_time" else axis
             rows = []
             for metric in metrics:

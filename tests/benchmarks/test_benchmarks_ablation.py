@@ -142,13 +142,16 @@ def test_quick_ablation_trains_real_strategies_to_one_budget(tmp_path):
         assert it["compute"] == it["sampling_forwards"] + it["training_forwards"] + 2 * it["training_backwards"]
     # the shared base model is evaluated once per run on the same prompts and seeds: same scores
     assert runs["g2rpo"]["evals"][0] == runs["dancegrpo"]["evals"][0]
-    assert {"multi_vs_iteration.png", "multi_vs_compute.png", "multi_vs_quiet_seconds.png"} == set(result["plots"])
+    assert {"multi_vs_iteration.png", "multi_vs_compute.png", "multi_vs_quiet_seconds.png", "multi_vs_flops.png"} == set(result["plots"])
     # the wall-time view reads each method's seconds per iteration measured alone, per phase too
     assert result["summary"]["multi"]["wall_axis"] == "quiet_seconds"
     for method, run in runs.items():
         probe = result["probe_cost_per_iteration"][method]
         assert set(probe["phases"]) == {"sampling", "decoding", "reward", "training"}
         assert run["quiet_seconds"] == pytest.approx(run["iterations"] * probe["seconds"])
+        assert probe["flops"] > 0 and run["flops"] == run["iterations"] * probe["flops"]
+    assert result["summary"]["multi"]["budget_flops"] == min(r["flops"] for r in runs.values())
+    assert "at equal full FLOPs" in (out / "ablation.md").read_text()
     assert "at equal compute" in (out / "ablation.md").read_text()
     # every finished run is saved on its own: a second invocation trains nothing and summarises the same runs
     saved = sorted((out / "per_run").glob("*.json"))
