@@ -15,7 +15,9 @@ models and, for every group (prompt p, branch step k; G branches), compares
 by their Pearson correlation over g and the fraction of branches whose signs agree, reported as
 medians (and quartiles) over the groups, per stride and per reward. It also reports how much a
 branch's reward moves with the stride relative to how much it moves across branches: the *stride
-jitter* = mean over branches of std_λ R / std_g R (0: the stride never changes a score).
+jitter* = mean over branches of std_λ R / std_g R (0: the stride never changes a score), and the
+*residual* jitter, the same after each stride's group mean is taken out (what group normalisation
+leaves: a finish that shifts every branch alike changes no advantage).
 
 Usage: ``python -m benchmarks.stride_agreement --rewards learned --num-steps 6 --group-size 6
 --prompts 32`` (and ``--num-steps 16 --group-size 12 --prompts 8``); results in
@@ -89,6 +91,11 @@ def agreement(rewards: torch.Tensor, strides: list[int], names: list[str]) -> di
     across_branches = r.std(-1).mean(3)  # [R, P, K]: std over branches, mean over strides
     ratio = across_strides / across_branches.clamp_min(1e-12)
     out["stride_jitter"] = {name: _quartiles(ratio[i].flatten().tolist()) for i, name in enumerate(names)}
+    # What group normalisation leaves: a stride that moves every branch alike (a sharper or blurrier
+    # finish) changes no advantage, so the residual jitter takes each stride's group mean out first.
+    centred = r - r.mean(-1, keepdim=True)  # [R, P, K, J, G]
+    residual = centred.std(3).mean(-1) / across_branches.clamp_min(1e-12)  # [R, P, K]
+    out["residual_stride_jitter"] = {name: _quartiles(residual[i].flatten().tolist()) for i, name in enumerate(names)}
     return out
 
 
@@ -156,12 +163,15 @@ def table(results: list[dict[str, Any]]) -> str:
                 f"| {r['rewards']} | {r['num_steps']} | {r['group_size']} | {figures['groups']} | {stride.split()[1]} | "
                 f"{c['median']:.3f} [{c['q1']:.3f}, {c['q3']:.3f}] | {s['median']:.3f} [{s['q1']:.3f}, {s['q3']:.3f}] |"
             )
-    lines += ["", "| rewards | T | G | reward | stride jitter |", "|---|---|---|---|---|"]
+    lines += ["", "| rewards | T | G | reward | stride jitter | residual stride jitter |", "|---|---|---|---|---|---|"]
     for r in results:
+        residual = r["agreement"].get("residual_stride_jitter", {})
         for name, q in r["agreement"]["stride_jitter"].items():
+            rq = residual.get(name)
+            rest = f"{rq['median']:.3f} [{rq['q1']:.3f}, {rq['q3']:.3f}]" if rq else "—"
             lines.append(
                 f"| {r['rewards']} | {r['num_steps']} | {r['group_size']} | {name} | "
-                f"{q['median']:.3f} [{q['q1']:.3f}, {q['q3']:.3f}] |"
+                f"{q['median']:.3f} [{q['q1']:.3f}, {q['q3']:.3f}] | {rest} |"
             )
     return "\n".join(lines) + "\n"
 
