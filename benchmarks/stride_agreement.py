@@ -99,7 +99,15 @@ def agreement(rewards: torch.Tensor, strides: list[int], names: list[str]) -> di
     return out
 
 
-def measure(setting: str, num_steps: int, group_size: int, prompts: int, seed: int, model: Path) -> dict[str, Any]:
+def measure(
+    setting: str,
+    num_steps: int,
+    group_size: int,
+    prompts: int,
+    seed: int,
+    model: Path,
+    granularities: list[int] | None = None,
+) -> dict[str, Any]:
     from g2rpo.config import load_config
     from g2rpo.models.flux import FluxTextEncoder, FluxVelocity, decode_latents
     from g2rpo.models.loading import load_pipeline
@@ -114,7 +122,13 @@ def measure(setting: str, num_steps: int, group_size: int, prompts: int, seed: i
     started = time.monotonic()
     config = load_config(
         AlgorithmConfig,
-        overrides={"strategy": "g2rpo", "num_steps": num_steps, "group_size": group_size, "micro_batch": 256},
+        overrides={
+            "strategy": "g2rpo",
+            "num_steps": num_steps,
+            "group_size": group_size,
+            "micro_batch": 256,
+            **({"g2rpo": {"granularities": granularities}} if granularities else {}),
+        },
     )
     strategy = build_strategy(config)
     pipe = load_pipeline(model, dtype="float32")
@@ -183,6 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rewards", default="exact,learned", help=f"settings, comma-separated: {', '.join(SETTINGS)}")
     parser.add_argument("--arms", default="6x6x32,16x12x8", help="T x G x prompts, comma-separated")
     parser.add_argument("--seed", type=int, default=0, help="the run seed whose first rollout is measured")
+    parser.add_argument("--granularities", default=None, help="Λ, comma-separated (default G²RPO's [1, 2, 3])")
     parser.add_argument("--model", type=Path, default=MODEL, help="the base shapes model")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -191,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     for arm in args.arms.split(","):
         t, g, p = (int(x) for x in arm.split("x"))
         for setting in args.rewards.split(","):
-            result = measure(setting, t, g, p, args.seed, args.model)
+            lam = [int(v) for v in args.granularities.split(",")] if args.granularities else None
+            result = measure(setting, t, g, p, args.seed, args.model, lam)
             print(json.dumps({k: v for k, v in result.items() if k != "agreement"}), flush=True)
             results.append(result)
     args.out.mkdir(parents=True, exist_ok=True)

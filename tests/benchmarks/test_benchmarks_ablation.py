@@ -142,7 +142,12 @@ def test_quick_ablation_trains_real_strategies_to_one_budget(tmp_path):
         assert it["compute"] == it["sampling_forwards"] + it["training_forwards"] + 2 * it["training_backwards"]
     # the shared base model is evaluated once per run on the same prompts and seeds: same scores
     assert runs["g2rpo"]["evals"][0] == runs["dancegrpo"]["evals"][0]
-    assert {"multi_vs_iteration.png", "multi_vs_compute.png", "multi_vs_quiet_seconds.png", "multi_vs_flops.png"} == set(result["plots"])
+    assert {
+        "multi_vs_iteration.png",
+        "multi_vs_compute.png",
+        "multi_vs_quiet_seconds.png",
+        "multi_vs_flops.png",
+    } == set(result["plots"])
     # the wall-time view reads each method's seconds per iteration measured alone, per phase too
     assert result["summary"]["multi"]["wall_axis"] == "quiet_seconds"
     for method, run in runs.items():
