@@ -36,7 +36,9 @@ strategies read conditionings and never write into them.
 ``loss_terms`` is a generator: each term holds the graph of its own forward, so the trainer must
 run ``backward`` on a term before asking for the next one (memory stays at one forward's
 activations). Each term's loss is already scaled so that the *sum* of all backward passes is the
-gradient of the iteration's objective; a strategy never calls ``backward`` or ``step``.
+gradient of the iteration's objective; a strategy never calls ``backward`` or ``step``. A strategy
+that carries state from one iteration to the next (:class:`StatefulStrategy`: DiffusionNFT's old
+policy) also has ``state_dict``/``load_state_dict``, which the trainer writes into checkpoints.
 
 **Final latents layout.** ``rollout.final_latents`` is ``[N, L, C]`` with N = prod(reward_shape),
 stored in row-major order of ``reward_shape`` whose axes are named by ``reward_dims`` (e.g.
@@ -68,6 +70,7 @@ __all__ = [
     "ReferenceVelocityModel",
     "WithReference",
     "Strategy",
+    "StatefulStrategy",
     "StrategySettings",
     "Draws",
     "NFECounters",
@@ -370,6 +373,20 @@ class Strategy(Protocol):
     def loss_terms(self, model: VelocityModel, rollout: Rollout, advantages: Advantages) -> Iterator[LossTerm]:
         """Yield the iteration's loss terms in order (backward each before taking the next)."""
         ...
+
+
+@runtime_checkable
+class StatefulStrategy(Strategy, Protocol):
+    """A strategy that carries state from one iteration to the next (DiffusionNFT's old policy).
+
+    The trainer writes ``state_dict()`` into every checkpoint (``strategy.pt``) and hands it back to
+    ``load_state_dict`` on resume, so a resumed run continues the same trajectory. The state holds
+    tensors, ints and dicts of them (``torch.load(weights_only=True)`` reads it).
+    """
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 # --------------------------------------------------------------------------- stats
