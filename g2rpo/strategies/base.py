@@ -76,6 +76,7 @@ __all__ = [
     "NFECounters",
     "G2RPOStates",
     "TrajectoryStates",
+    "NFTStates",
     "Rollout",
     "Advantages",
     "TermStats",
@@ -137,6 +138,10 @@ class WithReference:
     def reference_velocity(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         return self.reference(x, sigma, cond)
 
+    def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """The policy's parameters (what trains; DiffusionNFT copies the trainable ones as its old policy)."""
+        return self.policy.named_parameters()
+
 
 # --------------------------------------------------------------------------- records
 
@@ -186,11 +191,22 @@ class TrajectoryStates:
 
 
 @dataclass
+class NFTStates:
+    """What a DiffusionNFT rollout keeps for its forward-process loss (S trained timesteps per sample)."""
+
+    clean: torch.Tensor  # [P, G, L, C] the clean sample x₀ of each trajectory (the one scored)
+    steps: torch.Tensor  # [P, G, S] long, the grid index of each trained timestep (σ = sigmas[steps])
+    noisy: torch.Tensor  # [P, G, S, L, C] x_t = (1 − σ)·x₀ + σ·ε, ε drawn per (sample, timestep)
+    v_old: torch.Tensor  # [P, G, S, L, C] the old policy's velocity at x_t
+    v_ref: torch.Tensor | None = None  # [P, G, S, L, C] the reference policy's, when the KL weight is > 0
+
+
+@dataclass
 class Rollout:
     """What a strategy sampled for a batch of P prompts, and what its loss needs later.
 
     Common fields are read by the trainer; ``states`` holds the strategy's own typed record
-    (:class:`G2RPOStates` or :class:`TrajectoryStates`), which only that strategy's
+    (:class:`G2RPOStates`, :class:`TrajectoryStates` or :class:`NFTStates`), which only that strategy's
     ``advantages``/``loss_terms`` read.
     All tensors are detached (the rollout runs without grad).
     """
@@ -204,7 +220,7 @@ class Rollout:
     reward_dims: tuple[str, ...]  # names of reward_shape's axes, e.g. ("prompt", "step", "stride", "branch")
     final_prompt: torch.Tensor  # [N] long, batch position of the prompt of each final latent
     nfe: NFECounters
-    states: G2RPOStates | TrajectoryStates
+    states: G2RPOStates | TrajectoryStates | NFTStates
 
     @property
     def num_prompts(self) -> int:
@@ -241,7 +257,7 @@ class TermStats:
     num_ratios: int  # how many (sample, step) ratios the term covers
     forwards: int  # training forwards (rows) of this term, each back-propagated once
     step_index: int | None = None  # the grid index k the term trains, where it has one
-    kl: float | None = None  # Flow-GRPO: mean KL(π_θ ‖ π_ref) of the term's SDE steps (before β)
+    kl: float | None = None  # Flow-GRPO: mean KL(π_θ ‖ π_ref) of its SDE steps; DiffusionNFT: mean (v_θ − v_ref)²
 
 
 @dataclass
