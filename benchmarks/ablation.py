@@ -3,7 +3,8 @@
 DanceGRPO, MixGRPO, G²RPO without MGAI and G²RPO, and two compute-saving G²RPO variants
 (:mod:`g2rpo.strategies.g2rpo`, docs/core.md) — ``g2rpo_dpm4``: branches finished by DPM-Solver++(2M)
 in at most 4 steps per stride; ``g2rpo_half_m``: half of M drawn per prompt each iteration; each about
-half of G²RPO's sampling forwards — are trained from the same pretrained shapes model
+half of G²RPO's sampling forwards — and DiffusionNFT (:mod:`g2rpo.strategies.diffusionnft`; forward-process
+training, its old-policy forwards counted as sampling forwards) are trained from the same pretrained shapes model
 (:mod:`g2rpo.models.shapes`, made on first use) with the real :class:`~g2rpo.training.trainer.Trainer`,
 under two reward settings:
 
@@ -34,8 +35,8 @@ Holm-corrected, with the detectable difference: ``python -m benchmarks.paired OU
 Learning rates. Each method's own, chosen by a sweep (``--lrs``, ``--sweep-seeds`` seeds each, averaged) on a validation
 split of the training prompts — never the held-out split — by the mean gain of the trained rewards at
 the compute budget (:func:`choose_learning_rates`); ``--lr`` skips the sweep and trains every method
-at one rate. Every method has the same ratio clip and its own published optimiser stepping
-(docs/core.md). The strategies' published rates are for Flux.1-dev, not this small model. The
+at one rate. Every method has the same ratio clip (DiffusionNFT has no ratio) and its own published
+optimiser stepping (docs/core.md). The strategies' published rates are for Flux.1-dev, not this small model. The
 default sweep is 3e-5, 1e-4, 3e-4 and 1e-3: on the previous shipped model a sweep over 1e-4, 3e-4
 and 1e-3 chose its lowest value for every method, on this one a sweep over 3e-5, 1e-4 and 3e-4 its
 highest, so both ends are kept.
@@ -105,6 +106,8 @@ METHODS: dict[str, dict[str, Any]] = {
     # Compute-saving G²RPO (off by default in the library; docs/core.md): about half the sampling forwards.
     "g2rpo_dpm4": {"strategy": "g2rpo", "g2rpo": {"finish_solver": "dpmpp_2m", "finish_steps": 4}},
     "g2rpo_half_m": {"strategy": "g2rpo", "g2rpo": {"branch_steps_per_iteration": "half"}},  # |M|/2 drawn
+    # DiffusionNFT's published KL weight (1e-4) needs a LoRA base as the reference; these runs train in full.
+    "diffusionnft": {"strategy": "diffusionnft", "diffusionnft": {"kl_beta": 0.0}},
 }
 # The paper's sampler (docs/algorithm.md §6) is T = 16, G = 12 (G²RPO's M = the noisiest half, Λ = {1, 2, 3}); the
 # default here is the demo's reduced sampler (configs/shapes-cpu.yaml), which fits 5 seeds × 6 methods

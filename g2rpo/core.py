@@ -1,5 +1,6 @@
 """The sampler math of G²RPO: σ grids, ODE/SDE steps, log-probabilities, stride schedules,
-advantages and the clipped surrogate. Pure functions on tensors; imports torch only.
+advantages and the clipped surrogate (and the baselines' own losses: Flow-GRPO's KL, DiffusionNFT's
+negative-aware flow matching). Pure functions on tensors; imports torch only.
 
 Conventions (``docs/algorithm.md`` §1): ``x_σ = (1 − σ)·x_0 + σ·ε``, σ = 1 is noise, σ = 0
 is data, the velocity is ``v = ε − x_0``. A grid is a decreasing float32 tensor
@@ -42,6 +43,8 @@ __all__ = [
     "clipped_surrogate",
     "flow_grpo_advantages",
     "gaussian_mean_kl",
+    "nft_optimality",
+    "diffusion_nft_loss",
     "take_rows",
 ]
 
@@ -437,6 +440,60 @@ def gaussian_mean_kl(mean: torch.Tensor, mean_ref: torch.Tensor, std: torch.Tens
     per_element = (mean - mean_ref) ** 2 / (2 * std**2)
     per_element = per_element.expand(mean.shape) if per_element.shape != mean.shape else per_element
     return per_element.mean(dim=tuple(range(1, mean.ndim)))
+
+
+def nft_optimality(advantages: torch.Tensor, clip: float) -> torch.Tensor:
+    """DiffusionNFT's optimality probability of each sample from its advantage (same shape):
+
+        r = clip(A, −c, c) / (2c) + ½            ∈ [0, 1]
+
+    c is the advantage clip (the published ``adv_clip_max`` 5): A = 0 gives ½, A ≥ c gives 1.
+    """
+    return (advantages.clamp(-clip, clip) / (2 * clip) + 0.5).clamp(0.0, 1.0)
+
+
+def _adaptive_mse(x0_pred: torch.Tensor, x0: torch.Tensor, floor: float) -> torch.Tensor:
+    """mean (x̂₀ − x₀)² / sg(max(mean |x̂₀ − x₀|, floor)) per sample: ``[B, ...]`` → ``[B]``."""
+    dims = tuple(range(1, x0.ndim))
+    error = x0_pred - x0  # [B, ...]
+    weight = error.detach().abs().mean(dim=dims).clamp_min(floor)  # [B], no grad
+    return (error**2).mean(dim=dims) / weight
+
+
+def diffusion_nft_loss(
+    v_theta: torch.Tensor,
+    v_old: torch.Tensor,
+    x_t: torch.Tensor,
+    x0: torch.Tensor,
+    sigma: Sigma,
+    r: torch.Tensor,
+    beta: float,
+    weight_floor: float = 1e-5,
+) -> torch.Tensor:
+    """DiffusionNFT's negative-aware flow-matching loss per sample, on the forward process.
+
+    x_t = (1 − σ)·x₀ + σ·ε is a noised clean sample, v_θ the policy's velocity there (with grad),
+    v_old the old policy's (no grad), r the sample's optimality probability (:func:`nft_optimality`)::
+
+        v⁺ = (1 − β)·v_old + β·v_θ                (the implicit positive policy)
+        v⁻ = (1 + β)·v_old − β·v_θ                (the implicit negative policy)
+        x̂₀^± = x_t − σ·v^±
+        ℓ^± = mean (x̂₀^± − x₀)² / sg(max(mean |x̂₀^± − x₀|, 1e-5))     (adaptive weighting)
+        loss = (r·ℓ⁺ + (1 − r)·ℓ⁻) / β
+
+    Since x̂₀ − x₀ = σ·(ε − x₀ − v), ℓ is σ·mean (v − v_target)² / mean |v − v_target| with the
+    flow-matching target v_target = ε − x₀: the paper's r‖v⁺ − v‖² + (1 − r)‖v⁻ − v‖², each
+    term divided by its own (detached) mean absolute error. The 1/β keeps the gradient's scale
+    independent of β (v_θ enters v^± with weight ±β).
+
+    ``v_theta``, ``v_old``, ``x_t``, ``x0`` ``[B, ...]``; σ a float or ``[B]`` (> 0); ``r`` ``[B]``. Returns ``[B]``.
+    """
+    v_old = v_old.detach()
+    positive = beta * v_theta + (1 - beta) * v_old  # [B, ...]
+    negative = (1 + beta) * v_old - beta * v_theta  # [B, ...]
+    loss_pos = _adaptive_mse(data_prediction(x_t, positive, sigma), x0, weight_floor)  # [B]
+    loss_neg = _adaptive_mse(data_prediction(x_t, negative, sigma), x0, weight_floor)  # [B]
+    return (r * loss_pos + (1 - r) * loss_neg) / beta
 
 
 # --------------------------------------------------------------------------- batch rows

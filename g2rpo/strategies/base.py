@@ -36,7 +36,9 @@ strategies read conditionings and never write into them.
 ``loss_terms`` is a generator: each term holds the graph of its own forward, so the trainer must
 run ``backward`` on a term before asking for the next one (memory stays at one forward's
 activations). Each term's loss is already scaled so that the *sum* of all backward passes is the
-gradient of the iteration's objective; a strategy never calls ``backward`` or ``step``.
+gradient of the iteration's objective; a strategy never calls ``backward`` or ``step``. A strategy
+that carries state from one iteration to the next (:class:`StatefulStrategy`: DiffusionNFT's old
+policy) also has ``state_dict``/``load_state_dict``, which the trainer writes into checkpoints.
 
 **Final latents layout.** ``rollout.final_latents`` is ``[N, L, C]`` with N = prod(reward_shape),
 stored in row-major order of ``reward_shape`` whose axes are named by ``reward_dims`` (e.g.
@@ -68,11 +70,13 @@ __all__ = [
     "ReferenceVelocityModel",
     "WithReference",
     "Strategy",
+    "StatefulStrategy",
     "StrategySettings",
     "Draws",
     "NFECounters",
     "G2RPOStates",
     "TrajectoryStates",
+    "NFTStates",
     "Rollout",
     "Advantages",
     "TermStats",
@@ -134,6 +138,10 @@ class WithReference:
     def reference_velocity(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         return self.reference(x, sigma, cond)
 
+    def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        """The policy's parameters (what trains; DiffusionNFT copies the trainable ones as its old policy)."""
+        return self.policy.named_parameters()
+
 
 # --------------------------------------------------------------------------- records
 
@@ -183,11 +191,22 @@ class TrajectoryStates:
 
 
 @dataclass
+class NFTStates:
+    """What a DiffusionNFT rollout keeps for its forward-process loss (S trained timesteps per sample)."""
+
+    clean: torch.Tensor  # [P, G, L, C] the clean sample x₀ of each trajectory (the one scored)
+    steps: torch.Tensor  # [P, G, S] long, the grid index of each trained timestep (σ = sigmas[steps])
+    noisy: torch.Tensor  # [P, G, S, L, C] x_t = (1 − σ)·x₀ + σ·ε, ε drawn per (sample, timestep)
+    v_old: torch.Tensor  # [P, G, S, L, C] the old policy's velocity at x_t
+    v_ref: torch.Tensor | None = None  # [P, G, S, L, C] the reference policy's, when the KL weight is > 0
+
+
+@dataclass
 class Rollout:
     """What a strategy sampled for a batch of P prompts, and what its loss needs later.
 
     Common fields are read by the trainer; ``states`` holds the strategy's own typed record
-    (:class:`G2RPOStates` or :class:`TrajectoryStates`), which only that strategy's
+    (:class:`G2RPOStates`, :class:`TrajectoryStates` or :class:`NFTStates`), which only that strategy's
     ``advantages``/``loss_terms`` read.
     All tensors are detached (the rollout runs without grad).
     """
@@ -201,7 +220,7 @@ class Rollout:
     reward_dims: tuple[str, ...]  # names of reward_shape's axes, e.g. ("prompt", "step", "stride", "branch")
     final_prompt: torch.Tensor  # [N] long, batch position of the prompt of each final latent
     nfe: NFECounters
-    states: G2RPOStates | TrajectoryStates
+    states: G2RPOStates | TrajectoryStates | NFTStates
 
     @property
     def num_prompts(self) -> int:
@@ -238,7 +257,7 @@ class TermStats:
     num_ratios: int  # how many (sample, step) ratios the term covers
     forwards: int  # training forwards (rows) of this term, each back-propagated once
     step_index: int | None = None  # the grid index k the term trains, where it has one
-    kl: float | None = None  # Flow-GRPO: mean KL(π_θ ‖ π_ref) of the term's SDE steps (before β)
+    kl: float | None = None  # Flow-GRPO: mean KL(π_θ ‖ π_ref) of its SDE steps; DiffusionNFT: mean (v_θ − v_ref)²
 
 
 @dataclass
@@ -370,6 +389,20 @@ class Strategy(Protocol):
     def loss_terms(self, model: VelocityModel, rollout: Rollout, advantages: Advantages) -> Iterator[LossTerm]:
         """Yield the iteration's loss terms in order (backward each before taking the next)."""
         ...
+
+
+@runtime_checkable
+class StatefulStrategy(Strategy, Protocol):
+    """A strategy that carries state from one iteration to the next (DiffusionNFT's old policy).
+
+    The trainer writes ``state_dict()`` into every checkpoint (``strategy.pt``) and hands it back to
+    ``load_state_dict`` on resume, so a resumed run continues the same trajectory. The state holds
+    tensors, ints and dicts of them (``torch.load(weights_only=True)`` reads it).
+    """
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 # --------------------------------------------------------------------------- stats

@@ -4,7 +4,7 @@ and one section per strategy with its own knobs.
 ::
 
     algorithm:
-      strategy: g2rpo          # g2rpo | dancegrpo | mixgrpo | flowgrpo, or a preset such as g2rpo_no_mgai
+      strategy: g2rpo          # g2rpo | dancegrpo | mixgrpo | flowgrpo | diffusionnft, or a preset such as g2rpo_no_mgai
       num_steps: 16            # shared: grid, group, SDE noise, advantages, ratio clip, batching
       g2rpo:                   # the chosen strategy's own section (G2RPOSettings in strategies/g2rpo.py)
         granularities: [1, 2, 3]
@@ -44,6 +44,7 @@ from g2rpo.errors import did_you_mean, problem
 from g2rpo.strategies import PRESETS, STRATEGIES
 from g2rpo.strategies.base import StrategySettings
 from g2rpo.strategies.dancegrpo import DanceGRPOSettings
+from g2rpo.strategies.diffusionnft import DiffusionNFTSettings
 from g2rpo.strategies.flowgrpo import FlowGRPOSettings
 from g2rpo.strategies.g2rpo import G2RPOSettings
 from g2rpo.strategies.mixgrpo import MixGRPOSettings
@@ -125,6 +126,10 @@ class AlgorithmConfig(Section):
     )
     flowgrpo: FlowGRPOSettings = Field(
         default_factory=FlowGRPOSettings, description="Flow-GRPO's own settings (used when strategy is flowgrpo)"
+    )
+    diffusionnft: DiffusionNFTSettings = Field(
+        default_factory=DiffusionNFTSettings,
+        description="DiffusionNFT's own settings (used when strategy is diffusionnft)",
     )
 
     @model_validator(mode="before")

@@ -6,6 +6,7 @@ A **resumable checkpoint** ``<output.dir>/checkpoints/iter-000040/`` holds::
       (or torch/        model.pt + optimizer.pt in plain single-process mode)
     ranks/rank-00000.pt   every rank's RNG states (torch CPU, CUDA, python, numpy)
     ema.pt                the EMA weights, when EMA is on
+    strategy.pt           the strategy's state across iterations, when it has one (DiffusionNFT's old policy)
     trainer_state.json    iteration done, data cursor, config hash, world size, backend
     manifest.json         written LAST, by rank 0, after every rank has finished writing
 
@@ -297,11 +298,19 @@ class CheckpointManager:
 
     # ------------------------------------------------------------------ save
 
-    def save(self, state: TrainerState, driver: Any, ema: Any = None, json_files: dict[str, Any] | None = None) -> Path:
+    def save(
+        self,
+        state: TrainerState,
+        driver: Any,
+        ema: Any = None,
+        json_files: dict[str, Any] | None = None,
+        strategy_state: dict[str, Any] | None = None,
+    ) -> Path:
         """Write one checkpoint (collective: every rank calls it). Returns its directory.
 
         ``json_files`` (rank 0's): more of the trainer's state, each written as ``name`` (JSON) and
-        listed in the manifest like every other file.
+        listed in the manifest like every other file. ``strategy_state``: a stateful strategy's
+        ``state_dict()`` (the same on every rank), written by rank 0 as ``strategy.pt``.
         """
         target = self.path(state.iteration)
         # Every rank checks (no rank writes a manifest before two barriers below), so all raise together.
@@ -311,7 +320,7 @@ class CheckpointManager:
                 "resume from it (train.resume=auto) or write to a new output.dir"
             )
         try:
-            self._write(target, state, driver, ema, json_files)
+            self._write(target, state, driver, ema, json_files, strategy_state)
         except (OSError, RuntimeError) as exc:  # full disk, permissions, read-only: name the path and why
             raise write_failure(f"checkpoint of iteration {state.iteration}", target, exc) from exc
         if self.rank == 0:
@@ -320,7 +329,13 @@ class CheckpointManager:
         return target
 
     def _write(
-        self, target: Path, state: TrainerState, driver: Any, ema: Any, json_files: dict[str, Any] | None
+        self,
+        target: Path,
+        state: TrainerState,
+        driver: Any,
+        ema: Any,
+        json_files: dict[str, Any] | None,
+        strategy_state: dict[str, Any] | None = None,
     ) -> None:
         """Every file of one checkpoint, the manifest last (by rank 0, after every rank's files)."""
         if self.rank == 0:
@@ -333,6 +348,8 @@ class CheckpointManager:
         if self.rank == 0:
             if ema is not None:
                 torch.save(ema.state_dict(), target / "ema.pt")
+            if strategy_state is not None:
+                torch.save(strategy_state, target / "strategy.pt")
             (target / "trainer_state.json").write_text(
                 json.dumps(asdict(state), indent=1, sort_keys=True), encoding="utf-8"
             )
@@ -386,8 +403,8 @@ class CheckpointManager:
             )
         return state
 
-    def load(self, directory: str | Path, driver: Any, ema: Any = None) -> TrainerState:
-        """Restore weights, optimiser, EMA and this rank's RNG from ``directory``.
+    def load(self, directory: str | Path, driver: Any, ema: Any = None, strategy: Any = None) -> TrainerState:
+        """Restore weights, optimiser, EMA, a stateful strategy's state and this rank's RNG from ``directory``.
 
         A checkpoint saved at another world size loads too: the driver repartitions the optimiser
         state (``driver.load(directory, state)``), and the per-rank RNG files are not
@@ -412,6 +429,13 @@ class CheckpointManager:
                     f"checkpoint {directory} has no EMA weights but train.ema.enabled is true: resume with EMA off"
                 )
             ema.load_state_dict(torch.load(directory / "ema.pt", weights_only=True))
+        if strategy is not None:
+            if not (directory / "strategy.pt").is_file():
+                raise G2RPOError(
+                    f"checkpoint {directory} has no strategy.pt, the state strategy {strategy.name} carries across "
+                    "iterations: resume from a checkpoint this version wrote, or start a new run in a fresh output.dir"
+                )
+            strategy.load_state_dict(torch.load(directory / "strategy.pt", weights_only=True))
         if resized:
             # Rank r of the new layout holds other prompts than rank r did, so no saved stream is
             # its own: each rank starts a fresh stream named by the run, the iteration and its rank.

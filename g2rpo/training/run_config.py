@@ -345,6 +345,26 @@ def cross_field_problems(config: Any) -> list[str]:
                     "train.lora.enabled=true, or algorithm.flowgrpo.kl_beta=0",
                 )
             )
+    if algorithm is not None and train is not None and algorithm.strategy == "diffusionnft":
+        beta = algorithm.diffusionnft.kl_beta
+        if beta > 0 and not train.lora.enabled:
+            problems.append(
+                problem(
+                    "algorithm.diffusionnft.kl_beta",
+                    beta,
+                    "the KL term's reference policy is the base model with LoRA adapters disabled: set "
+                    "train.lora.enabled=true, or algorithm.diffusionnft.kl_beta=0",
+                )
+            )
+        if ds is not None and ds.enabled and ds.zero_stage == 3:
+            problems.append(
+                problem(
+                    "deepspeed.zero_stage",
+                    3,
+                    "DiffusionNFT keeps a whole copy of the trainable tensors as its old policy (ZeRO-3 shards "
+                    "them): use zero_stage ≤ 2",
+                )
+            )
     if output is not None and train is not None and output.export_ema and not train.ema.enabled:
         problems.append(problem("output.export_ema", True, "needs train.ema.enabled=true"))
     if output is not None and train is not None and output.export_ema and train.validation.enabled:

@@ -69,7 +69,7 @@ from g2rpo.rewards.registry import build_reward
 from g2rpo.rewards.scoring import score_rewards
 from g2rpo.seeding import Draws, derive_seed
 from g2rpo.strategies import build_strategy
-from g2rpo.strategies.base import StepStats, summarize_step
+from g2rpo.strategies.base import StatefulStrategy, StepStats, summarize_step
 from g2rpo.training.checkpoint import (
     FLUX_DEV_LICENSE,
     CheckpointManager,
@@ -240,7 +240,7 @@ class Trainer:
             self.driver = TorchDriver(self.velocity, params, cfg)
         self.ema = EMA(self._trainable(), cfg.train.ema.decay) if cfg.train.ema.enabled else None
         if resume_from is not None:
-            state = self.checkpoints.load(resume_from, self.driver, self.ema)
+            state = self.checkpoints.load(resume_from, self.driver, self.ema, self._stateful_strategy())
             self.iteration = state.iteration
             self._resume_validation(resume_from)
             self._log_event({"event": "resumed", "from": str(resume_from), "iteration": state.iteration})
@@ -477,6 +477,10 @@ class Trainer:
         self.stop_reason = early_stop_reason(
             self.validation_history, validation.stop_after_breaches, validation.patience
         )
+
+    def _stateful_strategy(self) -> StatefulStrategy | None:
+        """The strategy, when it carries state across iterations (checkpointed as strategy.pt)."""
+        return self.strategy if isinstance(self.strategy, StatefulStrategy) else None
 
     def _trainable(self) -> dict[str, torch.Tensor]:
         module = self.driver.module if hasattr(self, "driver") else self.velocity
@@ -818,7 +822,14 @@ class Trainer:
                     "history": [r.as_json() for r in self.validation_history],
                 }
             }
-        path = self.checkpoints.save(state, FailAfterSave(self.driver, self.iteration), self.ema, json_files)
+        stateful = self._stateful_strategy()
+        path = self.checkpoints.save(
+            state,
+            FailAfterSave(self.driver, self.iteration),
+            self.ema,
+            json_files,
+            strategy_state=None if stateful is None else stateful.state_dict(),
+        )
         for callback in self.callbacks:
             callback.on_checkpoint(self, path, self.iteration)
         return path

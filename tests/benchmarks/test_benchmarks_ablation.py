@@ -116,6 +116,15 @@ def test_power_compares_the_widest_interval_with_the_best_gain():
     assert ablation.power(summary)["multi/equal_compute/shapes_colour"]["powered"] is False
 
 
+def test_every_method_is_a_valid_run_config(tmp_path):
+    for method in ablation.METHODS:
+        spec = ablation.RunSpec(
+            method, "multi", 0, 1.0, 1, 1.0, 1e-4, 2, str(tmp_path / "model"), str(tmp_path / "p.txt"), ("a",), (0,), ""
+        )
+        config = ablation.run_config(spec, tmp_path / method)
+        assert config.algorithm.strategy == ablation.METHODS[method]["strategy"].removesuffix("_no_mgai")
+
+
 @pytest.mark.integration
 def test_quick_ablation_trains_real_strategies_to_one_budget(tmp_path):
     from g2rpo.models.shapes import ShapesPretraining, pretrain_shapes

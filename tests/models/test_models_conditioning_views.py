@@ -19,6 +19,7 @@ from g2rpo.models.flux import FluxConditioning, FluxTextEncoder, FluxVelocity
 from g2rpo.seeding import Draws
 from g2rpo.strategies import build_strategy
 from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.strategies.diffusionnft import DiffusionNFTSettings
 from g2rpo.strategies.g2rpo import G2RPOSettings
 from g2rpo.toy import ToyConditioning, make_toy_problem
 
@@ -102,6 +103,9 @@ class Recording:
         self.broadcast_calls += int(embeddings.shape[0] > 1 and embeddings.stride(0) == 0)
         return self.model(x, sigma, cond)
 
+    def named_parameters(self):
+        return self.model.named_parameters()  # DiffusionNFT swaps its old policy into these
+
 
 def _assert_same_rollout(strategy, model, cond, old_cond, draws, latent_shape, embeddings_of, views: bool | None):
     new_model = Recording(model, embeddings_of)
@@ -110,7 +114,7 @@ def _assert_same_rollout(strategy, model, cond, old_cond, draws, latent_shape, e
     if views is not None:  # the view path ran, so the comparison means something
         assert (new_model.broadcast_calls > 0) is views
     assert torch.equal(new.final_latents, old.final_latents)
-    for name in ("log_prob_old", "branches", "latents"):
+    for name in ("log_prob_old", "branches", "latents", "clean", "noisy", "v_old"):
         if hasattr(new.states, name):
             # rtol = atol = 0: bit for bit, NaN (MixGRPO's ODE steps) where NaN
             torch.testing.assert_close(
@@ -123,6 +127,7 @@ STRATEGIES = {
     "dancegrpo": {},
     "mixgrpo": {},
     "flowgrpo": {},
+    "diffusionnft": {"diffusionnft": DiffusionNFTSettings(kl_beta=0.0)},
 }
 
 
