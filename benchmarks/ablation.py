@@ -75,7 +75,7 @@ DEFAULT_MODEL = REPO / "g2rpo" / "models" / "shapes_flux"  # the shipped shapes 
 IN_DOMAIN = ("shapes_colour", "shapes_shape")
 CHECKS = ("shapes_colour_match",)  # the fraction drawn in the asked colour: what shapes_colour asks, read plainly
 OUT_OF_DOMAIN = ("shapes_position", "shapes_background", "jpeg_compressibility")
-# The learned rewards (g2rpo.models.shapes_rewards): the analogues of the paper's HPS-v2.1 and CLIP,
+# The learned rewards (g2rpo.rewards.shapes_learned): the analogues of the paper's HPS-v2.1 and CLIP,
 # loaded by those heads from the shipped folders. Every run is scored on them as well, so that the
 # gap between their gain and the exact rewards' gain (reward hacking) is measured on every run.
 LEARNED_WEIGHTS = {

@@ -60,7 +60,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
         "pretrain-shapes-rewards",
         help="train the shapes task's learned rewards (a tiny CLIP and a preference model; CPU, ~15 min)",
         description=(
-            "Train the testbed's analogues of CLIP and HPS-v2.1 (g2rpo.models.shapes_rewards): shapes_clip, "
+            "Train the testbed's analogues of CLIP and HPS-v2.1 (g2rpo.rewards.shapes_learned): shapes_clip, "
             "a tiny open_clip CLIP trained contrastively on augmented renders of the pretraining scenes, and "
             "shapes_pref, shapes_clip fine-tuned on pairs of the base model's samples ranked by the exact "
             "utility (shapes_colour + shapes_shape) / 2. The unseen scenes are left out of both. Writes "
@@ -231,16 +231,24 @@ def _pretrain_shapes(args: argparse.Namespace) -> int:
 
 
 def _pretrain_shapes_rewards(args: argparse.Namespace) -> int:
-    from g2rpo.models.shapes import SHIPPED_SHAPES_MODEL
-    from g2rpo.models.shapes_rewards import RewardPretraining, pretrain_shapes_rewards
+    from g2rpo.models.shapes import SHIPPED_SHAPES_MODEL, ShapesPretraining, check_shapes_model, shapes_sampler
+    from g2rpo.rewards.shapes_learned import RewardPretraining, pretrain_shapes_rewards
 
     for flag, value in (("--clip-steps", args.clip_steps), ("--pref-steps", args.pref_steps)):
         if value < 1:
             raise G2RPOError(problem(flag, value, "give at least 1 step"))
     base = Path(args.base_model) if args.base_model else SHIPPED_SHAPES_MODEL.with_name("shapes_flux_unseen")
     settings = RewardPretraining(seed=args.seed, clip_steps=args.clip_steps, pref_steps=args.pref_steps)
+    if (base / "g2rpo_tiny.json").is_file():  # a shapes model: it must be sealed and made without the unseen scenes
+        check_shapes_model(base, replace(ShapesPretraining(), unseen=settings.unseen))
     clip, pref = pretrain_shapes_rewards(
-        args.output, base, settings, overwrite=args.overwrite, log=print, progress=True
+        args.output,
+        shapes_sampler(base),
+        settings,
+        base_model=base.name,
+        overwrite=args.overwrite,
+        log=print,
+        progress=True,
     )
     print(f"wrote {clip} (the clip head's weights) and {pref} (the hps_v21 head's weights)")
     return 0

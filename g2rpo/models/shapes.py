@@ -90,6 +90,7 @@ __all__ = [
     "sample_shapes",
     "scene_masks",
     "shapes_pipeline",
+    "shapes_sampler",
 ]
 
 SHAPES_WORDS = tuple(
@@ -393,3 +394,12 @@ def sample_shapes(pipe: Any, prompts: Sequence[str], seed: int = 0, num_steps: i
         v = velocity(x, sigmas[i].expand(x.shape[0]), cond)
         x = core.ode_step(x, v, sigmas[i], sigmas[i + 1])
     return decode_latents(pipe.vae, x, IMAGE_SIZE, IMAGE_SIZE, micro_batch=64)
+
+
+def shapes_sampler(model_dir: str | Path) -> Callable[[list[str], int, int], torch.Tensor]:
+    """``sample(prompts, seed, num_steps) -> images [B, 3, S, S]``: :func:`sample_shapes` of the shapes
+    model in ``model_dir``, loaded once (what :mod:`g2rpo.rewards.shapes_learned` ranks)."""
+    from g2rpo.models.loading import load_pipeline
+
+    pipe = load_pipeline(model_dir, dtype="float32")
+    return lambda prompts, seed, num_steps: sample_shapes(pipe, prompts, seed=seed, num_steps=num_steps)

@@ -13,7 +13,7 @@ hpsv2 code reads ``checkpoint['state_dict']`` and loads it strictly into
 ``create_model_and_transforms('ViT-H-14', ...)``); it holds only tensors, so it is read with
 ``torch.load(weights_only=True)``. A bare state dict (no ``state_dict`` wrapper) is accepted too, and
 so is a ``.safetensors`` state dict (a converted checkpoint, or a learned reward made here:
-:mod:`g2rpo.models.shapes_rewards`); a folder holding ``open_clip_model.safetensors`` and
+:mod:`g2rpo.rewards.shapes_learned`); a folder holding ``open_clip_model.safetensors`` and
 ``open_clip_config.json`` (open_clip's ``local-dir`` layout) is read as that file with that config.
 
 Preprocessing reproduced: hpsv2's ``img_score`` builds its model with

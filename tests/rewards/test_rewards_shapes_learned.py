@@ -1,4 +1,4 @@
-"""The shapes task's learned rewards (g2rpo.models.shapes_rewards): the pure helpers on hand-worked
+"""The shapes task's learned rewards (g2rpo.rewards.shapes_learned): the pure helpers on hand-worked
 values, a whole (tiny) training run through the real open_clip classes and the reward heads that load
 it, and the shipped models: sealed, loaded by the ``clip`` and ``hps_v21`` heads, and better than
 chance on scenes they never saw."""
@@ -13,7 +13,10 @@ import pytest
 import torch
 
 from g2rpo.errors import G2RPOError
-from g2rpo.models.shapes_rewards import (
+from g2rpo.models.shapes import shapes_sampler
+from g2rpo.rewards.config import RewardModelConfig
+from g2rpo.rewards.registry import build_reward
+from g2rpo.rewards.shapes_learned import (
     REWARD_MARKER,
     SHIPPED_SHAPES_CLIP,
     SHIPPED_SHAPES_PREF,
@@ -25,9 +28,7 @@ from g2rpo.models.shapes_rewards import (
     spearman,
     utility,
 )
-from g2rpo.rewards.config import RewardModelConfig
-from g2rpo.rewards.registry import build_reward
-from g2rpo.tasks.shapes import COLOURS, BACKGROUNDS, Scene, all_scenes, render, unseen_scenes
+from g2rpo.tasks.shapes import BACKGROUNDS, COLOURS, Scene, all_scenes, render, unseen_scenes
 
 BASE = SHIPPED_SHAPES_CLIP.parent / "shapes_flux_unseen"
 
@@ -74,7 +75,7 @@ def tiny_rewards(tmp_path_factory) -> tuple[Path, Path]:
         RewardPretraining(), clip_steps=3, clip_batch=16, pref_steps=2, pref_pairs=4, pref_lr=1e-2, sample_steps=(2,)
     )
     settings = replace(settings, samples_per_steps=2)
-    return pretrain_shapes_rewards(tmp_path_factory.mktemp("rewards"), BASE, settings)
+    return pretrain_shapes_rewards(tmp_path_factory.mktemp("rewards"), shapes_sampler(BASE), settings)
 
 
 def test_tiny_training_writes_sealed_folders_the_heads_load(tiny_rewards):
@@ -112,11 +113,11 @@ def test_a_damaged_reward_folder_is_refused(tiny_rewards, tmp_path):
 def test_existing_output_is_refused_without_overwrite_and_foreign_folders_never_replaced(tiny_rewards, tmp_path):
     out = tiny_rewards[0].parent
     with pytest.raises(G2RPOError, match="pass --overwrite"):
-        pretrain_shapes_rewards(out, BASE)
+        pretrain_shapes_rewards(out, shapes_sampler(BASE))
     (tmp_path / "shapes_clip").mkdir()
     (tmp_path / "shapes_clip" / "thesis.tex").write_text("mine")
     with pytest.raises(G2RPOError, match="not a learned reward folder"):
-        pretrain_shapes_rewards(tmp_path, BASE, overwrite=True)
+        pretrain_shapes_rewards(tmp_path, shapes_sampler(BASE), overwrite=True)
     assert (tmp_path / "shapes_clip" / "thesis.tex").read_text() == "mine"
 
 

@@ -64,9 +64,11 @@ __all__ = [
 ]
 
 REWARD_MARKER = "g2rpo_reward.json"
-PRODUCER = "g2rpo.models.shapes_rewards.pretrain_shapes_rewards"
-SHIPPED_SHAPES_CLIP = Path(__file__).resolve().parent / "shapes_clip"  # package data
-SHIPPED_SHAPES_PREF = Path(__file__).resolve().parent / "shapes_pref"
+# The shipped folders record the module's first name, g2rpo.models.shapes_rewards (moved here unchanged).
+PRODUCER = "g2rpo.rewards.shapes_learned.pretrain_shapes_rewards"
+MODELS = Path(__file__).resolve().parents[1] / "models"  # package data, beside the shapes Flux models
+SHIPPED_SHAPES_CLIP = MODELS / "shapes_clip"
+SHIPPED_SHAPES_PREF = MODELS / "shapes_pref"
 OPENAI_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_STD = (0.26862954, 0.26130258, 0.27577711)
 
@@ -206,24 +208,23 @@ def _train_clip(
     return float(loss.detach())
 
 
+Sampler = Callable[[list[str], int, int], torch.Tensor]  # (prompts, seed, steps) -> images [B, 3, S, S] in [0, 1]
+
+
 @torch.no_grad()
 def base_samples(
-    model_dir: str | Path, scenes: Sequence[Scene], settings: RewardPretraining, *, seed: int, progress: bool = False
+    sample: Sampler, scenes: Sequence[Scene], settings: RewardPretraining, *, seed: int, progress: bool = False
 ) -> tuple[torch.Tensor, list[str], torch.Tensor]:
-    """The base model's ODE samples of ``scenes`` at each of ``settings.sample_steps``:
-    ``(images [N, 3, S, S], prompts [N], utility [N])``, N = scenes × step counts × samples_per_steps."""
-    from g2rpo.models.loading import load_pipeline
-    from g2rpo.models.shapes import sample_shapes
+    """The base model's samples of ``scenes`` at each of ``settings.sample_steps`` (``sample``, e.g.
+    :func:`g2rpo.models.shapes.shapes_sampler`): ``(images [N, 3, S, S], prompts [N], utility [N])``,
+    N = scenes × step counts × samples_per_steps."""
     from g2rpo.rewards.shapes import scene_scores
 
-    pipe = load_pipeline(model_dir, dtype="float32")
     prompts = [s.prompt for s in scenes for _ in range(settings.samples_per_steps)]
     images: list[torch.Tensor] = []
     for i, steps in enumerate(progress_bar(settings.sample_steps, desc="base samples", enabled=progress, leave=False)):
         for start in range(0, len(prompts), 256):
-            images.append(
-                sample_shapes(pipe, prompts[start : start + 256], seed=seed + 1000 * i + start, num_steps=steps)
-            )
+            images.append(sample(prompts[start : start + 256], seed + 1000 * i + start, steps))
     all_images = torch.cat(images).clamp(0, 1)  # [N, 3, S, S]
     all_prompts = prompts * len(settings.sample_steps)
     exact = [scene_scores(img, p) for img, p in zip(all_images, all_prompts, strict=True)]
@@ -332,16 +333,18 @@ def _save(model: torch.nn.Module, out: Path, marker: dict[str, Any]) -> Path:
 
 def pretrain_shapes_rewards(
     output: str | Path,
-    base_model: str | Path,
+    sample: Sampler,
     settings: RewardPretraining = RewardPretraining(),
     *,
+    base_model: str = "shapes_flux_unseen",
     overwrite: bool = False,
     log: Callable[[str], None] = lambda _: None,
     progress: bool = False,
 ) -> tuple[Path, Path]:
     """Train shapes_clip and shapes_pref (module docstring) into ``output/shapes_clip`` and
-    ``output/shapes_pref``; ``base_model`` is the shapes model whose samples the preferences rank
-    (it should be one pretrained without the same unseen scenes). Returns the two folders."""
+    ``output/shapes_pref``; ``sample`` draws the base model's images whose preferences are ranked (a
+    shapes model pretrained without the same unseen scenes, named ``base_model`` in the markers).
+    Returns the two folders."""
     out = Path(output)
     targets = (out / "shapes_clip", out / "shapes_pref")
     for target in targets:
@@ -359,9 +362,9 @@ def pretrain_shapes_rewards(
     model, tokenizer = _build(settings.seed)
     clip_loss = _train_clip(model, tokenizer, seen, settings, progress)
     log(f"shapes_clip: {settings.clip_steps} steps, final loss {clip_loss:.4g} ({time.monotonic() - started:.0f} s)")
-    images, prompts, u = base_samples(base_model, seen, settings, seed=settings.seed, progress=progress)
+    images, prompts, u = base_samples(sample, seen, settings, seed=settings.seed, progress=progress)
     test_images, test_prompts, test_u = base_samples(
-        base_model, held_out, settings, seed=settings.seed + 7, progress=progress
+        sample, held_out, settings, seed=settings.seed + 7, progress=progress
     )
     clip_accuracy = reward_accuracy(model, tokenizer, held_out, test_images, test_prompts, test_u, settings.pref_margin)
     clip_state = {k: v.clone() for k, v in model.state_dict().items()}
@@ -378,7 +381,7 @@ def pretrain_shapes_rewards(
         "task": "shapes",
         "settings": {**asdict(settings), "sample_steps": list(settings.sample_steps)},
         "trained_scenes": len(seen),
-        "base_model": Path(base_model).name,
+        "base_model": base_model,
         "seconds": seconds,
         "torch_threads": torch.get_num_threads(),
         "parameters": sum(p.numel() for p in model.parameters()),
