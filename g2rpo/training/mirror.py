@@ -38,8 +38,8 @@ from g2rpo.artifacts.publish import publish_dir
 from g2rpo.artifacts.storage import S3Settings, open_store
 from g2rpo.errors import G2RPOError
 from g2rpo.training.checkpoint import CheckpointManager, is_complete, manifest_metadata
-from g2rpo.training.trainer import VALIDATION_FILE, Trainer, TrainerCallback
-from g2rpo.training.validation import ValidationRecord, select_best
+from g2rpo.training.trainer import Trainer, TrainerCallback
+from g2rpo.training.validation import VALIDATION_FILE, ValidationRecord, select_best
 
 __all__ = ["CheckpointMirror"]
 
