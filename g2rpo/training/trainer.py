@@ -57,6 +57,7 @@ from typing import Any
 
 import torch
 
+from g2rpo.artifacts.storage import check_writable
 from g2rpo.config import to_yaml
 from g2rpo.data import EmbeddingCache, dedupe_prompts, read_prompt_location
 from g2rpo.errors import ConfigError, G2RPOError, problem
@@ -129,6 +130,12 @@ class TrainerCallback:
     stops the run like any other error (a resume continues from the last complete checkpoint).
     """
 
+    def before_resume(self, trainer: Trainer) -> None:
+        """During setup, after the start-up checks (``output.dir``, the process group, the config) and
+        before the trainer looks for a checkpoint to resume from and loads the models. A callback that
+        writes into ``output.dir`` here calls ``trainer.claim_output_dir()`` first (rank 0); the ranks
+        meet at a barrier after it (the S3 mirror restores its newest checkpoint here)."""
+
     def on_iteration_end(self, trainer: Trainer, record: IterationRecord) -> None:
         """After each iteration, once its record is in ``metrics.jsonl`` and before its checkpoint.
 
@@ -172,6 +179,14 @@ class Trainer:
 
     def _setup(self) -> Trainer:
         cfg = self.config
+        self.out = Path(cfg.output.dir)
+        # Before any work, on every rank: the folders the run writes can be written, and output.dir holds
+        # nothing but a run's files (g2rpo.training.run_dir).
+        check_run_dir(self.out)
+        if cfg.model.create_tiny and not Path(cfg.model.path).exists():
+            check_writable(cfg.model.path, "model.path")
+        if cfg.rewards.cache_dir:
+            check_writable(cfg.rewards.cache_dir, "rewards.cache_dir")
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
         self.ctx = init_distributed(cfg.train.device)
@@ -190,12 +205,10 @@ class Trainer:
                     "trajectories_per_step null, or train on one process",
                 )
             )
-        self.out = Path(cfg.output.dir)
-        # Before any work: a folder holding files that are not a run's is refused; one that exists is
-        # marked as the run's before anything is written there (a new one when the run writes its config).
-        check_run_dir(self.out)
-        if self.ctx.is_main and self.out.exists():
-            self.claims.append(claim_run_dir(self.out, self.hash))
+        # A folder that exists is claimed and marked as the run's before anything is written there; a new
+        # one when the run first writes (its config.yaml, or a callback's restore), so a refused setup leaves none.
+        if self.out.exists():
+            self.claim_output_dir()
         self.checkpoints = CheckpointManager(
             self.out / "checkpoints",
             config_hash=self.hash,
@@ -205,6 +218,11 @@ class Trainer:
             world_size=self.ctx.world_size,
             barrier=self.ctx.barrier,
         )
+        for callback in self.callbacks:
+            hook = getattr(callback, "before_resume", None)  # duck-typed callbacks may lack it
+            if hook is not None:
+                hook(self)
+        self.ctx.barrier()  # what a callback restored is on disk before any rank looks
         resume_from = self.checkpoints.resume_point(cfg.train.resume, self.out, to_yaml(cfg), self._log_event)
         self._load_models()
         self._load_data()
@@ -238,7 +256,7 @@ class Trainer:
                     to_yaml(cfg), encoding="utf-8"
                 )
         elif self.ctx.is_main:
-            self.claims.append(claim_run_dir(self.out, self.hash))  # makes the folder, claim and marker first
+            self.claim_output_dir()  # a new folder: made now, with its claim and marker first
             (self.out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
             if (self.out / "metrics.jsonl").exists():  # a run killed before its first checkpoint
                 self._log_event({"event": "restarted", "iteration": 0})
@@ -246,6 +264,12 @@ class Trainer:
         self.ctx.barrier()
         self._is_setup = True
         return self
+
+    def claim_output_dir(self) -> None:
+        """Take this process's writer claim on ``output.dir`` (rank 0, once per setup): the folder is made,
+        claimed and marked before anything else is written there (:func:`~g2rpo.training.run_dir.claim_run_dir`)."""
+        if self.ctx.is_main and not self.claims:
+            self.claims.append(claim_run_dir(self.out, self.hash))
 
     def _load_models(self) -> None:
         cfg = self.config
