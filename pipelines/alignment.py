@@ -26,7 +26,10 @@ of either could register twice or fail on its own success.
 # No `from __future__ import annotations`: KFP reads the pipeline function's annotations as types.
 
 import ast
+import functools
+import inspect
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from kfp import compiler, dsl, kubernetes
@@ -40,6 +43,7 @@ from components.report_status import report_status
 from components.train import train
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.launch.trainjob import DEADLINE_GRACE_S
+from g2rpo.steps.train_task import TRAIN_PARAMETERS, train_parameter_defaults
 from pipelines.placement import PlacementProfile, load_profile
 
 __all__ = ["DEFAULTS", "PIPELINE_NAME", "TASK_MARGIN_S", "build_pipeline", "compile_pipeline", "trainjob_deadline"]
@@ -53,22 +57,9 @@ DEFAULTS = {
     "store_uri": "s3://g2rpo/artifacts",
     "registry_uri": "s3://g2rpo/registry",
     "model_name": "flux-g2rpo",
-    "strategy": "g2rpo",
-    "num_steps": 16,
-    "group_size": 12,
-    "granularities": [1, 2, 3],
-    "rewards": [
-        {"name": "hps_v21", "weight": 1.0, "weights": "s3://g2rpo/models/rewards/HPS_v2.1_compressed.pt"},
-        {"name": "clip", "weight": 1.0, "weights": "s3://g2rpo/models/rewards/DFN5B-CLIP-ViT-H-14"},
-    ],
-    "iterations": 300,
-    "learning_rate": 0.0,  # 0: the strategy's own (G²RPO 2e-6, DanceGRPO/MixGRPO 1e-5)
-    # Validation during training (train.validation); 0 / {}: the config file's setting.
-    "validation_every": 0,  # > 0: validate every N iterations and export the best validated checkpoint
-    "validation_num_prompts": 0,
-    "validation_max_regression": {},  # out-of-domain metric -> allowed drop (as the gates' max_regression)
-    "validation_stop_after_breaches": 0,
-    "validation_patience": 0,
+    # The training choices (strategy, T, G, Λ, rewards, iterations, learning rate, validation): one table,
+    # g2rpo.steps.train_task.TRAIN_PARAMETERS, with what each one's 0 / {} means.
+    **train_parameter_defaults(),
     "overrides": [],
     "test_size": 400,
     "split_seed": 0,
@@ -113,6 +104,31 @@ def _with_s3(task: dsl.PipelineTask, profile: PlacementProfile, timeout: int) ->
     return task
 
 
+def _with_train_parameters(after: str) -> Callable[[Callable], Callable]:
+    """Put the training choices of :data:`~g2rpo.steps.train_task.TRAIN_PARAMETERS` (typed, with their
+    defaults) into a pipeline function's signature after the parameter ``after``; the function takes them
+    as ``**choices``. KFP reads a pipeline's parameters off ``inspect.signature`` and calls the function
+    with them in that order, so the compiled pipeline has them as if written out."""
+
+    def decorate(func: Callable) -> Callable:
+        written = [p for p in inspect.signature(func).parameters.values() if p.kind is not p.VAR_KEYWORD]
+        at = [p.name for p in written].index(after) + 1
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        choices = [
+            inspect.Parameter(t.name, kind, default=DEFAULTS[t.name], annotation=t.type) for t in TRAIN_PARAMETERS
+        ]
+        signature = inspect.Signature([*written[:at], *choices, *written[at:]])
+
+        @functools.wraps(func)
+        def pipeline(*args, **kwargs):
+            return func(**signature.bind(*args, **kwargs).arguments)  # the choices land in **choices
+
+        pipeline.__signature__ = signature
+        return pipeline
+
+    return decorate
+
+
 def build_pipeline(profile: PlacementProfile):
     """The pipeline function for ``profile`` (see the module docstring)."""
     d = DEFAULTS
@@ -125,6 +141,7 @@ def build_pipeline(profile: PlacementProfile):
         description="G²RPO preference alignment of a Flux model: prepare, train, evaluate against the champion, "
         "promote only what passes the gates.",
     )
+    @_with_train_parameters(after="model_name")
     def alignment(
         config_uri: str = d["config_uri"],
         base_model_uri: str = d["base_model_uri"],
@@ -132,18 +149,7 @@ def build_pipeline(profile: PlacementProfile):
         store_uri: str = d["store_uri"],
         registry_uri: str = d["registry_uri"],
         model_name: str = d["model_name"],
-        strategy: str = d["strategy"],
-        num_steps: int = d["num_steps"],
-        group_size: int = d["group_size"],
-        granularities: list = d["granularities"],
-        rewards: list = d["rewards"],
-        iterations: int = d["iterations"],
-        learning_rate: float = d["learning_rate"],
-        validation_every: int = d["validation_every"],
-        validation_num_prompts: int = d["validation_num_prompts"],
-        validation_max_regression: dict = d["validation_max_regression"],
-        validation_stop_after_breaches: int = d["validation_stop_after_breaches"],
-        validation_patience: int = d["validation_patience"],
+        # here: the training choices, TRAIN_PARAMETERS (strategy ... validation_patience), as **choices
         overrides: list = d["overrides"],
         test_size: int = d["test_size"],
         split_seed: int = d["split_seed"],
@@ -161,6 +167,7 @@ def build_pipeline(profile: PlacementProfile):
         train_pod_gpus: str = gpus_default,
         train_pod_cpu: str = profile.cpu_limit,
         train_pod_memory: str = profile.memory_limit,
+        **choices,
     ):
         timeouts = profile.timeouts
         exit_task = _with_s3(report_status(pushgateway_url=pushgateway_url), profile, timeouts.report)
@@ -173,18 +180,7 @@ def build_pipeline(profile: PlacementProfile):
                 data=prepared.outputs["data"],
                 config_uri=config_uri,
                 base_model_uri=base_model_uri,
-                strategy=strategy,
-                num_steps=num_steps,
-                group_size=group_size,
-                granularities=granularities,
-                rewards=rewards,
-                iterations=iterations,
-                learning_rate=learning_rate,
-                validation_every=validation_every,
-                validation_num_prompts=validation_num_prompts,
-                validation_max_regression=validation_max_regression,
-                validation_stop_after_breaches=validation_stop_after_breaches,
-                validation_patience=validation_patience,
+                **choices,
                 overrides=overrides,
                 store_uri=store_uri,
                 model_name=model_name,

@@ -7,7 +7,9 @@ training): ``on_iteration_end`` copies the iteration's record into
 ``on_validation`` each validation pass (``train.validation``) and whether the run stopped early. The
 HTTP server starts when the exporter is made (so a scrape sees the run while models load) and
 :meth:`TrainingExporter.close` stops it after ``linger_seconds``, which gives the scraper a chance
-to see the last iteration of a run that ends between two scrapes.
+to see the last iteration of a run that ends between two scrapes (a run that stopped before its
+first iteration, checkpoint or validation — refused at setup — has nothing new to show and does not
+linger).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ class TrainingExporter:
         )
         self.strides = list(strides) if strides is not None else None
         self.linger_seconds = linger_seconds
+        self._observed = False  # anything a last scrape could see
         try:
             self._server, self._thread = start_http_server(port, addr=address, registry=self.registry)
         except OSError as exc:
@@ -67,6 +70,7 @@ class TrainingExporter:
     # ------------------------------------------------------------------ the callback protocol
 
     def on_iteration_end(self, trainer: Any, record: Any) -> None:
+        self._observed = True
         self.metrics.observe_iteration(
             iteration=record.iteration,
             stats=record.stats.as_dict(),
@@ -87,9 +91,11 @@ class TrainingExporter:
             )
 
     def on_checkpoint(self, trainer: Any, path: Any, iteration: int) -> None:
+        self._observed = True
         self.metrics.observe_checkpoint(iteration)
 
     def on_validation(self, trainer: Any, record: Any, selection: Any) -> None:
+        self._observed = True
         self.metrics.observe_validation(
             iteration=record.iteration,
             metrics={name: (m.mean, m.ci_low, m.ci_high) for name, m in record.metrics.items()},
@@ -108,8 +114,8 @@ class TrainingExporter:
         return f"http://{self.address}:{self.port}/metrics"
 
     def close(self, linger: bool = True) -> None:
-        """Stop serving (after ``linger_seconds`` unless ``linger`` is false)."""
-        if linger and self.linger_seconds > 0:
+        """Stop serving (after ``linger_seconds`` unless ``linger`` is false or nothing was observed)."""
+        if linger and self._observed and self.linger_seconds > 0:
             time.sleep(self.linger_seconds)
         self._server.shutdown()
         self._server.server_close()

@@ -7,7 +7,9 @@ that URI (:func:`publish_export`). Under torchrun every rank calls :func:`train`
 
 With ``checkpoint_uri`` (one per run identity) every complete checkpoint is mirrored there, and a
 start in a fresh working directory first restores the newest complete mirrored checkpoint, so a
-lost pod costs at most one checkpoint interval (:mod:`g2rpo.training.mirror`).
+lost pod costs at most one checkpoint interval (:mod:`g2rpo.training.mirror`, a trainer callback).
+Start-up — the output checks, the process group, the writer claim on ``output.dir``, the restore —
+is the trainer's setup alone; this step only chooses the callbacks.
 
 With ``nodes > 1`` the step trains nothing itself: it launches (or, on a retry, follows) the run's
 Kubeflow Trainer ``TrainJob`` (:mod:`g2rpo.launch.trainjob`), which runs ``g2rpo train`` under
@@ -28,18 +30,16 @@ from pathlib import Path
 from typing import Any
 
 from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, publish_dir, read_manifest, unique_prefix
-from g2rpo.artifacts.storage import S3Settings, check_writable, open_store
+from g2rpo.artifacts.storage import S3Settings, open_store
 from g2rpo.config import to_yaml
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.config import EvaluationConfig
 from g2rpo.launch.trainjob import TrainJobLaunch, job_name, launch_trainjob
 from g2rpo.observability import TrainingExporter
 from g2rpo.training.checkpoint import manifest_metadata
-from g2rpo.training.distributed import init_distributed
 from g2rpo.training.metrics import read_iteration_records
 from g2rpo.training.mirror import CheckpointMirror
 from g2rpo.training.run_config import RunConfig, resume_hash
-from g2rpo.training.run_dir import check_run_dir, claim_run_dir
 from g2rpo.training.trainer import TrainerCallback, train_from_config
 
 __all__ = [
@@ -109,11 +109,8 @@ def train(
         return _train_as_trainjob(config, nodes, trainjob, publish_uri, checkpoint_uri, settings)
     if nodes < 1:
         raise G2RPOError(problem("nodes", nodes, "give the number of nodes to train on (1: in this process)"))
-    check_run_dir(config.output.dir)  # writable, and holding nothing but a run's files
-    if config.model.create_tiny and not Path(config.model.path).exists():
-        check_writable(config.model.path, "model.path")
-    if config.rewards.cache_dir:
-        check_writable(config.rewards.cache_dir, "rewards.cache_dir")
+    # The trainer's setup owns the start-up: the output checks, the process group, the writer claim on
+    # output.dir and (through the mirror's before_resume) the restore from checkpoint_uri.
     callbacks: list[TrainerCallback] = []
     if checkpoint_uri is not None:
         mirror = CheckpointMirror(
@@ -122,12 +119,6 @@ def train(
             keep_iterations=config.train.keep_iterations,
             settings=settings,
         )
-        ctx = init_distributed(config.train.device)  # the trainer joins the same group later
-        if ctx.is_main:  # output.dir is one folder for all ranks (shared when there are several nodes)
-            # before the restore writes there; the trainer takes this process's claim over and releases it
-            claim_run_dir(config.output.dir, resume_hash(config))
-            mirror.restore(Path(config.output.dir) / "checkpoints", resume_hash(config))
-        ctx.barrier()
         callbacks.append(mirror)
     exporter = training_exporter(config) if int(os.environ.get("RANK", "0")) == 0 else None
     if exporter is not None:

@@ -1,11 +1,14 @@
 """Step **train**, as the pipeline's train task runs it: pipeline choices in, a published export and its record out.
 
 :func:`run_config_for` turns the pipeline's parameters into a validated :class:`RunConfig`: the base
-config file, then the choices a retraining run changes (:data:`PARAMETER_KEYS`, one table), then any
-further ``key=value`` overrides, then where this task reads and writes. :func:`train_task` trains on
-one node — in this process for one device, under ``torchrun --nproc_per_node`` for several — publishes
-the export under the run's store and writes a :class:`~g2rpo.steps.records.TrainRecord` with the
-resolved config beside it.
+config file, then the choices a retraining run changes, then any further ``key=value`` overrides, then
+where this task reads and writes. The choices are one table, :data:`TRAIN_PARAMETERS` (name, type,
+pipeline default, run-config key, what its "unset" value means): the pipeline's signature and defaults
+(``pipelines/alignment.py``), :data:`PARAMETER_KEYS` and the unset rules are read off it, and a test
+holds the train component's signature (KFP ships it as source, so it is written out) to it.
+:func:`train_task` trains on one node — in this process for one device, under ``torchrun
+--nproc_per_node`` for several — publishes the export under the run's store and writes a
+:class:`~g2rpo.steps.records.TrainRecord` with the resolved config beside it.
 
 With ``checkpoint_uri`` (:func:`checkpoint_uri_for`: the run's store, the KFP run id and the task name)
 every complete checkpoint is mirrored to S3, and a task started again with the same run identity (a
@@ -18,15 +21,16 @@ and task, the placement), which trains, mirrors and publishes; the record is rea
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import g2rpo
 from g2rpo.artifacts.storage import open_store
@@ -39,31 +43,113 @@ from g2rpo.training.run_config import RunConfig, resume_hash
 
 __all__ = [
     "PARAMETER_KEYS",
+    "TRAIN_PARAMETERS",
+    "TrainParameter",
     "RUN_CONFIG_FILE",
     "checkpoint_uri_for",
     "resolve_config_path",
     "run_config_for",
+    "train_parameter_defaults",
     "train_task",
     "trainjob_for",
 ]
 
-# The pipeline parameters that set a run-config key: what a retraining run changes.
-PARAMETER_KEYS = {
-    "strategy": "algorithm.strategy",
-    "num_steps": "algorithm.num_steps",  # T
-    "group_size": "algorithm.group_size",  # G
-    "granularities": "algorithm.g2rpo.granularities",  # Λ (a G²RPO setting)
-    "rewards": "rewards.models",  # [{name, weight, ...}, ...]
-    "iterations": "train.iterations",
-    "learning_rate": "train.learning_rate",
-    # Validation during training (g2rpo.training.validation); each left at its "unset" value keeps the
-    # config file's setting. A positive validation_every also turns validation on.
-    "validation_every": "train.validation.every",
-    "validation_num_prompts": "train.validation.num_prompts",
-    "validation_max_regression": "train.validation.max_regression",  # {metric: allowed drop}
-    "validation_stop_after_breaches": "train.validation.stop_after_breaches",
-    "validation_patience": "train.validation.patience",
-}
+
+@dataclass(frozen=True)
+class TrainParameter:
+    """One training choice of the pipeline: a run parameter that the train task turns into a run-config key.
+
+    A KFP parameter has no null, so ``unset`` says what its 0 (or ``{}``) means: ``"file"`` the base
+    config file's setting, ``"strategy"`` the strategy section's own value; None: 0 is a value like any.
+    """
+
+    name: str  # the pipeline's and the train component's parameter
+    type: type  # its KFP type: str, int, float, list or dict (STRING, NUMBER_INTEGER, NUMBER_DOUBLE, LIST, STRUCT)
+    default: Any  # the pipeline's default (FLUX.1-dev with the paper's settings, configs/flux-dev-h200.yaml)
+    key: str  # the run-config key it sets
+    help: str
+    unset: Literal["file", "strategy"] | None = None
+    when_set: tuple[str, ...] = ()  # further key=value overrides when it is set (not unset)
+
+    def is_unset(self, value: Any) -> bool:
+        if self.unset == "strategy":
+            return value == 0
+        return self.unset == "file" and value in (0, {})
+
+
+# What a retraining run changes, in the pipeline's parameter order. A new knob is a row here, the
+# parameter in components/train.py's signature (tests/pipeline/test_pipeline_parameters.py holds them
+# together), and the recompiled pipeline YAML.
+TRAIN_PARAMETERS: tuple[TrainParameter, ...] = (
+    TrainParameter("strategy", str, "g2rpo", "algorithm.strategy", "g2rpo, dancegrpo, mixgrpo or flowgrpo"),
+    TrainParameter("num_steps", int, 16, "algorithm.num_steps", "T, the sampler's steps"),
+    TrainParameter("group_size", int, 12, "algorithm.group_size", "G, images per prompt"),
+    TrainParameter("granularities", list, [1, 2, 3], "algorithm.g2rpo.granularities", "Λ, a G²RPO setting"),
+    TrainParameter(
+        "rewards",
+        list,
+        [
+            {"name": "hps_v21", "weight": 1.0, "weights": "s3://g2rpo/models/rewards/HPS_v2.1_compressed.pt"},
+            {"name": "clip", "weight": 1.0, "weights": "s3://g2rpo/models/rewards/DFN5B-CLIP-ViT-H-14"},
+        ],
+        "rewards.models",
+        "[{name, weight, weights, ...}, ...]",
+    ),
+    TrainParameter("iterations", int, 300, "train.iterations", "training iterations"),
+    TrainParameter(
+        "learning_rate",
+        float,
+        0.0,
+        "train.learning_rate",
+        "0: the strategy's own (G²RPO 2e-6, DanceGRPO and MixGRPO 1e-5: algorithm.<strategy>.learning_rate)",
+        unset="strategy",
+    ),
+    # Validation during training (g2rpo.training.validation); 0 / {} keeps the config file's setting.
+    TrainParameter(
+        "validation_every",
+        int,
+        0,
+        "train.validation.every",
+        "> 0: validate every N iterations (turns validation on) and export the best validated checkpoint",
+        unset="file",
+        when_set=("train.validation.enabled=true",),
+    ),
+    TrainParameter("validation_num_prompts", int, 0, "train.validation.num_prompts", "prompts validated", unset="file"),
+    TrainParameter(
+        "validation_max_regression",
+        dict,
+        {},
+        "train.validation.max_regression",
+        "out-of-domain metric -> allowed drop (as the gates' max_regression)",
+        unset="file",
+    ),
+    TrainParameter(
+        "validation_stop_after_breaches",
+        int,
+        0,
+        "train.validation.stop_after_breaches",
+        "early stop after this many breaching validations in a row",
+        unset="file",
+    ),
+    TrainParameter(
+        "validation_patience",
+        int,
+        0,
+        "train.validation.patience",
+        "early stop when the objective has not improved for this many validations",
+        unset="file",
+    ),
+)
+# The pipeline parameters that set a run-config key, read off the table.
+PARAMETER_KEYS = {p.name: p.key for p in TRAIN_PARAMETERS}
+_BY_NAME = {p.name: p for p in TRAIN_PARAMETERS}
+
+
+def train_parameter_defaults() -> dict[str, Any]:
+    """The pipeline's default of each training choice (fresh copies: a caller may change them)."""
+    return {p.name: copy.deepcopy(p.default) for p in TRAIN_PARAMETERS}
+
+
 RUN_CONFIG_FILE = "run-config.yaml"
 METRICS_FILE = "metrics.jsonl"  # the trainer's iteration records, copied beside the record
 PRODUCER = f"g2rpo pipeline train {g2rpo.__version__}"
@@ -80,18 +166,9 @@ def resolve_config_path(config_uri: str) -> Path:
     raise G2RPOError(problem("config_uri", config_uri, "no such config file; e.g. configs/flux-dev-h200.yaml"))
 
 
-# Parameters whose value 0 leaves the key to the strategy section (see run_config_for).
-STRATEGY_DEFAULT_WHEN_ZERO = frozenset({"learning_rate"})
-# Parameters whose value 0 (or {}) leaves the key to the config file: a KFP parameter has no null.
-FILE_VALUE_WHEN_UNSET = frozenset(
-    {
-        "validation_every",
-        "validation_num_prompts",
-        "validation_max_regression",
-        "validation_stop_after_breaches",
-        "validation_patience",
-    }
-)
+# Parameters whose value 0 leaves the key to the strategy section, or (0 or {}) to the config file.
+STRATEGY_DEFAULT_WHEN_ZERO = frozenset(p.name for p in TRAIN_PARAMETERS if p.unset == "strategy")
+FILE_VALUE_WHEN_UNSET = frozenset(p.name for p in TRAIN_PARAMETERS if p.unset == "file")
 
 
 def run_config_for(
@@ -109,16 +186,10 @@ def run_config_for(
     if unknown:
         guesses = "".join(did_you_mean(name, PARAMETER_KEYS) for name in unknown)
         raise G2RPOError(problem("choices", unknown, f"unknown{guesses}; valid: {', '.join(PARAMETER_KEYS)}"))
-    # A KFP parameter has no null: learning_rate 0 (never a valid rate) means "the strategy's own"
-    # (G²RPO 2e-6, DanceGRPO and MixGRPO 1e-5: algorithm.<strategy>.learning_rate).
-    items = [
-        f"{PARAMETER_KEYS[name]}={json.dumps(value)}"
-        for name, value in choices.items()
-        if not (name in STRATEGY_DEFAULT_WHEN_ZERO and value == 0)
-        and not (name in FILE_VALUE_WHEN_UNSET and value in (0, {}))
-    ]
-    if choices.get("validation_every", 0):
-        items.append("train.validation.enabled=true")
+    # A KFP parameter has no null: an unset choice (TrainParameter.unset) leaves its key alone.
+    given = {name: value for name, value in choices.items() if not _BY_NAME[name].is_unset(value)}
+    items = [f"{PARAMETER_KEYS[name]}={json.dumps(value)}" for name, value in given.items()]
+    items += [item for name in given for item in _BY_NAME[name].when_set]
     items += list(overrides)
     items += [
         f"model.path={json.dumps(base_model_uri)}",

@@ -20,7 +20,8 @@ before it trusts a checkpoint: ``train.resume=auto`` takes the newest complete c
 matches (:meth:`CheckpointManager.latest_verified`); a newer one that does not is reported and
 moved aside to ``iter-NNNNNN.damaged`` (the only case where a complete checkpoint leaves the
 list), and when none matches resume stops with the list of mismatches. A checkpoint named in
-``train.resume`` that does not match is refused.
+``train.resume`` that does not match is refused. Where a run resumes from, or whether its folder
+lets it start afresh, is :meth:`CheckpointManager.resume_point`.
 
 Retention: the last ``keep_last`` complete checkpoints, plus every iteration listed in
 ``keep_iterations`` (explicitly named ones) and the best validated one so far
@@ -60,7 +61,7 @@ import torch
 
 from g2rpo import __version__
 from g2rpo.artifacts.manifest import write_dir_manifest
-from g2rpo.errors import G2RPOError, write_failure
+from g2rpo.errors import G2RPOError, problem, write_failure
 from g2rpo.seeding import derive_seed
 
 __all__ = [
@@ -376,6 +377,62 @@ class CheckpointManager:
         return [p for _, p in removable]
 
     # ------------------------------------------------------------------ load
+
+    def resume_point(
+        self,
+        resume: str,
+        out: Path,
+        config_yaml: str,
+        on_skip: Callable[[dict[str, Any]], None] | None = None,
+    ) -> Path | None:
+        """The checkpoint a run resumes from, or None for a fresh run (which needs an unused ``out``).
+
+        ``resume`` is ``train.resume``: ``auto`` (the newest checkpoint that verifies,
+        :meth:`latest_verified`), ``never``, or a checkpoint's path (checked by :meth:`read_state`).
+        ``out`` is the run's ``output.dir`` (this manager's root is ``out/checkpoints``) and
+        ``config_yaml`` the run's config as ``config.yaml`` holds it. A fresh run is refused where
+        ``out`` holds another run's files: with ``never``, a finished run's export, or metrics of a
+        run with another config.
+        """
+        if resume not in ("auto", "never"):
+            path = Path(resume)
+            self.read_state(path)  # complete? same config hash? (raises otherwise)
+            return path
+        latest = self.latest_verified(on_skip) if resume == "auto" else self.latest()
+        if resume == "auto" and latest is not None:
+            self.read_state(latest)
+            return latest
+        used = [p for p in ("metrics.jsonl", "export") if (out / p).exists()]
+        if latest is not None:
+            used.append(f"checkpoints/{latest.name}")
+        if used and resume == "never":
+            raise G2RPOError(
+                problem(
+                    "output.dir",
+                    str(out),
+                    f"already holds a run ({', '.join(used)}) and train.resume=never: choose a new output.dir, or "
+                    "resume with train.resume=auto",
+                )
+            )
+        if "export" in used:
+            raise G2RPOError(
+                problem(
+                    "output.dir",
+                    str(out),
+                    "holds a finished run's export/ and no checkpoint: choose a new output.dir",
+                )
+            )
+        if (out / "config.yaml").exists() and self.rank == 0:
+            previous = (out / "config.yaml").read_text(encoding="utf-8")
+            if previous != config_yaml and (out / "metrics.jsonl").exists():
+                raise G2RPOError(
+                    problem(
+                        "output.dir",
+                        str(out),
+                        "holds metrics of a run with another config and no checkpoint to resume: choose a new output.dir",
+                    )
+                )
+        return None
 
     def read_state(self, directory: str | Path) -> TrainerState:
         """The checkpoint's project state, after checking it is complete, from this config, and that

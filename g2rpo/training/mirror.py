@@ -15,7 +15,7 @@ The previous checkpoint therefore stays in S3 until the new one is complete. A p
 a manifest by a pod killed mid-upload is this run's own leftover (one writer per run identity): the
 next publish of that iteration clears it first.
 
-:meth:`CheckpointMirror.restore` (before training starts) downloads the newest complete mirrored
+:meth:`CheckpointMirror.restore` (in the trainer's setup, before it resumes: :meth:`CheckpointMirror.before_resume`) downloads the newest complete mirrored
 checkpoint into ``output.dir/checkpoints/`` when the local directory has nothing as new, and
 publishes a newer local one the mirror lacks; with validation on, the best validated checkpoint that
 newest one names (its ``validation.json``) is downloaded too, so the export can take it; the trainer's ``train.resume=auto`` then resumes from
@@ -38,8 +38,8 @@ from g2rpo.artifacts.publish import publish_dir
 from g2rpo.artifacts.storage import S3Settings, open_store
 from g2rpo.errors import G2RPOError
 from g2rpo.training.checkpoint import CheckpointManager, is_complete, manifest_metadata
-from g2rpo.training.trainer import VALIDATION_FILE, Trainer, TrainerCallback
-from g2rpo.training.validation import ValidationRecord, select_best
+from g2rpo.training.trainer import Trainer, TrainerCallback
+from g2rpo.training.validation import VALIDATION_FILE, ValidationRecord, select_best
 
 __all__ = ["CheckpointMirror"]
 
@@ -90,6 +90,15 @@ class CheckpointMirror(TrainerCallback):
 
     def uri_of(self, iteration: int) -> str:
         return f"{self.uri}/{CheckpointManager.name(iteration)}"
+
+    # ------------------------------------------------------------------ the callback
+
+    def before_resume(self, trainer: Trainer) -> None:
+        """Rank 0 restores the newest mirrored checkpoint (:meth:`restore`) into the run's ``checkpoints/``,
+        claiming ``output.dir`` first (one folder for all ranks, shared when there are several nodes)."""
+        if trainer.ctx.is_main:
+            trainer.claim_output_dir()
+            self.restore(trainer.checkpoints.root, trainer.hash)
 
     # ------------------------------------------------------------------ mirroring
 
@@ -148,7 +157,8 @@ class CheckpointMirror(TrainerCallback):
         checkpoint of the run, local or mirrored; returns the iteration downloaded, or None.
 
         A local checkpoint newer than the mirror's newest is published (its pod died before the
-        mirror finished). Call on one process per shared ``output.dir``, before the trainer's setup.
+        mirror finished). Call on one process per shared ``output.dir``, before the trainer resumes
+        (:meth:`before_resume` does, during the trainer's setup).
         """
         local = _local_complete(checkpoints)
         remote = self.newest()

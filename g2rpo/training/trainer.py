@@ -31,10 +31,11 @@ marks where (:func:`g2rpo.training.metrics.read_iteration_records` keeps the las
 iteration). Duplicate prompts, dropped at set-up, are reported on stderr and as
 ``{"event": "prompts", "read", "unique", "duplicates", ...}``.
 
-With ``train.validation`` (:mod:`g2rpo.training.validation`) the trainer also validates at
-iteration 0, every ``every`` iterations and at the end (:meth:`Trainer.validate`: ``{"event":
-"validation", ...}``), checkpoints each validated iteration, keeps the best one, may stop early
-(``{"event": "early_stop", ...}``), and exports the best validated checkpoint instead of the last.
+With ``train.validation`` the trainer holds a :class:`~g2rpo.training.validation.Validator`
+(the held-out set, its history, the best checkpoint and early stop) and validates at iteration 0,
+every ``every`` iterations and at the end (:meth:`Trainer.validate`: ``{"event": "validation",
+...}``), checkpoints each validated iteration, may stop early (``{"event": "early_stop", ...}``),
+and exports the best validated checkpoint instead of the last.
 
 Callbacks (:class:`TrainerCallback`, passed as ``Trainer(config, callbacks=[...])``) see each
 iteration's record and each checkpoint, on every rank. The resume tests kill a real run at the
@@ -56,11 +57,10 @@ from typing import Any
 
 import torch
 
-from g2rpo import core
+from g2rpo.artifacts.storage import check_writable
 from g2rpo.config import to_yaml
 from g2rpo.data import EmbeddingCache, dedupe_prompts, read_prompt_location
 from g2rpo.errors import ConfigError, G2RPOError, problem
-from g2rpo.evaluation.sampling import sample_rows
 from g2rpo.models.flux import FluxConditioning, FluxVelocity, decode_latents, vae_scale_factor_of
 from g2rpo.models.loading import base_model_record, load_text_encoder, load_transformer, load_vae
 from g2rpo.models.tiny import save_tiny_flux
@@ -85,22 +85,12 @@ from g2rpo.training.memory import is_out_of_memory, out_of_memory_message
 from g2rpo.training.preemption import Preempted, StopOnSignal
 from g2rpo.training.run_config import RunConfig, resume_hash, run_problems
 from g2rpo.training.run_dir import WriterClaim, check_run_dir, claim_run_dir
-from g2rpo.training.validation import (
-    Selection,
-    ValidationRecord,
-    breached_metrics,
-    early_stop_reason,
-    objective,
-    select_best,
-    summarize_metric,
-    validation_chunks,
-    validation_prompt_indices,
-)
+from g2rpo.training.validation import VALIDATION_FILE, Selection, ValidationRecord, Validator
 
-__all__ = ["Trainer", "IterationRecord", "TrainerCallback", "train_from_config"]
+# VALIDATION_FILE is re-exported: its home is g2rpo.training.validation.
+__all__ = ["Trainer", "IterationRecord", "TrainerCallback", "train_from_config", "VALIDATION_FILE"]
 
 PHASES = ("sampling", "decoding", "reward", "training")
-VALIDATION_FILE = "validation.json"  # in each checkpoint of a run with validation
 
 
 @dataclass
@@ -140,6 +130,12 @@ class TrainerCallback:
     stops the run like any other error (a resume continues from the last complete checkpoint).
     """
 
+    def before_resume(self, trainer: Trainer) -> None:
+        """During setup, after the start-up checks (``output.dir``, the process group, the config) and
+        before the trainer looks for a checkpoint to resume from and loads the models. A callback that
+        writes into ``output.dir`` here calls ``trainer.claim_output_dir()`` first (rank 0); the ranks
+        meet at a barrier after it (the S3 mirror restores its newest checkpoint here)."""
+
     def on_iteration_end(self, trainer: Trainer, record: IterationRecord) -> None:
         """After each iteration, once its record is in ``metrics.jsonl`` and before its checkpoint.
 
@@ -169,8 +165,6 @@ class Trainer:
         self.iteration = 0
         self._is_setup = False
         self.claims: list[WriterClaim] = []  # this process's writer claims on output.dir (rank 0), released at the end
-        self.validation_history: list[ValidationRecord] = []
-        self.stop_reason: str | None = None  # early stop (train.validation), decided after a validation
         self._training_cost = {"seconds": 0.0, "forwards": 0}  # this process, since it started
 
     # ------------------------------------------------------------------ setup
@@ -185,6 +179,14 @@ class Trainer:
 
     def _setup(self) -> Trainer:
         cfg = self.config
+        self.out = Path(cfg.output.dir)
+        # Before any work, on every rank: the folders the run writes can be written, and output.dir holds
+        # nothing but a run's files (g2rpo.training.run_dir).
+        check_run_dir(self.out)
+        if cfg.model.create_tiny and not Path(cfg.model.path).exists():
+            check_writable(cfg.model.path, "model.path")
+        if cfg.rewards.cache_dir:
+            check_writable(cfg.rewards.cache_dir, "rewards.cache_dir")
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
         self.ctx = init_distributed(cfg.train.device)
@@ -203,12 +205,10 @@ class Trainer:
                     "trajectories_per_step null, or train on one process",
                 )
             )
-        self.out = Path(cfg.output.dir)
-        # Before any work: a folder holding files that are not a run's is refused; one that exists is
-        # marked as the run's before anything is written there (a new one when the run writes its config).
-        check_run_dir(self.out)
-        if self.ctx.is_main and self.out.exists():
-            self.claims.append(claim_run_dir(self.out, self.hash))
+        # A folder that exists is claimed and marked as the run's before anything is written there; a new
+        # one when the run first writes (its config.yaml, or a callback's restore), so a refused setup leaves none.
+        if self.out.exists():
+            self.claim_output_dir()
         self.checkpoints = CheckpointManager(
             self.out / "checkpoints",
             config_hash=self.hash,
@@ -218,12 +218,18 @@ class Trainer:
             world_size=self.ctx.world_size,
             barrier=self.ctx.barrier,
         )
-        resume_from = self._resume_point()
+        for callback in self.callbacks:
+            hook = getattr(callback, "before_resume", None)  # duck-typed callbacks may lack it
+            if hook is not None:
+                hook(self)
+        self.ctx.barrier()  # what a callback restored is on disk before any rank looks
+        resume_from = self.checkpoints.resume_point(cfg.train.resume, self.out, to_yaml(cfg), self._log_event)
         self._load_models()
         self._load_data()
         self._check_conditioning_fits()
         self._load_rewards()
-        self._load_validation_set()
+        # Built on every run (a benchmark validates a run that does not); the loop uses it with train.validation.
+        self.validator = self._build_validator()
         self.strategy = build_strategy(cfg.algorithm)
         params = [p for p in self.velocity.parameters() if p.requires_grad]
         if cfg.deepspeed.enabled:
@@ -242,14 +248,15 @@ class Trainer:
         if resume_from is not None:
             state = self.checkpoints.load(resume_from, self.driver, self.ema, self._stateful_strategy())
             self.iteration = state.iteration
-            self._resume_validation(resume_from)
+            if cfg.train.validation.enabled:
+                self.validator.resume(resume_from)
             self._log_event({"event": "resumed", "from": str(resume_from), "iteration": state.iteration})
             if self.ctx.is_main:  # the resumed run's config, next to the original (never overwritten)
                 (self.out / f"config-resumed-iter-{state.iteration:06d}.yaml").write_text(
                     to_yaml(cfg), encoding="utf-8"
                 )
         elif self.ctx.is_main:
-            self.claims.append(claim_run_dir(self.out, self.hash))  # makes the folder, claim and marker first
+            self.claim_output_dir()  # a new folder: made now, with its claim and marker first
             (self.out / "config.yaml").write_text(to_yaml(cfg), encoding="utf-8")
             if (self.out / "metrics.jsonl").exists():  # a run killed before its first checkpoint
                 self._log_event({"event": "restarted", "iteration": 0})
@@ -258,48 +265,11 @@ class Trainer:
         self._is_setup = True
         return self
 
-    def _resume_point(self) -> Path | None:
-        """The checkpoint to resume from, or None for a fresh run (which needs an unused dir)."""
-        resume = self.config.train.resume
-        if resume not in ("auto", "never"):
-            path = Path(resume)
-            self.checkpoints.read_state(path)  # complete? same config hash? (raises otherwise)
-            return path
-        latest = self.checkpoints.latest_verified(self._log_event) if resume == "auto" else self.checkpoints.latest()
-        if resume == "auto" and latest is not None:
-            self.checkpoints.read_state(latest)
-            return latest
-        used = [p for p in ("metrics.jsonl", "export") if (self.out / p).exists()]
-        if latest is not None:
-            used.append(f"checkpoints/{latest.name}")
-        if used and resume == "never":
-            raise G2RPOError(
-                problem(
-                    "output.dir",
-                    str(self.out),
-                    f"already holds a run ({', '.join(used)}) and train.resume=never: choose a new output.dir, or "
-                    "resume with train.resume=auto",
-                )
-            )
-        if "export" in used:
-            raise G2RPOError(
-                problem(
-                    "output.dir",
-                    str(self.out),
-                    "holds a finished run's export/ and no checkpoint: choose a new output.dir",
-                )
-            )
-        if (self.out / "config.yaml").exists() and self.ctx.is_main:
-            previous = (self.out / "config.yaml").read_text(encoding="utf-8")
-            if previous != to_yaml(self.config) and (self.out / "metrics.jsonl").exists():
-                raise G2RPOError(
-                    problem(
-                        "output.dir",
-                        str(self.out),
-                        "holds metrics of a run with another config and no checkpoint to resume: choose a new output.dir",
-                    )
-                )
-        return None
+    def claim_output_dir(self) -> None:
+        """Take this process's writer claim on ``output.dir`` (rank 0, once per setup): the folder is made,
+        claimed and marked before anything else is written there (:func:`~g2rpo.training.run_dir.claim_run_dir`)."""
+        if self.ctx.is_main and not self.claims:
+            self.claims.append(claim_run_dir(self.out, self.hash))
 
     def _load_models(self) -> None:
         cfg = self.config
@@ -415,67 +385,23 @@ class Trainer:
         ]
         self.reward_batch = [self.config.rewards.batch_size_of(spec) for spec in specs]
 
-    def _load_validation_set(self) -> None:
-        """The fixed validation set of ``train.validation``: prompts of the training split, seeds,
-        the scored rewards and the run's σ grid (the rollout's; the ODE sampler has no noise)."""
-        validation = self.config.train.validation
-        self.validation_indices = validation_prompt_indices(validation.num_prompts, len(self.prompts))
-        if validation.num_prompts > len(self.prompts) and self.ctx.is_main:
-            print(
-                f"g2rpo train: train.validation.num_prompts = {validation.num_prompts} but the training split holds "
-                f"{len(self.prompts)} prompts: validating on all {len(self.prompts)}",
-                file=sys.stderr,
-                flush=True,
-            )
-        self.validation_metrics = list(validation.metrics or self.reward_names)
-        self.validation_weights = {
-            name: weight for name, weight in zip(self.reward_names, self.reward_weights) if weight != 0
-        }
-        algorithm = self.config.algorithm
-        if algorithm.grid == "flux":
-            self.validation_sigmas = core.flux_sigmas(algorithm.num_steps, self.latent_shape[0])  # [T+1]
-        else:
-            self.validation_sigmas = core.static_shift_sigmas(algorithm.num_steps, algorithm.shift)  # [T+1]
-
-    def _validation_identity(self) -> dict[str, Any]:
-        """What a validation history is only comparable under (stored with it; a resume must match)."""
-        validation = self.config.train.validation
-        return {
-            "prompt_indices": self.validation_indices,
-            "seeds": list(validation.seeds),
-            "metrics": self.validation_metrics,
-            "max_regression": dict(validation.max_regression),
-        }
-
-    def _resume_validation(self, checkpoint: Path) -> None:
-        """Continue the validation history (and so the best-so-far and the stop decision) of ``checkpoint``."""
-        if not self.config.train.validation.enabled:
-            return
-        stored_path = checkpoint / VALIDATION_FILE
-        if not stored_path.is_file():
-            raise G2RPOError(
-                problem(
-                    "train.validation.enabled",
-                    True,
-                    f"checkpoint {checkpoint.name} was written without validation, so the run has no baseline at "
-                    "iteration 0: resume with train.validation.enabled=false, or start a new output.dir",
-                )
-            )
-        stored = json.loads(stored_path.read_text(encoding="utf-8"))
-        if stored["identity"] != self._validation_identity():
-            raise G2RPOError(
-                problem(
-                    "train.validation",
-                    self._validation_identity(),
-                    f"differs from the validation set and tolerance of the run's history ({stored['identity']}): "
-                    "resume with the validation settings in the run's config.yaml, or start a new output.dir",
-                )
-            )
-        self.validation_history = [ValidationRecord.from_json(r) for r in stored["history"]]
-        self._protect_best()
-        validation = self.config.train.validation
-        self.stop_reason = early_stop_reason(
-            self.validation_history, validation.stop_after_breaches, validation.patience
+    def _build_validator(self) -> Validator:
+        cfg = self.config
+        return Validator(
+            cfg.train.validation,
+            cfg.algorithm,
+            velocity=self.velocity,
+            vae=self.vae,
+            prompts=self.prompts,
+            conditioning_of=self._conditioning_of,
+            reward_names=self.reward_names,
+            reward_weights=self.reward_weights,
+            reward_models=self.reward_models,
+            reward_batch=self.reward_batch,
+            decode_micro_batch=cfg.train.decode_micro_batch,
+            ctx=self.ctx,
+            checkpoints=self.checkpoints,
+            log_event=self._log_event,
         )
 
     def _stateful_strategy(self) -> StatefulStrategy | None:
@@ -493,7 +419,7 @@ class Trainer:
         if not self._is_setup:
             self.setup()
         cfg, ctx = self.config, self.ctx
-        if cfg.train.validation.enabled and self.iteration == 0 and not self.validation_history:
+        if cfg.train.validation.enabled and self.iteration == 0 and not self.validator.history:
             self.validate()  # the baseline: the weights before any update
         batch = global_prompt_indices(
             cfg.train.seed, self.iteration, cfg.train.prompts_per_iteration, len(self.prompts)
@@ -595,97 +521,20 @@ class Trainer:
 
     # ------------------------------------------------------------------ validation
 
-    @torch.no_grad()
     def validate(self) -> ValidationRecord:
-        """Sample and score the fixed validation set with the current weights (collective: every
-        rank calls it); record it, update the best checkpoint and decide on an early stop.
-
-        Rows are (prompt, seed) pairs in prompt-major order, cut into chunks of ``micro_batch``;
-        rank r samples chunks r, r + W, … (:func:`~g2rpo.training.validation.validation_chunks`),
-        and every rank gathers every chunk's scores, so the record is the one process's at any W.
-        A rank with no chunk left in a round samples chunk 0 again and drops it: under ZeRO-3 every
-        forward gathers weights from all ranks, so all of them must run the same forwards.
-        """
-        cfg, ctx, validation = self.config, self.ctx, self.config.train.validation
-        start = time.perf_counter()
-        rows = [(p, seed) for p in self.validation_indices for seed in validation.seeds]
-        chunks = validation_chunks(len(rows), validation.micro_batch)
-        picked = [self.reward_names.index(name) for name in self.validation_metrics]
-        models = [self.reward_models[i] for i in picked]
-        batches = [self.reward_batch[i] for i in picked]
-        mine: dict[int, list[list[float]]] = {}
-        truncate = cfg.algorithm.truncate_timestep
-        with _timestep_mode(self.velocity, "truncate" if truncate else self.velocity.timestep_mode):
-            for round_start in range(0, len(chunks), ctx.world_size):
-                index = round_start + ctx.rank
-                chunk = chunks[index] if index < len(chunks) else chunks[0]
-                prompts = [rows[i][0] for i in chunk]
-                images = sample_rows(
-                    self.velocity,
-                    self.vae,
-                    self._conditioning_of(prompts),
-                    [rows[i][1] for i in chunk],
-                    self.validation_sigmas,
-                    micro_batch=len(chunk),
-                    decode_micro_batch=cfg.train.decode_micro_batch,
-                )  # [n, 3, H, W]
-                scores = score_rewards(models, images, [self.prompts[p] for p in prompts], batches)  # [R', n]
-                if index < len(chunks):
-                    mine[index] = scores.double().tolist()
-        gathered = [mine]
-        if ctx.distributed:
-            gathered = [None] * ctx.world_size
-            torch.distributed.all_gather_object(gathered, mine)
-        by_chunk = {index: values for part in gathered for index, values in part.items()}
-        summaries = {
-            name: summarize_metric([v for c in range(len(chunks)) for v in by_chunk[c][r]])
-            for r, name in enumerate(self.validation_metrics)
-        }
-        means = {name: summary.mean for name, summary in summaries.items()}
-        baseline = (
-            {n: m.mean for n, m in self.validation_history[0].metrics.items()} if self.validation_history else means
-        )
-        record = ValidationRecord(
-            iteration=self.iteration,
-            metrics=summaries,
-            objective=objective(means, self.validation_weights),
-            breached=breached_metrics(means, baseline, dict(validation.max_regression)),
-            forwards=len(rows) * (self.validation_sigmas.numel() - 1),
-            seconds=time.perf_counter() - start,
-            changes={name: means[name] - baseline[name] for name in means},
-        )
-        self.validation_history.append(record)
-        selection = self._protect_best()
-        self._log_event(
-            {
-                "event": "validation",
-                **record.as_json(),
-                "selected_iteration": None if selection is None else selection.iteration,
-            }
-        )
-        reason = early_stop_reason(self.validation_history, validation.stop_after_breaches, validation.patience)
-        if reason is not None and self.stop_reason is None:
-            self.stop_reason = reason
-            self._log_event({"event": "early_stop", "iteration": self.iteration, "reason": reason})
-            if ctx.is_main:
-                print(f"g2rpo train: early stop at iteration {self.iteration}: {reason}", file=sys.stderr, flush=True)
+        """Validate the current weights (collective; :meth:`Validator.validate`), then call the callbacks'
+        ``on_validation``."""
+        record, selection = self.validator.validate(self.iteration)
         for callback in self.callbacks:
             hook = getattr(callback, "on_validation", None)  # duck-typed callbacks may lack it
             if hook is not None:
                 hook(self, record, selection)
         return record
 
-    def _protect_best(self) -> Selection | None:
-        """The checkpoint the export would take now; retention keeps it (locally; the S3 mirror asks)."""
-        selection = select_best(self.validation_history)
-        self.checkpoints.protected = set() if selection is None else {selection.iteration}
-        return selection
-
-    def selection(self) -> Selection | None:
-        """The validated checkpoint to export (None without validation or before the first candidate)."""
-        if not self.config.train.validation.enabled:
-            return None
-        return select_best(self.validation_history)
+    @property
+    def stop_reason(self) -> str | None:
+        """Why the run stops early (``train.validation``), or None to go on."""
+        return self.validator.stop_reason if hasattr(self, "validator") else None
 
     def _global_mean(self, value: float) -> float:
         if not self.ctx.distributed:
@@ -739,14 +588,14 @@ class Trainer:
                     raise self._preempted(signum, stop)
         if bar is not None:
             bar.close()
-        history = self.validation_history
-        if cfg.train.validation.enabled and (not history or history[-1].iteration != self.iteration):
+        validating, history = cfg.train.validation.enabled, self.validator.history
+        if validating and (not history or history[-1].iteration != self.iteration):
             self.validate()  # the end of a run whose length is not a multiple of validation.every
         saved = is_complete(self.checkpoints.path(self.iteration))
         self.ctx.barrier()  # every rank has looked at the disk before anyone writes
         if not saved:
             self.save_checkpoint()
-        selection = self.selection()
+        selection = self.validator.selection() if validating else None
         export_dir = self.export(selection) if cfg.output.export else None
         return {
             "iterations": self.iteration,
@@ -776,34 +625,10 @@ class Trainer:
         return stopped
 
     def _validation_summary(self, selection: Selection | None) -> dict[str, Any] | None:
-        """The summary's validation block: the curve, the chosen iteration and why, the stop, the cost."""
         if not self.config.train.validation.enabled:
             return None
         training_forwards = round(self._global_mean(float(self._training_cost["forwards"])) * self.ctx.world_size)
-        return {
-            "curve": [
-                {
-                    "iteration": r.iteration,
-                    "objective": r.objective,
-                    "breached": r.breached,
-                    "means": {name: m.mean for name, m in r.metrics.items()},
-                }
-                for r in self.validation_history
-            ],
-            "selected_iteration": None if selection is None else selection.iteration,
-            "selection_reason": None if selection is None else selection.reason,
-            "within_tolerance": None if selection is None else selection.within_tolerance,
-            "early_stop": self.stop_reason,
-            "exported_best": bool(selection and self.config.train.validation.select_best),
-            # Validation: every validation of the run (history survives a resume). Training: the
-            # iterations this process ran, forwards of every rank, seconds of rank 0.
-            "cost": {
-                "validation_forwards": sum(r.forwards for r in self.validation_history),
-                "validation_seconds": sum(r.seconds for r in self.validation_history),
-                "training_forwards": training_forwards,
-                "training_seconds": self._training_cost["seconds"],
-            },
-        }
+        return self.validator.summary(selection, training_forwards, self._training_cost["seconds"])
 
     def save_checkpoint(self) -> Path:
         state = TrainerState(
@@ -814,14 +639,7 @@ class Trainer:
             backend=self.driver.backend,
             zero_stage=self.config.deepspeed.zero_stage if self.config.deepspeed.enabled else None,
         )
-        json_files = None
-        if self.config.train.validation.enabled:
-            json_files = {
-                VALIDATION_FILE: {
-                    "identity": self._validation_identity(),
-                    "history": [r.as_json() for r in self.validation_history],
-                }
-            }
+        json_files = self.validator.checkpoint_files() if self.config.train.validation.enabled else None
         stateful = self._stateful_strategy()
         path = self.checkpoints.save(
             state,
@@ -900,18 +718,6 @@ class Trainer:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-@contextmanager
-def _timestep_mode(velocity: FluxVelocity, mode: str) -> Iterator[None]:
-    """Feed the model σ as the run's sampler does: the strategy truncates σ itself when
-    ``algorithm.truncate_timestep`` is set (the adapter then passes it raw), the ODE sampler does not."""
-    previous = velocity.timestep_mode
-    velocity.timestep_mode = mode
-    try:
-        yield
-    finally:
-        velocity.timestep_mode = previous
 
 
 @contextmanager

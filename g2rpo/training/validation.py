@@ -28,21 +28,41 @@ validations all breached, or when the best objective has not improved over the l
 ``patience`` validations.
 
 These are pure functions of the list of records, which each checkpoint stores
-(``validation.json``): a resumed run recomputes the same best and the same stop decision. Nothing
-here departs from an anchor — DanceGRPO, MixGRPO and the G²RPO reference keep the last weights;
+(:data:`VALIDATION_FILE`): a resumed run recomputes the same best and the same stop decision.
+
+:class:`Validator` is what the trainer holds during a run: the fixed set (prompt indices, seeds,
+metrics, σ grid), the history, the best checkpoint (kept by retention) and the stop decision. The
+trainer calls :meth:`Validator.validate` at iteration 0, every ``every`` iterations and at the end,
+and hands the record to its callbacks. Nothing here departs from an anchor — DanceGRPO, MixGRPO and the G²RPO reference keep the last weights;
 TRL and torchtune evaluate on a schedule but do not select.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Annotated, Any
 
+import torch
 from pydantic import Field, model_validator
+from torch import nn
 
+from g2rpo import core
 from g2rpo.config import COUNT_MAX, PROBLEM_SEPARATOR, SEED_MAX, Section
-from g2rpo.errors import problem
+from g2rpo.errors import G2RPOError, problem
+from g2rpo.evaluation.sampling import sample_rows
+from g2rpo.models.flux import FluxConditioning, FluxVelocity
+from g2rpo.rewards.base import RewardModel
+from g2rpo.rewards.scoring import score_rewards
+from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.training.checkpoint import CheckpointManager
+from g2rpo.training.distributed import DistContext
 
 __all__ = [
     "ValidationSection",
@@ -57,9 +77,12 @@ __all__ = [
     "validation_prompt_indices",
     "validation_chunks",
     "validation_problems",
+    "Validator",
+    "VALIDATION_FILE",
 ]
 
 Z_95 = 1.959964  # two-sided 95 % normal quantile
+VALIDATION_FILE = "validation.json"  # in each checkpoint of a run with validation: identity + history
 
 
 class ValidationSection(Section):
@@ -358,3 +381,224 @@ def validation_chunks(rows: int, micro_batch: int) -> list[range]:
     """Row ranges of ``micro_batch`` rows; chunk c is sampled by rank ``c mod W`` (the same chunks,
     hence the same batches and images, at every world size)."""
     return [range(start, min(start + micro_batch, rows)) for start in range(0, rows, micro_batch)]
+
+
+# --------------------------------------------------------------------------- during a run
+
+
+class Validator:
+    """``train.validation`` during one run: the fixed set, its history, the best checkpoint and early stop.
+
+    Built by the trainer at setup, once the models, prompts and rewards are loaded. :meth:`validate`
+    is collective (every rank calls it); the trainer hands its record to the callbacks. The history
+    travels in each checkpoint (:meth:`checkpoint_files`) and comes back with :meth:`resume`.
+    """
+
+    def __init__(
+        self,
+        settings: ValidationSection,
+        algorithm: AlgorithmConfig,
+        *,
+        velocity: FluxVelocity,
+        vae: nn.Module,
+        prompts: Sequence[str],
+        conditioning_of: Callable[[Sequence[int]], FluxConditioning],
+        reward_names: Sequence[str],
+        reward_weights: Sequence[float],
+        reward_models: Sequence[RewardModel],
+        reward_batch: Sequence[int],
+        decode_micro_batch: int,
+        ctx: DistContext,
+        checkpoints: CheckpointManager,
+        log_event: Callable[[dict[str, Any]], None],
+    ) -> None:
+        self.settings = settings
+        self.velocity, self.vae = velocity, vae
+        self.prompts, self.conditioning_of = prompts, conditioning_of
+        self.ctx, self.checkpoints, self.log_event = ctx, checkpoints, log_event
+        self.decode_micro_batch = decode_micro_batch
+        self.truncate_timestep = algorithm.truncate_timestep
+        # The fixed set: prompts of the training split, seeds, the scored rewards and the run's σ grid
+        # (the rollout's; the ODE sampler has no noise).
+        self.prompt_indices = validation_prompt_indices(settings.num_prompts, len(prompts))
+        if settings.num_prompts > len(prompts) and ctx.is_main:
+            print(
+                f"g2rpo train: train.validation.num_prompts = {settings.num_prompts} but the training split holds "
+                f"{len(prompts)} prompts: validating on all {len(prompts)}",
+                file=sys.stderr,
+                flush=True,
+            )
+        self.metrics = list(settings.metrics or reward_names)
+        self.weights = {name: weight for name, weight in zip(reward_names, reward_weights) if weight != 0}
+        picked = [list(reward_names).index(name) for name in self.metrics]
+        self.reward_models = [reward_models[i] for i in picked]
+        self.reward_batch = [reward_batch[i] for i in picked]
+        image_tokens = velocity.latent_shape[0]
+        if algorithm.grid == "flux":
+            self.sigmas = core.flux_sigmas(algorithm.num_steps, image_tokens)  # [T+1]
+        else:
+            self.sigmas = core.static_shift_sigmas(algorithm.num_steps, algorithm.shift)  # [T+1]
+        self.history: list[ValidationRecord] = []
+        self.stop_reason: str | None = None  # early stop, decided after each validation
+
+    def identity(self) -> dict[str, Any]:
+        """What a validation history is only comparable under (stored with it; a resume must match)."""
+        return {
+            "prompt_indices": self.prompt_indices,
+            "seeds": list(self.settings.seeds),
+            "metrics": self.metrics,
+            "max_regression": dict(self.settings.max_regression),
+        }
+
+    def checkpoint_files(self) -> dict[str, Any]:
+        """The JSON files a checkpoint of this run carries: :data:`VALIDATION_FILE`."""
+        return {VALIDATION_FILE: {"identity": self.identity(), "history": [r.as_json() for r in self.history]}}
+
+    def resume(self, checkpoint: Path) -> None:
+        """Continue the validation history (and so the best-so-far and the stop decision) of ``checkpoint``."""
+        stored_path = checkpoint / VALIDATION_FILE
+        if not stored_path.is_file():
+            raise G2RPOError(
+                problem(
+                    "train.validation.enabled",
+                    True,
+                    f"checkpoint {checkpoint.name} was written without validation, so the run has no baseline at "
+                    "iteration 0: resume with train.validation.enabled=false, or start a new output.dir",
+                )
+            )
+        stored = json.loads(stored_path.read_text(encoding="utf-8"))
+        if stored["identity"] != self.identity():
+            raise G2RPOError(
+                problem(
+                    "train.validation",
+                    self.identity(),
+                    f"differs from the validation set and tolerance of the run's history ({stored['identity']}): "
+                    "resume with the validation settings in the run's config.yaml, or start a new output.dir",
+                )
+            )
+        self.history = [ValidationRecord.from_json(r) for r in stored["history"]]
+        self._protect_best()
+        self.stop_reason = early_stop_reason(self.history, self.settings.stop_after_breaches, self.settings.patience)
+
+    @torch.no_grad()
+    def validate(self, iteration: int) -> tuple[ValidationRecord, Selection | None]:
+        """Sample and score the fixed set with the current weights (collective: every rank calls it);
+        record it, update the best checkpoint and decide on an early stop. Returns the record and the
+        checkpoint the export would take now.
+
+        Rows are (prompt, seed) pairs in prompt-major order, cut into chunks of ``micro_batch``;
+        rank r samples chunks r, r + W, … (:func:`validation_chunks`), and every rank gathers every
+        chunk's scores, so the record is the one process's at any W. A rank with no chunk left in a
+        round samples chunk 0 again and drops it: under ZeRO-3 every forward gathers weights from all
+        ranks, so all of them must run the same forwards.
+        """
+        ctx, settings = self.ctx, self.settings
+        start = time.perf_counter()
+        rows = [(p, seed) for p in self.prompt_indices for seed in settings.seeds]
+        chunks = validation_chunks(len(rows), settings.micro_batch)
+        mine: dict[int, list[list[float]]] = {}
+        with _timestep_mode(self.velocity, "truncate" if self.truncate_timestep else self.velocity.timestep_mode):
+            for round_start in range(0, len(chunks), ctx.world_size):
+                index = round_start + ctx.rank
+                chunk = chunks[index] if index < len(chunks) else chunks[0]
+                prompts = [rows[i][0] for i in chunk]
+                images = sample_rows(
+                    self.velocity,
+                    self.vae,
+                    self.conditioning_of(prompts),
+                    [rows[i][1] for i in chunk],
+                    self.sigmas,
+                    micro_batch=len(chunk),
+                    decode_micro_batch=self.decode_micro_batch,
+                )  # [n, 3, H, W]
+                texts = [self.prompts[p] for p in prompts]
+                scores = score_rewards(self.reward_models, images, texts, self.reward_batch)  # [R', n]
+                if index < len(chunks):
+                    mine[index] = scores.double().tolist()
+        gathered = [mine]
+        if ctx.distributed:
+            gathered = [None] * ctx.world_size
+            torch.distributed.all_gather_object(gathered, mine)
+        by_chunk = {index: values for part in gathered for index, values in part.items()}
+        summaries = {
+            name: summarize_metric([v for c in range(len(chunks)) for v in by_chunk[c][r]])
+            for r, name in enumerate(self.metrics)
+        }
+        means = {name: summary.mean for name, summary in summaries.items()}
+        baseline = {n: m.mean for n, m in self.history[0].metrics.items()} if self.history else means
+        record = ValidationRecord(
+            iteration=iteration,
+            metrics=summaries,
+            objective=objective(means, self.weights),
+            breached=breached_metrics(means, baseline, dict(settings.max_regression)),
+            forwards=len(rows) * (self.sigmas.numel() - 1),
+            seconds=time.perf_counter() - start,
+            changes={name: means[name] - baseline[name] for name in means},
+        )
+        self.history.append(record)
+        selection = self._protect_best()
+        self.log_event(
+            {
+                "event": "validation",
+                **record.as_json(),
+                "selected_iteration": None if selection is None else selection.iteration,
+            }
+        )
+        reason = early_stop_reason(self.history, settings.stop_after_breaches, settings.patience)
+        if reason is not None and self.stop_reason is None:
+            self.stop_reason = reason
+            self.log_event({"event": "early_stop", "iteration": iteration, "reason": reason})
+            if ctx.is_main:
+                print(f"g2rpo train: early stop at iteration {iteration}: {reason}", file=sys.stderr, flush=True)
+        return record, selection
+
+    def selection(self) -> Selection | None:
+        """The validated checkpoint to export (None before the first candidate)."""
+        return select_best(self.history)
+
+    def _protect_best(self) -> Selection | None:
+        """The checkpoint the export would take now; retention keeps it (locally; the S3 mirror asks)."""
+        selection = select_best(self.history)
+        self.checkpoints.protected = set() if selection is None else {selection.iteration}
+        return selection
+
+    def summary(self, selection: Selection | None, training_forwards: int, training_seconds: float) -> dict[str, Any]:
+        """The run summary's validation block: the curve, the chosen iteration and why, the stop, the cost.
+
+        Validation cost: every validation of the run (the history survives a resume). Training cost (the
+        trainer's): the iterations this process ran, forwards of every rank, seconds of rank 0.
+        """
+        return {
+            "curve": [
+                {
+                    "iteration": r.iteration,
+                    "objective": r.objective,
+                    "breached": r.breached,
+                    "means": {name: m.mean for name, m in r.metrics.items()},
+                }
+                for r in self.history
+            ],
+            "selected_iteration": None if selection is None else selection.iteration,
+            "selection_reason": None if selection is None else selection.reason,
+            "within_tolerance": None if selection is None else selection.within_tolerance,
+            "early_stop": self.stop_reason,
+            "exported_best": bool(selection and self.settings.select_best),
+            "cost": {
+                "validation_forwards": sum(r.forwards for r in self.history),
+                "validation_seconds": sum(r.seconds for r in self.history),
+                "training_forwards": training_forwards,
+                "training_seconds": training_seconds,
+            },
+        }
+
+
+@contextmanager
+def _timestep_mode(velocity: FluxVelocity, mode: str) -> Iterator[None]:
+    """Feed the model σ as the run's sampler does: the strategy truncates σ itself when
+    ``algorithm.truncate_timestep`` is set (the adapter then passes it raw), the ODE sampler does not."""
+    previous = velocity.timestep_mode
+    velocity.timestep_mode = mode
+    try:
+        yield
+    finally:
+        velocity.timestep_mode = previous

@@ -16,6 +16,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from g2rpo.config import load_config
 from g2rpo.errors import G2RPOError
 from g2rpo.observability import TrainingExporter
+from g2rpo.observability import exporter as exporter_module
 from g2rpo.observability.dashboard import DEFAULT_PATH, PANELS, dashboard_json
 from g2rpo.strategies.base import StepStats
 from g2rpo.training.run_config import RunConfig
@@ -154,6 +155,23 @@ def test_the_training_runtimes_metrics_port_turns_the_exporter_on(monkeypatch):
     with pytest.raises(G2RPOError, match="G2RPO_METRICS_PORT='metrics'"):
         training_exporter(config)
     assert isinstance(values["trainingRuntime"]["metricsPort"], int)
+
+
+def test_the_exporter_lingers_only_when_a_last_scrape_has_something_to_see(monkeypatch):
+    """The linger gives a scraper the last iteration of a run; a run refused at setup (the trainer's
+    start-up checks come after the exporter is up) observed nothing and exits at once."""
+    slept: list[float] = []
+    monkeypatch.setattr(exporter_module, "time", SimpleNamespace(sleep=slept.append))
+    trainer = SimpleNamespace(ctx=SimpleNamespace(device=torch.device("cpu")))
+    for observe in (None, "iteration", "checkpoint"):
+        (port,) = free_ports(1)
+        exporter = TrainingExporter(port, address="127.0.0.1", run_id="r1", pipeline="p", linger_seconds=15)
+        if observe == "iteration":
+            exporter.on_iteration_end(trainer, _record(0))
+        elif observe == "checkpoint":
+            exporter.on_checkpoint(trainer, None, 2)
+        exporter.close()
+    assert slept == [15, 15]
 
 
 def test_the_checked_in_dashboard_is_what_the_generator_writes():

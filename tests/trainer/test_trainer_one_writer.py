@@ -1,7 +1,9 @@
-"""One writer per run folder: a second process is refused naming the holder; a dead holder's claim is taken over."""
+"""One writer per run folder: a second process is refused naming the holder; a dead holder's claim is taken over;
+the trainer's setup is the one place that claims, once, and a setup that fails gives the claim back."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,9 +12,14 @@ import time
 from pathlib import Path
 
 import pytest
+from trainer_testlib import tiny_overrides
 
+from g2rpo.config import load_config
 from g2rpo.errors import G2RPOError
-from g2rpo.training.run_dir import WRITER, claim_run_dir
+from g2rpo.training.run_config import RunConfig
+from g2rpo.training.run_dir import MARKER, WRITER, claim_run_dir
+from g2rpo.training.trainer import Trainer, TrainerCallback
+from tests.tiny_flux_fixture import make_tiny_flux
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -46,3 +53,36 @@ def test_a_second_process_is_refused_naming_the_holder_and_a_dead_holder_is_take
     finally:
         claim.release()
     assert not (out / WRITER).exists()
+
+
+class _WritesBeforeResume(TrainerCallback):
+    """What the S3 mirror does in setup: claim output.dir, then write there (here: note who holds it)."""
+
+    def __init__(self) -> None:
+        self.holders: list[int] = []
+
+    def before_resume(self, trainer: Trainer) -> None:
+        trainer.claim_output_dir()
+        trainer.claim_output_dir()  # once per setup: the second call keeps the first claim
+        self.holders.append(json.loads((trainer.out / WRITER).read_text())["pid"])
+
+
+@pytest.mark.integration
+def test_the_trainer_claims_once_and_a_failed_setup_gives_the_claim_back(tmp_path):
+    model = make_tiny_flux(tmp_path / "tiny")
+    for name in ("existing", "new"):
+        out = tmp_path / name
+        if name == "existing":
+            out.mkdir()  # claimed at the start of setup; a new folder when first written (by the callback here)
+        bad = tiny_overrides(model, out, **{"train.lora.enabled": True, "train.lora.target_modules": ["to_qq"]})
+        callback = _WritesBeforeResume()
+        with pytest.raises(G2RPOError, match="to_qq"):
+            Trainer(load_config(RunConfig, None, bad), [callback]).setup()  # fails while loading the model
+        assert callback.holders == [os.getpid()], name
+        assert (out / MARKER).is_file() and not (out / WRITER).exists(), name
+    trainer = Trainer(load_config(RunConfig, None, tiny_overrides(model, tmp_path / "existing"))).setup()
+    try:
+        assert len(trainer.claims) == 1 and (tmp_path / "existing" / WRITER).is_file()
+    finally:
+        trainer.release_claims()
+    assert not (tmp_path / "existing" / WRITER).exists()
