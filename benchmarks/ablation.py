@@ -3,8 +3,9 @@
 DanceGRPO, MixGRPO, G²RPO without MGAI and G²RPO, and two compute-saving G²RPO variants
 (:mod:`g2rpo.strategies.g2rpo`, docs/core.md) — ``g2rpo_dpm4``: branches finished by DPM-Solver++(2M)
 in at most 4 steps per stride; ``g2rpo_half_m``: half of M drawn per prompt each iteration; each about
-half of G²RPO's sampling forwards — and DiffusionNFT (:mod:`g2rpo.strategies.diffusionnft`; forward-process
-training, its old-policy forwards counted as sampling forwards) are trained from the same pretrained shapes model
+half of G²RPO's sampling forwards — DiffusionNFT (:mod:`g2rpo.strategies.diffusionnft`; forward-process
+training, its old-policy forwards counted as sampling forwards) and BranchGRPO (:mod:`g2rpo.strategies.branchgrpo`;
+a tree of b^|M| leaves per prompt rather than G trajectories) are trained from the same pretrained shapes model
 (:mod:`g2rpo.models.shapes`, made on first use) with the real :class:`~g2rpo.training.trainer.Trainer`,
 under two reward settings:
 
@@ -108,6 +109,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "g2rpo_half_m": {"strategy": "g2rpo", "g2rpo": {"branch_steps_per_iteration": "half"}},  # |M|/2 drawn
     # DiffusionNFT's published KL weight (1e-4) needs a LoRA base as the reference; these runs train in full.
     "diffusionnft": {"strategy": "diffusionnft", "diffusionnft": {"kl_beta": 0.0}},
+    # BranchGRPO's published uniform split (4 rounds, b = 2): 16 leaves per prompt whatever group_size is.
+    "branchgrpo": {"strategy": "branchgrpo"},
 }
 # The paper's sampler (docs/algorithm.md §6) is T = 16, G = 12 (G²RPO's M = the noisiest half, Λ = {1, 2, 3}); the
 # default here is the demo's reduced sampler (configs/shapes-cpu.yaml), which fits 5 seeds × 6 methods

@@ -1,6 +1,6 @@
 """The sampler math of G²RPO: σ grids, ODE/SDE steps, log-probabilities, stride schedules,
-advantages and the clipped surrogate (and the baselines' own losses: Flow-GRPO's KL, DiffusionNFT's
-negative-aware flow matching). Pure functions on tensors; imports torch only.
+advantages and the clipped surrogate (and the baselines' own pieces: Flow-GRPO's KL, DiffusionNFT's
+negative-aware flow matching, BranchGRPO's tree widths and depth-wise tree advantages). Pure functions on tensors; imports torch only.
 
 Conventions (``docs/algorithm.md`` §1): ``x_σ = (1 − σ)·x_0 + σ·ε``, σ = 1 is noise, σ = 0
 is data, the velocity is ``v = ε − x_0``. A grid is a decreasing float32 tensor
@@ -45,6 +45,8 @@ __all__ = [
     "gaussian_mean_kl",
     "nft_optimality",
     "diffusion_nft_loss",
+    "tree_widths",
+    "tree_advantages",
     "take_rows",
 ]
 
@@ -494,6 +496,70 @@ def diffusion_nft_loss(
     loss_pos = _adaptive_mse(data_prediction(x_t, positive, sigma), x0, weight_floor)  # [B]
     loss_neg = _adaptive_mse(data_prediction(x_t, negative, sigma), x0, weight_floor)  # [B]
     return (r * loss_pos + (1 - r) * loss_neg) / beta
+
+
+# --------------------------------------------------------------------------- branching trees
+
+
+def tree_widths(num_steps: int, branch_steps: list[int], factor: int) -> list[int]:
+    """Nodes at each depth of a BranchGRPO tree, ``[T+1]`` ints: depth i is the grid index of the state.
+
+    One root (the prompt's initial noise) at depth 0; step i takes every node at depth i to one child
+    at depth i+1, or to ``factor`` children when i is a branch step. So n_0 = 1 and
+    n_{i+1} = n_i·(b if i ∈ branch_steps else 1); the leaves are n_T = b^|branch_steps|.
+    E.g. T = 6, branch steps {0, 2}, b = 2 → [1, 2, 2, 4, 4, 4, 4].
+
+    Nodes of a depth are numbered so that the children of node j are b·j … b·j + b − 1 (one child: j),
+    hence the leaves under node j of depth i are the contiguous block j·(n_T/n_i) … (j+1)·(n_T/n_i) − 1.
+    """
+    if factor < 2:
+        raise ValueError(f"factor must be ≥ 2, got {factor}")
+    outside = [k for k in branch_steps if not 0 <= k < num_steps]
+    if outside:
+        raise ValueError(f"branch steps {outside} are outside the grid 0..{num_steps - 1}")
+    widths = [1]
+    for i in range(num_steps):
+        widths.append(widths[-1] * (factor if i in branch_steps else 1))
+    return widths
+
+
+def tree_advantages(
+    rewards: torch.Tensor,
+    widths: list[int],
+    eps: float = 1e-8,
+    std_floor: float = 1e-6,
+    unbiased: bool = True,
+) -> torch.Tensor:
+    """BranchGRPO's depth-wise tree advantages from the leaves' rewards, one tree per leading index.
+
+    ``rewards`` ``[..., N]`` are the N leaves of each tree in the order of :func:`tree_widths` (node j
+    of a depth of n nodes covers leaves j·N/n … (j+1)·N/n − 1). For each depth d listed in ``widths``
+    (n_d nodes, n_d dividing N):
+
+        V_j  = mean of the rewards of the leaves under node j          (the node's value)
+        A_j  = (V_j − mean_d V) / (std_d V + δ)                         (normalised within the depth)
+
+    with A = 0 for every node of a depth that has one node, or whose values' std (Bessel's
+    correction unless ``unbiased`` is False) is below ``std_floor`` (the published 1e-6).
+    Returns the depths' advantages concatenated in the order given: ``[..., Σ_d n_d]``.
+
+    E.g. N = 4 leaves with rewards [1, 3, 2, 6] and widths [2, 4]: depth of 2 nodes V = [2, 4],
+    std √2, A = ±1/√2; depth of 4 nodes, mean 3, std √(14/3) → A = (R − 3)/2.1602.
+    """
+    leaves = rewards.shape[-1]
+    out = []
+    for n in widths:
+        if n < 1 or leaves % n:
+            raise ValueError(f"a depth of {n} nodes does not divide the {leaves} leaves")
+        values = rewards.reshape(*rewards.shape[:-1], n, leaves // n).mean(dim=-1)  # [..., n]
+        if n == 1:
+            out.append(torch.zeros_like(values))
+            continue
+        mean = values.mean(dim=-1, keepdim=True)  # [..., 1]
+        std = values.std(dim=-1, keepdim=True, unbiased=unbiased)  # [..., 1]
+        adv = (values - mean) / (std + eps)
+        out.append(torch.where(std < std_floor, torch.zeros_like(adv), adv))
+    return torch.cat(out, dim=-1)
 
 
 # --------------------------------------------------------------------------- batch rows

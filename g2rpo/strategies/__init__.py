@@ -2,7 +2,8 @@
 
 One module per strategy, each holding its class and its own settings section:
 :mod:`~g2rpo.strategies.g2rpo`, :mod:`~g2rpo.strategies.dancegrpo`, :mod:`~g2rpo.strategies.mixgrpo`,
-:mod:`~g2rpo.strategies.flowgrpo`, :mod:`~g2rpo.strategies.diffusionnft`.
+:mod:`~g2rpo.strategies.flowgrpo`, :mod:`~g2rpo.strategies.diffusionnft`,
+:mod:`~g2rpo.strategies.branchgrpo`.
 :data:`STRATEGIES` lists them; :func:`build_strategy` picks one by ``AlgorithmConfig.strategy``.
 A preset (:data:`PRESETS`) is another name for a strategy with some of its settings fixed.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from g2rpo.strategies.base import Strategy
+from g2rpo.strategies.branchgrpo import BranchGRPO
 from g2rpo.strategies.dancegrpo import DanceGRPO
 from g2rpo.strategies.diffusionnft import DiffusionNFT
 from g2rpo.strategies.flowgrpo import FlowGRPO
@@ -33,6 +35,7 @@ STRATEGIES: dict[str, type[Strategy]] = {
     "mixgrpo": MixGRPO,
     "flowgrpo": FlowGRPO,
     "diffusionnft": DiffusionNFT,
+    "branchgrpo": BranchGRPO,
 }
 
 # preset name -> (strategy, the settings of its section it fixes)

@@ -77,6 +77,7 @@ __all__ = [
     "G2RPOStates",
     "TrajectoryStates",
     "NFTStates",
+    "TreeStates",
     "Rollout",
     "Advantages",
     "TermStats",
@@ -202,12 +203,27 @@ class NFTStates:
 
 
 @dataclass
+class TreeStates:
+    """What a BranchGRPO rollout keeps for its loss: every node of every prompt's tree, by depth.
+
+    Depth i holds n_i = ``widths[i]`` nodes per prompt (the states at σ[i]); the children of node j
+    at depth i are nodes b_i·j … b_i·j + b_i − 1 at depth i + 1, b_i = n_{i+1}/n_i
+    (:func:`g2rpo.core.tree_widths`).
+    """
+
+    widths: list[int]  # [T+1] nodes per prompt at each depth, 1 at the root, the leaves at T
+    latents: list[torch.Tensor]  # T+1 tensors [P, n_i, L, C], the nodes' states x at σ[i]
+    log_prob_old: list[torch.Tensor]  # T tensors [P, n_{i+1}], log π_old of the edge into each node of depth i+1
+    trained_steps: list[int]  # the grid steps i whose edges (depth i → i+1) train, sorted
+
+
+@dataclass
 class Rollout:
     """What a strategy sampled for a batch of P prompts, and what its loss needs later.
 
     Common fields are read by the trainer; ``states`` holds the strategy's own typed record
-    (:class:`G2RPOStates`, :class:`TrajectoryStates` or :class:`NFTStates`), which only that strategy's
-    ``advantages``/``loss_terms`` read.
+    (:class:`G2RPOStates`, :class:`TrajectoryStates`, :class:`NFTStates` or :class:`TreeStates`), which
+    only that strategy's ``advantages``/``loss_terms`` read.
     All tensors are detached (the rollout runs without grad).
     """
 
@@ -220,7 +236,7 @@ class Rollout:
     reward_dims: tuple[str, ...]  # names of reward_shape's axes, e.g. ("prompt", "step", "stride", "branch")
     final_prompt: torch.Tensor  # [N] long, batch position of the prompt of each final latent
     nfe: NFECounters
-    states: G2RPOStates | TrajectoryStates | NFTStates
+    states: G2RPOStates | TrajectoryStates | NFTStates | TreeStates
 
     @property
     def num_prompts(self) -> int:

@@ -4,7 +4,7 @@ and one section per strategy with its own knobs.
 ::
 
     algorithm:
-      strategy: g2rpo          # g2rpo | dancegrpo | mixgrpo | flowgrpo | diffusionnft, or a preset such as g2rpo_no_mgai
+      strategy: g2rpo          # g2rpo | dancegrpo | mixgrpo | flowgrpo | diffusionnft | branchgrpo, or a preset such as g2rpo_no_mgai
       num_steps: 16            # shared: grid, group, SDE noise, advantages, ratio clip, batching
       g2rpo:                   # the chosen strategy's own section (G2RPOSettings in strategies/g2rpo.py)
         granularities: [1, 2, 3]
@@ -43,6 +43,7 @@ from g2rpo.config import COUNT_MAX, PROBLEM_SEPARATOR, STEPS_MAX, Section
 from g2rpo.errors import did_you_mean, problem
 from g2rpo.strategies import PRESETS, STRATEGIES
 from g2rpo.strategies.base import StrategySettings
+from g2rpo.strategies.branchgrpo import BranchGRPOSettings
 from g2rpo.strategies.dancegrpo import DanceGRPOSettings
 from g2rpo.strategies.diffusionnft import DiffusionNFTSettings
 from g2rpo.strategies.flowgrpo import FlowGRPOSettings
@@ -130,6 +131,9 @@ class AlgorithmConfig(Section):
     diffusionnft: DiffusionNFTSettings = Field(
         default_factory=DiffusionNFTSettings,
         description="DiffusionNFT's own settings (used when strategy is diffusionnft)",
+    )
+    branchgrpo: BranchGRPOSettings = Field(
+        default_factory=BranchGRPOSettings, description="BranchGRPO's own settings (used when strategy is branchgrpo)"
     )
 
     @model_validator(mode="before")

@@ -737,7 +737,7 @@ def test_the_no_mgai_preset_is_g2rpo_with_one_stride():
 def test_registry_lists_each_strategy_with_its_section():
     # adding a strategy: its module, a registry line and its section field; this keeps the three in step
     sections = {name for name, info in AlgorithmConfig.model_fields.items() if name in STRATEGIES}
-    assert set(STRATEGIES) == sections == {"g2rpo", "dancegrpo", "mixgrpo", "flowgrpo", "diffusionnft"}
+    assert set(STRATEGIES) == sections == {"g2rpo", "dancegrpo", "mixgrpo", "flowgrpo", "diffusionnft", "branchgrpo"}
     for name, cls in STRATEGIES.items():
         assert cls.name == name and cls.Settings.strategy == name
         assert AlgorithmConfig.model_fields[name].annotation is cls.Settings
@@ -749,7 +749,7 @@ def test_registry_lists_each_strategy_with_its_section():
         load_config(AlgorithmConfig, overrides=["strategy=grpo"])
     assert err.value.problems == [
         "strategy: 'grpo' is not a strategy (did you mean g2rpo?): use one of g2rpo, dancegrpo, mixgrpo, flowgrpo, "
-        "diffusionnft, or a preset (g2rpo_no_mgai)"
+        "diffusionnft, branchgrpo, or a preset (g2rpo_no_mgai)"
     ]
 
 

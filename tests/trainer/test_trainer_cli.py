@@ -118,6 +118,7 @@ def test_describe_and_show(capsys):
     text = capsys.readouterr().out
     assert "algorithm.g2rpo.learning_rate (float, default 2e-06)" in text and "deepspeed.zero_stage" in text
     assert "algorithm.diffusionnft.beta (float, default 1.0)" in text
+    assert "algorithm.branchgrpo.branch_factor (int, default 2)" in text
     assert main(["config", "show", "--config", str(TINY), "train.iterations=5"]) == 0
     shown = capsys.readouterr().out
     assert "iterations: 5" in shown and "zero_stage: 2" in shown

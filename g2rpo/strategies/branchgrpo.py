@@ -1,0 +1,328 @@
+"""BranchGRPO: SDE rollouts that branch into a tree at chosen steps, depth-wise tree advantages.
+
+After the paper (Li et al., 2025, "BranchGRPO: Stable and Efficient GRPO with Structured Branching in
+Diffusion Models", arXiv 2509.06040) and its published code (``Fredreic1849/BranchGRPO`` at ffc3c90:
+``fastvideo/train_branchgrpo_flux.py``, ``scripts/finetune/finetune_flux_branchgrpo_8gpus.sh``);
+docs/core.md lists where this differs.
+
+Rollout for P prompts: one tree per prompt, rooted at the prompt's initial noise. Every step is the
+shared SDE step (docs/algorithm.md §1); at a branch step k ∈ M every node gets b children (b =
+``branchgrpo.branch_factor``, 2 as published) from b independent noises around the one mean, elsewhere
+one child. So the depth-i nodes number n_i = b^{|{k ∈ M : k < i}|} (:func:`g2rpo.core.tree_widths`),
+the N = b^{|M|} leaves share their prefixes, and each node's forward serves all its children. M is
+``branchgrpo.branch_steps``, or (null) the published uniform split k_r = r·⌊T/rounds⌋, r = 0 …
+rounds − 1 (``split_rounds`` 4: T = 16 → {0, 4, 8, 12}). The leaves are scored on the last step's
+x₀-prediction x̂₀ = x[T−1] − σ[T−1]·v (siblings of a last-step branch share it), as published.
+``split_noise_scale`` c multiplies the noise of the branch steps; the log-probability keeps the
+step's own std (published: ``tree_split_noise_scale``, which the script sets to 4). All nodes of a
+depth, over every prompt, are one batch of ``micro_batch`` rows per call. Sampling forwards per
+prompt: Σ_{i<T} n_i (T = 16, M = {0, 4, 8, 12}, b = 2: 1 + 4·2 + 4·4 + 4·8 + 3·16 = 105).
+
+Advantages (:func:`g2rpo.core.tree_advantages`): a node's value is the mean reward of the leaves
+under it; at each depth 1 … T the values of the prompt's n_i nodes are normalised, (V − mean)/(std +
+δ), Bessel std, 0 for a depth of one node or a std below 1e-6. Several reward models: per model,
+weighted sum, clipped ±``advantage_clip`` once. Rewards ``[R, P, N]`` → ``[P, Σ_{d=1}^{T} n_d]``,
+the depths one after another.
+
+Loss: every edge (node at depth i → child at depth i + 1) is one clipped-surrogate ratio with its
+child's advantage, for each trained step i: every step except those whose child depth is listed in
+``pruned_depths`` (the published depth pruning, fixed). One forward per parent node serves its b
+children (the same mean). One loss term per trained step (split by ``train_micro_batch``), scaled so
+that the terms sum to the mean surrogate over all the iteration's edges; the optimiser steps once per
+iteration, or after each trained step with ``optimizer_step: per_step``. Training forwards (=
+backwards) per prompt: Σ_{trained i} n_i. Learning rate 1e-5 (the script's) unless
+``train.learning_rate`` is set.
+
+Not built: width pruning, the depth-pruning sliding window, the mixed ODE/SDE tree and the
+probability-weighted node values (all off in the published script), and the published optimiser
+stepping every 12 shuffled edges.
+
+Rollout ``states`` (:class:`~g2rpo.strategies.base.TreeStates`): ``widths`` ``[T+1]``, ``latents``
+T+1 tensors ``[P, n_i, L, C]``, ``log_prob_old`` T tensors ``[P, n_{i+1}]``, ``trained_steps``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Annotated, ClassVar
+
+import torch
+from pydantic import Field, field_validator
+
+from g2rpo import core
+from g2rpo.config import COUNT_MAX, STEPS_MAX
+from g2rpo.errors import problem
+from g2rpo.seeding import Draws
+from g2rpo.strategies._shared import (
+    check_rewards,
+    make_grid,
+    model_sigma,
+    reward_weight_tensor,
+    sample_velocity,
+    surrogate_term,
+)
+from g2rpo.strategies.base import (
+    Advantages,
+    Conditioning,
+    LossTerm,
+    NFECounters,
+    Rollout,
+    StrategySettings,
+    TreeStates,
+    VelocityModel,
+)
+
+if TYPE_CHECKING:  # the config imports this module for BranchGRPOSettings
+    from g2rpo.strategies.config import AlgorithmConfig
+
+__all__ = ["BranchGRPO", "BranchGRPOSettings"]
+
+STD_FLOOR = 1e-6  # published: a depth whose values' std is below this gets zero advantages
+LEAVES_MAX = 4096  # b^|M| leaves per prompt; more is a typo, not a tree
+
+
+class BranchGRPOSettings(StrategySettings):
+    """BranchGRPO's own settings: where the tree branches and how wide, which depths train, learning rate."""
+
+    strategy: ClassVar[str] = "branchgrpo"
+
+    branch_steps: list[Annotated[int, Field(le=STEPS_MAX)]] | None = Field(
+        None,
+        description=(
+            "M, the grid steps k where every node branches (0 = noisiest, each < num_steps; the published script "
+            "0,3,6,9 at T = 20); null = the published uniform split k = r·⌊T/split_rounds⌋"
+        ),
+    )
+    split_rounds: int = Field(
+        4, ge=1, le=STEPS_MAX, description="branch steps of the uniform split when branch_steps is null (published 4)"
+    )
+    branch_factor: int = Field(2, ge=2, le=COUNT_MAX, description="b, children per node at a branch step (published 2)")
+    split_noise_scale: float = Field(
+        1.0,
+        gt=0.0,
+        allow_inf_nan=False,
+        description=(
+            "c, the branch steps' noise is c·std·ξ while the log-prob keeps std (published tree_split_noise_scale, "
+            "script 4.0); 1 = the log-prob is the sampling density"
+        ),
+    )
+    pruned_depths: list[Annotated[int, Field(le=STEPS_MAX)]] = Field(
+        [],
+        description="depth pruning: the edges into these depths (1..num_steps) are sampled and scored but not trained",
+    )
+    learning_rate: float = Field(
+        1e-5,
+        gt=0.0,
+        allow_inf_nan=False,
+        description="AdamW learning rate, constant, when train.learning_rate is null (BranchGRPO script: 1e-5)",
+    )
+
+    @field_validator("branch_steps")
+    @classmethod
+    def _distinct_steps_on_a_grid(cls, value: list[int] | None) -> list[int] | None:
+        if value is None:
+            return value
+        if not value:
+            raise ValueError("[] has no branch step: give at least one step k, or null for the uniform split")
+        negative = [k for k in value if k < 0]
+        if negative:
+            raise ValueError(
+                f"{value!r} has steps {negative} outside the grid: each k is a grid index 0..num_steps−1 (0 = noisiest)"
+            )
+        if len(set(value)) != len(value):
+            raise ValueError(f"{value!r} repeats a step: list each branch step once, e.g. [0, 3, 6, 9]")
+        return value
+
+    def all_branch_steps(self, num_steps: int) -> list[int]:
+        """M on a grid of ``num_steps``: the configured steps, sorted, or r·⌊T/rounds⌋ for r < rounds."""
+        if self.branch_steps is not None:
+            return sorted(self.branch_steps)
+        interval = num_steps // self.split_rounds
+        return [r * interval for r in range(self.split_rounds)]
+
+    def trained_steps(self, num_steps: int) -> list[int]:
+        """The grid steps i whose edges train: all but those into a pruned depth i + 1."""
+        return [i for i in range(num_steps) if i + 1 not in self.pruned_depths]
+
+    def cross_checks(self, config: AlgorithmConfig) -> list[str]:
+        problems = []
+        t = config.num_steps
+        outside = [k for k in self.branch_steps or [] if k >= t]
+        if outside:
+            problems.append(
+                problem(
+                    "branchgrpo.branch_steps",
+                    self.branch_steps,
+                    f"steps {outside} are outside the grid: each k must be in 0..{t - 1} (num_steps is {t})",
+                )
+            )
+        if self.branch_steps is None and self.split_rounds > t:
+            problems.append(
+                problem(
+                    "branchgrpo.split_rounds",
+                    self.split_rounds,
+                    f"the uniform split needs split_rounds ≤ num_steps = {t} distinct steps: lower it, "
+                    "or list branchgrpo.branch_steps",
+                )
+            )
+        bad_depths = [d for d in self.pruned_depths if not 1 <= d <= t]
+        if bad_depths:
+            problems.append(
+                problem(
+                    "branchgrpo.pruned_depths",
+                    self.pruned_depths,
+                    f"depths {bad_depths} have no incoming edge: each pruned depth must be in 1..{t}",
+                )
+            )
+        elif set(range(1, t + 1)) <= set(self.pruned_depths):
+            problems.append(
+                problem("branchgrpo.pruned_depths", self.pruned_depths, "every depth is pruned: leave one to train")
+            )
+        if not problems and self.branch_factor ** len(self.all_branch_steps(t)) > LEAVES_MAX:
+            problems.append(
+                problem(
+                    "branchgrpo.branch_factor",
+                    self.branch_factor,
+                    f"b^|M| = {self.branch_factor}^{len(self.all_branch_steps(t))} leaves per prompt is over "
+                    f"{LEAVES_MAX}: lower branch_factor or use fewer branch steps",
+                )
+            )
+        return problems
+
+
+class BranchGRPO:
+    """A tree of SDE rollouts per prompt, branching at M; depth-wise tree advantages train every edge."""
+
+    name = "branchgrpo"
+    Settings = BranchGRPOSettings
+
+    def __init__(self, config: AlgorithmConfig):
+        self.config = config
+        self.settings: BranchGRPOSettings = config.branchgrpo
+        self.branch_steps = self.settings.all_branch_steps(config.num_steps)  # M
+        self.widths = core.tree_widths(config.num_steps, self.branch_steps, self.settings.branch_factor)
+
+    @property
+    def leaves(self) -> int:
+        return self.widths[-1]
+
+    @torch.no_grad()
+    def rollout(
+        self,
+        model: VelocityModel,
+        cond: Conditioning,
+        draws: Draws,
+        latent_shape: tuple[int, int],
+        *,
+        device: torch.device | str = "cpu",
+    ) -> Rollout:
+        cfg = self.config
+        length, channels = latent_shape
+        num_prompts, widths = len(cond), self.widths
+        if len(draws.prompt_indices) != num_prompts:
+            raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {num_prompts}")
+        sigmas = make_grid(cfg, length).to(device)
+        nfe = NFECounters()
+        x = torch.stack([draws.normal(latent_shape, "initial-noise", p, device=device) for p in range(num_prompts)])
+        states, log_probs = [x[:, None]], []  # depth 0: [P, 1, L, C]
+        scored = x
+        for i in range(cfg.num_steps):
+            n, children = widths[i], widths[i + 1] // widths[i]
+            rows = states[-1].reshape(num_prompts * n, length, channels)  # rows (p, j)
+            row_cond = cond[torch.arange(num_prompts).repeat_interleave(n)]
+            v = sample_velocity(model, cfg, rows, sigmas[i].expand(rows.shape[0]), row_cond, nfe)
+            mean, std = core.sde_mean_std(rows, v, sigmas[i], sigmas[i + 1], cfg.eta, sigmas[1], cfg.sde_noise)
+            noise = torch.stack(
+                [
+                    draws.normal(latent_shape, "sde-noise", p, i, j, device=device)
+                    for p in range(num_prompts)
+                    for j in range(widths[i + 1])
+                ]
+            )  # [P·n_{i+1}, L, C], child j of the depth
+            scale = self.settings.split_noise_scale if children > 1 else 1.0
+            mean = mean.repeat_interleave(children, dim=0)  # [P·n_{i+1}, L, C], one mean for b siblings
+            child = mean + std * scale * noise
+            log_probs.append(core.gaussian_log_prob(child, mean, std, cfg.log_prob_reduce).reshape(num_prompts, -1))
+            if i == cfg.num_steps - 1:  # the leaves are scored on the last step's x₀-prediction
+                scored = core.data_prediction(rows, v, sigmas[i]).repeat_interleave(children, dim=0)
+            states.append(child.reshape(num_prompts, widths[i + 1], length, channels))
+        leaves = widths[-1]
+        return Rollout(
+            strategy=self.name,
+            sigmas=sigmas,
+            cond=cond,
+            draws=draws,
+            final_latents=scored,  # [P·N, L, C]
+            reward_shape=(num_prompts, leaves),
+            reward_dims=("prompt", "branch"),
+            final_prompt=torch.arange(num_prompts).repeat_interleave(leaves),
+            nfe=nfe,
+            states=TreeStates(
+                widths=list(widths),
+                latents=states,
+                log_prob_old=log_probs,
+                trained_steps=self.settings.trained_steps(cfg.num_steps),
+            ),
+        )
+
+    def advantages(
+        self, rollout: Rollout, rewards: torch.Tensor, reward_weights: Sequence[float] | None = None
+    ) -> Advantages:
+        """Rewards ``[R, P, N]`` → ``[P, Σ_{d=1}^{T} n_d]``; a prompt with a NaN/inf reward is dropped."""
+        cfg = self.config
+        num_rewards = check_rewards(rollout, rewards)
+        rewards = rewards.float().cpu()
+        w = reward_weight_tensor(reward_weights, num_rewards)
+        valid = torch.isfinite(rewards).all(dim=-1).all(dim=0)  # [P]
+        safe = torch.where(valid[None, :, None], rewards, torch.zeros_like(rewards))  # [R, P, N]
+        adv = core.tree_advantages(
+            safe, rollout.states.widths[1:], cfg.advantage_eps, STD_FLOOR, cfg.unbiased_std
+        )  # [R, P, E]
+        mixed = core.mix_advantages(adv[:, None], [1.0], w, cfg.advantage_clip)  # [P, E]
+        mixed = torch.where(valid[:, None], mixed, torch.zeros_like(mixed))
+        return Advantages(mixed, valid, dropped_groups=int((~valid).sum()), total_groups=int(valid.numel()))
+
+    def loss_terms(self, model: VelocityModel, rollout: Rollout, advantages: Advantages) -> Iterator[LossTerm]:
+        cfg = self.config
+        st = rollout.states
+        widths, sigmas = st.widths, rollout.sigmas
+        valid_p = advantages.valid.nonzero().flatten()  # prompts kept
+        if valid_p.numel() == 0 or not st.trained_steps:
+            return
+        offsets = [0]  # where depth d's nodes start in the advantage's last axis (depths 1..T)
+        for n in widths[1:]:
+            offsets.append(offsets[-1] + n)
+        total = valid_p.numel() * sum(widths[i + 1] for i in st.trained_steps)  # edges trained this iteration
+        work = []  # (step i, parent rows (p, j) of this forward)
+        for i in st.trained_steps:
+            n = widths[i]
+            p = valid_p.repeat_interleave(n)
+            j = torch.arange(n).repeat(valid_p.numel())
+            chunk = cfg.train_micro_batch or p.numel()
+            work += [(i, p[s : s + chunk], j[s : s + chunk]) for s in range(0, p.numel(), chunk)]
+        for n_work, (i, p, j) in enumerate(work):
+            children = widths[i + 1] // widths[i]
+            device = st.latents[i].device
+            pd, jd = p.to(device), j.to(device)
+            x = st.latents[i][pd, jd]  # [n, L, C]
+            sig = sigmas[i].expand(x.shape[0])
+            v = model(x, model_sigma(cfg, sig), rollout.cond[p]).float()  # one forward per parent node
+            mean, std = core.sde_mean_std(x, v, sigmas[i], sigmas[i + 1], cfg.eta, sigmas[1], cfg.sde_noise)
+            num_prompts = st.latents[i + 1].shape[0]
+            kids = st.latents[i + 1].reshape(num_prompts, widths[i], children, *x.shape[1:])[pd, jd]  # [n, b, L, C]
+            lp_new = core.gaussian_log_prob(kids, mean[:, None], std, cfg.log_prob_reduce, batch_dims=2)  # [n, b]
+            lp_old = st.log_prob_old[i].reshape(num_prompts, widths[i], children)[pd, jd]  # [n, b]
+            depth = advantages.values[:, offsets[i] : offsets[i + 1]]  # [P, n_{i+1}], advantages of depth i + 1
+            adv = depth.reshape(-1, widths[i], children)[p, j]  # [n, b]
+            last = n_work + 1 == len(work)
+            step = last or (cfg.optimizer_step == "per_step" and work[n_work + 1][0] != i)
+            yield surrogate_term(
+                cfg,
+                lp_new,
+                lp_old,
+                adv,
+                scale=lp_new.numel() / total,
+                forwards=x.shape[0],
+                step_optimizer=step,
+                step_index=i,
+            )
