@@ -106,7 +106,7 @@ class BranchGRPOSettings(StrategySettings):
             "script 4.0); 1 = the log-prob is the sampling density"
         ),
     )
-    pruned_depths: list[Annotated[int, Field(le=STEPS_MAX)]] = Field(
+    pruned_depths: list[Annotated[int, Field(ge=0, le=STEPS_MAX)]] = Field(
         [],
         description="depth pruning: the edges into these depths (1..num_steps) are sampled and scored but not trained",
     )
