@@ -5,11 +5,12 @@ schedule made it, so on them a multi-granularity advantage is a rescaled single-
 paper trains on *learned* rewards (HPS-v2.1 + CLIP), whose scores move with a sample's artifacts.
 This module trains two such models here, small enough to ship (a few MB each), and the training
 then uses them while the exact rewards stay untouched ground truth (the gap between the two is
-reward hacking, measured exactly):
+reward hacking, measured exactly). Measured since: on this testbed the strides rank a group's
+branches alike on these learned rewards too (benchmarks/README.md, "do the strides disagree?").
 
 - **shapes_clip** — image–text alignment, a tiny open_clip CLIP trained from scratch with CLIP's
   symmetric contrastive loss on renders (:func:`g2rpo.tasks.shapes.render`) of the pretraining
-  scenes only (:func:`g2rpo.models.shapes.pretraining_scenes`: the unseen ones left out), each
+  scenes only (all but :func:`g2rpo.tasks.shapes.unseen_scenes`), each
   render augmented (shift, blur, colour jitter, noise), as CLIP was trained on real images and
   never on generations. Loaded by the ``clip`` head (:meth:`g2rpo.rewards.clip_score.CLIPScore.from_local_dir`).
 - **shapes_pref** — a preference scorer: shapes_clip fine-tuned with a Bradley–Terry loss on pairs
