@@ -1,7 +1,7 @@
 """The train task's own pod: sized for training on one node, for waiting on more.
 
-KFP sizes a pod before it starts, from the pipeline's parameters only (its driver fills a placeholder
-limit from a pipeline input; it computes nothing). So the train pod's GPUs, CPU and memory are three
+KFP sizes a pod before it starts, from the pipeline's parameters only (its driver substitutes a
+pipeline input into the limit; it computes nothing). So the train pod's GPUs, CPU and memory are three
 string parameters of their own, ``train_pod_gpus`` / ``train_pod_cpu`` / ``train_pod_memory``, whose
 defaults are the profile's one-node placement. With ``nodes > 1`` the train task only creates and
 watches the TrainJob, whose pods hold ``nodes × gpus_per_node`` GPUs: its own pod then needs no GPU and
