@@ -55,7 +55,7 @@ import sys
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -63,6 +63,9 @@ from g2rpo import __version__
 from g2rpo.artifacts.manifest import write_dir_manifest
 from g2rpo.errors import G2RPOError, problem, write_failure
 from g2rpo.seeding import derive_seed
+
+if TYPE_CHECKING:  # run_dir imports this module (is_complete): the annotation only
+    from g2rpo.training.run_dir import RunDir
 
 __all__ = [
     "TrainerState",
@@ -215,6 +218,10 @@ class CheckpointManager:
 
     def path(self, iteration: int) -> Path:
         return self.root / self.name(iteration)
+
+    def has_complete(self, iteration: int) -> bool:
+        """Whether the checkpoint of ``iteration`` is complete (:func:`is_complete`)."""
+        return is_complete(self.path(iteration))
 
     def complete(self) -> list[tuple[int, Path]]:
         """Complete checkpoints, oldest first."""
@@ -381,17 +388,17 @@ class CheckpointManager:
     def resume_point(
         self,
         resume: str,
-        out: Path,
+        run_dir: RunDir,
         config_yaml: str,
         on_skip: Callable[[dict[str, Any]], None] | None = None,
     ) -> Path | None:
-        """The checkpoint a run resumes from, or None for a fresh run (which needs an unused ``out``).
+        """The checkpoint a run resumes from, or None for a fresh run (which needs an unused ``run_dir``).
 
         ``resume`` is ``train.resume``: ``auto`` (the newest checkpoint that verifies,
         :meth:`latest_verified`), ``never``, or a checkpoint's path (checked by :meth:`read_state`).
-        ``out`` is the run's ``output.dir`` (this manager's root is ``out/checkpoints``) and
+        ``run_dir`` is the run's folder (this manager's root is its ``checkpoints/``) and
         ``config_yaml`` the run's config as ``config.yaml`` holds it. A fresh run is refused where
-        ``out`` holds another run's files: with ``never``, a finished run's export, or metrics of a
+        the folder holds another run's files: with ``never``, a finished run's export, or metrics of a
         run with another config.
         """
         if resume not in ("auto", "never"):
@@ -402,13 +409,14 @@ class CheckpointManager:
         if resume == "auto" and latest is not None:
             self.read_state(latest)
             return latest
-        used = [p for p in ("metrics.jsonl", "export") if (out / p).exists()]
+        out = run_dir.root
+        used = [p.name for p in (run_dir.metrics, run_dir.export) if p.exists()]
         if latest is not None:
             used.append(f"checkpoints/{latest.name}")
         if used and resume == "never":
             raise G2RPOError(
                 problem(
-                    "output.dir",
+                    run_dir.field,
                     str(out),
                     f"already holds a run ({', '.join(used)}) and train.resume=never: choose a new output.dir, or "
                     "resume with train.resume=auto",
@@ -417,17 +425,17 @@ class CheckpointManager:
         if "export" in used:
             raise G2RPOError(
                 problem(
-                    "output.dir",
+                    run_dir.field,
                     str(out),
                     "holds a finished run's export/ and no checkpoint: choose a new output.dir",
                 )
             )
-        if (out / "config.yaml").exists() and self.rank == 0:
-            previous = (out / "config.yaml").read_text(encoding="utf-8")
-            if previous != config_yaml and (out / "metrics.jsonl").exists():
+        if run_dir.config_yaml.exists() and self.rank == 0:
+            previous = run_dir.config_yaml.read_text(encoding="utf-8")
+            if previous != config_yaml and run_dir.metrics.exists():
                 raise G2RPOError(
                     problem(
-                        "output.dir",
+                        run_dir.field,
                         str(out),
                         "holds metrics of a run with another config and no checkpoint to resume: choose a new output.dir",
                     )

@@ -20,6 +20,7 @@ of iteration i depend only on (seed, i) — not on the world size or on a resume
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -27,8 +28,16 @@ import torch
 
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.seeding import derive_seed
+from g2rpo.strategies.base import LossTerm
 
-__all__ = ["DistContext", "init_distributed", "prompts_per_rank", "global_prompt_indices", "rank_prompt_indices"]
+__all__ = [
+    "DistContext",
+    "init_distributed",
+    "lockstep_rounds",
+    "prompts_per_rank",
+    "global_prompt_indices",
+    "rank_prompt_indices",
+]
 
 
 @dataclass(frozen=True)
@@ -52,11 +61,44 @@ class DistContext:
         if self.distributed:
             torch.distributed.barrier()
 
+    def mean(self, value: float) -> float:
+        """The mean of ``value`` over the ranks (collective; the value itself on one process)."""
+        if not self.distributed:
+            return value
+        t = torch.tensor([value], dtype=torch.float64)
+        torch.distributed.all_reduce(t)
+        return float(t.item() / self.world_size)
+
     def shutdown(self) -> None:
         """Leave the process group together (every rank calls it last)."""
         if self.distributed and torch.distributed.is_initialized():
             torch.distributed.barrier()
             torch.distributed.destroy_process_group()
+
+
+def lockstep_rounds(
+    terms: Iterator[LossTerm], zero_loss: Callable[[], torch.Tensor]
+) -> Iterator[tuple[torch.Tensor, LossTerm | None, bool]]:
+    """The rounds in which several ranks back-propagate their loss terms: ``(loss, term, last_round)``.
+
+    Ranks must issue the same collectives in the same order — ZeRO-2/3 reduce gradients inside every
+    backward, ZeRO-3 also gathers weights inside every forward — but a rank whose groups were dropped
+    (NaN reward) yields fewer terms. So the ranks advance in lock-step rounds: each takes its next
+    term, or, when it has none left, ``zero_loss()`` (a zero loss made by a real one-row forward: same
+    modules, same gather/reduce order as a term; ``term`` is then None); one all-reduce tells whether
+    any rank still had a term. The caller back-propagates every round's loss; in the last round (no
+    rank had a term) the zero losses close the accumulation and all ranks step together. Cost: one
+    extra one-row forward and backward per iteration, and a scalar all-reduce per term.
+    """
+    while True:
+        term = next(terms, None)
+        loss = term.loss if term is not None else zero_loss()
+        flag = torch.tensor([0 if term is None else 1], dtype=torch.long)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        last_round = int(flag.item()) == 0
+        yield loss, term, last_round
+        if last_round:
+            return
 
 
 def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistContext:

@@ -24,6 +24,10 @@ folder is refused, naming the holder and what to do. A claim whose holder is gon
 on this host (or its pid reused by a newer one), or a lease not renewed in time, for a holder on
 another machine of a shared volume — is taken over, and the takeover is logged, as the publish
 claims of :mod:`g2rpo.artifacts.manifest` are. The claim is released when the run ends.
+
+:class:`RunDir` is the folder resolved once from the config (:meth:`RunDir.of`, by the train step or
+the trainer) and handed on: where each of the run's files lives, and its check and claim. Nothing
+downstream re-derives a path from ``output.dir``.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -44,8 +49,9 @@ from g2rpo.artifacts.publish import pid_alive, process_start
 from g2rpo.artifacts.storage import check_writable
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.training.checkpoint import is_complete
+from g2rpo.training.run_config import RunConfig
 
-__all__ = ["MARKER", "WRITER", "WriterClaim", "check_run_dir", "claim_run_dir", "foreign_entries"]
+__all__ = ["MARKER", "WRITER", "RunDir", "WriterClaim", "check_run_dir", "claim_run_dir", "foreign_entries"]
 
 MARKER = ".g2rpo-run.json"
 WRITER = ".g2rpo-writer.json"  # the live run's claim (one writer per folder)
@@ -55,6 +61,51 @@ WRITER_LEASE_S = 120.0  # a holder on another host is taken over this long after
 _RUN_FILES = re.compile(r"^(config\.yaml|config-resumed-iter-\d+\.yaml|metrics\.jsonl|checkpoints|export(-iter-\d+)?)$")
 # What checkpoints/ holds: checkpoint directories, complete or not, and those set aside as damaged.
 _CHECKPOINT_ENTRY = re.compile(r"^iter-\d{6,}(\.damaged(-\d+)?)?$")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """A run's ``output.dir``, resolved once: where each file of the run lives (the names :data:`_RUN_FILES`
+    allows), and the folder's check and writer claim."""
+
+    root: Path
+    field: str = "output.dir"  # the config field errors name
+
+    @classmethod
+    def of(cls, config: RunConfig) -> RunDir:
+        return cls(Path(config.output.dir))
+
+    @property
+    def config_yaml(self) -> Path:
+        return self.root / "config.yaml"
+
+    def resumed_config_yaml(self, iteration: int) -> Path:
+        """The config of a run resumed at ``iteration``, kept beside the original (never overwritten)."""
+        return self.root / f"config-resumed-iter-{iteration:06d}.yaml"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def export(self) -> Path:
+        return self.root / "export"
+
+    def export_beside(self, iteration: int) -> Path:
+        """Where a longer run resumed after an earlier export writes its own, beside that one."""
+        return self.root / f"export-iter-{iteration:06d}"
+
+    def check(self) -> None:
+        """:func:`check_run_dir` (every rank, before any work)."""
+        check_run_dir(self.root, self.field)
+
+    def claim(self, config_hash: str) -> WriterClaim:
+        """:func:`claim_run_dir` (rank 0, before anything is written there)."""
+        return claim_run_dir(self.root, config_hash, self.field)
 
 
 def _is_marked(out: Path) -> bool:
