@@ -40,6 +40,7 @@ from g2rpo.training.checkpoint import manifest_metadata
 from g2rpo.training.metrics import read_iteration_records
 from g2rpo.training.mirror import CheckpointMirror
 from g2rpo.training.run_config import RunConfig, resume_hash
+from g2rpo.training.run_dir import RunDir
 from g2rpo.training.trainer import TrainerCallback, train_from_config
 
 __all__ = [
@@ -110,7 +111,9 @@ def train(
     if nodes < 1:
         raise G2RPOError(problem("nodes", nodes, "give the number of nodes to train on (1: in this process)"))
     # The trainer's setup owns the start-up: the output checks, the process group, the writer claim on
-    # output.dir and (through the mirror's before_resume) the restore from checkpoint_uri.
+    # output.dir and (through the mirror's before_resume) the restore from checkpoint_uri. output.dir is
+    # resolved here, once, and handed on.
+    run_dir = RunDir.of(config)
     callbacks: list[TrainerCallback] = []
     if checkpoint_uri is not None:
         mirror = CheckpointMirror(
@@ -120,11 +123,11 @@ def train(
             settings=settings,
         )
         callbacks.append(mirror)
-    exporter = training_exporter(config) if int(os.environ.get("RANK", "0")) == 0 else None
+    exporter = training_exporter(config, run_dir) if int(os.environ.get("RANK", "0")) == 0 else None
     if exporter is not None:
         callbacks.append(exporter)
     try:
-        summary = train_from_config(config, callbacks)
+        summary = train_from_config(config, callbacks, run_dir)
     finally:
         if exporter is not None:
             exporter.close()
@@ -133,12 +136,11 @@ def train(
     published = None
     if publish_uri is not None and export_dir is not None and int(os.environ.get("RANK", "0")) == 0:
         published = publish_export(export_dir, publish_uri, config_hash, producer=producer, settings=settings)
-    out = Path(summary["output_dir"])
     return TrainResult(
         summary=summary,
-        output_dir=out,
-        metrics_path=out / "metrics.jsonl",
-        checkpoints_dir=out / "checkpoints",
+        output_dir=run_dir.root,
+        metrics_path=run_dir.metrics,
+        checkpoints_dir=run_dir.checkpoints,
         export_dir=export_dir,
         config_hash=config_hash,
         published=published,
@@ -150,9 +152,10 @@ def train(
 METRICS_PORT_ENV = "G2RPO_METRICS_PORT"
 
 
-def training_exporter(config: RunConfig) -> TrainingExporter | None:
+def training_exporter(config: RunConfig, run_dir: RunDir | None = None) -> TrainingExporter | None:
     """The /metrics exporter of ``config.observability``, on ``metrics_port`` or else the port the
-    training runtime names in ``$G2RPO_METRICS_PORT``; None when neither is set."""
+    training runtime names in ``$G2RPO_METRICS_PORT``; None when neither is set. Its run id defaults
+    to the name of the run's folder (``run_dir``, else ``output.dir``)."""
     obs = config.observability
     port = obs.metrics_port
     if port is None and os.environ.get(METRICS_PORT_ENV):
@@ -165,7 +168,7 @@ def training_exporter(config: RunConfig) -> TrainingExporter | None:
     return TrainingExporter(
         port,
         address=obs.metrics_address,
-        run_id=obs.run_id or Path(config.output.dir).name,
+        run_id=obs.run_id or (run_dir.root if run_dir is not None else Path(config.output.dir)).name,
         pipeline=obs.pipeline,
         strategy=config.algorithm.strategy,
         model=config.model.base_model_name,
@@ -208,7 +211,7 @@ def _train_as_trainjob(
     if export_base is not None:
         args += ["--publish", export_base]
     outcome = launch_trainjob(trainjob, args, config_yaml=to_yaml(config), nodes=nodes)
-    out = Path(config.output.dir)
+    run_dir = RunDir.of(config)  # the paths in the TrainJob's pods
     return TrainResult(
         summary={
             "trainjob": outcome.name,
@@ -216,9 +219,9 @@ def _train_as_trainjob(
             "nodes": nodes,
             "followed": outcome.followed,
         },
-        output_dir=out,
-        metrics_path=out / "metrics.jsonl",
-        checkpoints_dir=out / "checkpoints",
+        output_dir=run_dir.root,
+        metrics_path=run_dir.metrics,
+        checkpoints_dir=run_dir.checkpoints,
         export_dir=None,
         config_hash=resume_hash(config),
         published=None if export_base is None else _published_under(export_base, settings),

@@ -40,6 +40,7 @@ from g2rpo.launch.trainjob import DEFAULT_DEADLINE_S, Placement, TrainJobLaunch
 from g2rpo.steps.records import TrainRecord, write_record
 from g2rpo.steps.train import publish_export, train
 from g2rpo.training.run_config import RunConfig, resume_hash
+from g2rpo.training.run_dir import RunDir
 
 __all__ = [
     "PARAMETER_KEYS",
@@ -325,7 +326,7 @@ def train_task(
     )
     write_record(record, record_dir)
     # The iteration records, for the decision report's reward curves (a multi-node run keeps its own).
-    metrics = Path(config.output.dir) / METRICS_FILE
+    metrics = RunDir.of(config).metrics
     if metrics.is_file():
         shutil.copyfile(metrics, record_dir / METRICS_FILE)
     return record

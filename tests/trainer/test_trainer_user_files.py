@@ -17,7 +17,7 @@ from g2rpo.config import load_config
 from g2rpo.errors import G2RPOError
 from g2rpo.training.metrics import read_iteration_records
 from g2rpo.training.run_config import RunConfig, resume_hash
-from g2rpo.training.run_dir import MARKER, check_run_dir, foreign_entries
+from g2rpo.training.run_dir import _RUN_FILES, MARKER, RunDir, check_run_dir, foreign_entries
 from g2rpo.training.trainer import Trainer
 
 pytestmark = pytest.mark.integration
@@ -139,3 +139,20 @@ def test_duplicate_prompts_are_reported_and_recorded_in_the_summary(tiny_flux_di
     clean = Trainer(_config(tiny_flux_dir, tmp_path / "clean", **{"train.iterations": 1})).run()
     assert clean["prompts"] == {"read": 8, "unique": 8, "duplicates": 0}
     assert "duplicate prompt" not in capsys.readouterr().err
+
+
+def test_every_file_run_dir_names_is_one_the_folder_check_counts_as_the_runs(tmp_path):
+    # RunDir says where the trainer writes; the folder check says which top-level names are a run's
+    # (what it adopts from a folder made before the marker). Both spell the layout: they must agree.
+    run_dir = RunDir(tmp_path / "run")
+    named = [
+        run_dir.config_yaml,
+        run_dir.resumed_config_yaml(12),
+        run_dir.metrics,
+        run_dir.checkpoints,
+        run_dir.export,
+        run_dir.export_beside(1_000_000),
+    ]
+    assert all(path.parent == run_dir.root for path in named)
+    assert [path.name for path in named if not _RUN_FILES.match(path.name)] == []
+    assert RunDir.of(_config(tmp_path / "model", tmp_path / "out")).root == tmp_path / "out"
