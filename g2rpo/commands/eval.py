@@ -17,7 +17,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
             "ODE-sample every (prompt, seed) of a prompt set with the model at --model (a FluxPipeline folder "
             "or a training run's export, local or s3://), decode, score with the reward models, and publish "
             "one artifact at --output: report.html, scores.json (per prompt and seed), scores.jsonl, metrics.json "
-            "(mean, std, n, 95% CI per step count), prompts.json, images/, plots/, grid.png and manifest.json (last). "
+            "(mean, std, n, 95% CI per step count), prompts.json, images/, plots/, grid/ (the images in pages of 8 prompts, with an index; grid.png is its first page) and manifest.json (last). "
             "An interrupted evaluation continues when run again with the same arguments. The same (prompt, seed) gives the same "
             "image for the same weights, so two evaluations compare paired. Config: --config FILE, then "
             "key=value overrides, then the flags below. `g2rpo eval --describe` lists every key. "

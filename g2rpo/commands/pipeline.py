@@ -246,7 +246,7 @@ def run_local_command(args: argparse.Namespace) -> int:
     if evaluation is not None and (evaluation / "record.json").is_file():
         record = json.loads((evaluation / "record.json").read_text(encoding="utf-8"))
         where = record["challenger_eval_uri"]
-        print(f"  challenger images      {where}/images  (grid {where}/grid.png, metrics {where}/metrics.json)")
+        print(f"  challenger images      {where}/images  (grid pages {where}/grid/, metrics {where}/metrics.json)")
         columns = {"base model": run.base_means, "challenger": record["challenger_means"]}
         if record["champion_means"]:
             columns[f"champion v{record['champion_version']}"] = record["champion_means"]

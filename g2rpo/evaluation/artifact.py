@@ -13,7 +13,10 @@ manifest last, so a reader sees all of it or nothing)::
     prompts.json           the prompt set's URI and sha256, the seeds, and each prompt_id's text
     images/p{i}_s{seed}.png        the decoded sample of prompt p{i} and seed at num_steps, 8-bit RGB
     images/T{n}/p{i}_s{seed}.png   the same at each extra step count n
-    grid.png               every num_steps image (rows: prompts, columns: seeds), titled with its scores
+    grid/page-001.png ...  the num_steps images in pages of GRID_PAGE_PROMPTS prompts (rows) by at most
+                           GRID_SEEDS_MAX seeds (columns), each image titled with its scores
+    grid/index.json        which page shows which prompt (prompt → page), and what the pages leave out
+    grid.png               the first page again, under the name earlier versions wrote
     plots/                 score distributions per metric; with a baseline, baseline-vs-this scatters
     baseline/images/...    with a baseline, its images of the paired step counts (for the report)
     report.html            the report; it links only files above, so it renders from the folder alone
@@ -46,7 +49,7 @@ from pydantic import ValidationError
 from g2rpo.artifacts.cache import fetch_to_cache
 from g2rpo.artifacts.manifest import has_manifest
 from g2rpo.artifacts.scores import EvalScores, ScoreItem
-from g2rpo.artifacts.storage import S3Settings, locate, open_store
+from g2rpo.artifacts.storage import S3Settings, Store, locate, open_store
 from g2rpo.data import dedupe_prompts, read_prompt_file
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.sampling import EvalResult
@@ -61,7 +64,11 @@ __all__ = [
     "check_baseline",
     "png_bytes",
     "load_png",
+    "GridPage",
+    "grid_page_files",
+    "grid_pages",
     "save_score_grid",
+    "save_score_grid_pages",
     "score_grid_figure",
     "load_evaluation",
     "eval_result_from",
@@ -78,10 +85,15 @@ class PromptSet:
 
 
 _log = logging.getLogger(__name__)
-# grid.png holds at most this many rows (prompts) and columns (seeds): a picture a person can read,
-# and a figure whose memory does not grow with the evaluation (every image stays in images/).
-GRID_PROMPTS_MAX = 64
+# The grid is drawn in pages a person can read (a page's rows are prompts, its columns seeds) and whose
+# memory does not grow with the evaluation; the pages stop at GRID_PROMPTS_MAX prompts (the paper's
+# 400 test prompts fit), every image stays in images/ and report.html.
+GRID_PAGE_PROMPTS = 8
 GRID_SEEDS_MAX = 8
+GRID_PROMPTS_MAX = 400
+GRID_DIR = "grid"
+GRID_INDEX = f"{GRID_DIR}/index.json"
+GRID_FIRST_PAGE = "grid.png"  # the first page again, under the name of the one-picture grid of earlier versions
 
 BUILTIN_PREFIX = "builtin:"
 
@@ -232,36 +244,97 @@ def png_bytes(image: torch.Tensor) -> bytes:
     return buffer.getvalue()
 
 
-def save_score_grid(result: EvalResult, path: str | Path, title: str = "") -> Path:
-    """A PNG grid: one row per prompt, one column per seed, each image titled with its scores."""
-    fig = score_grid_figure(result, title)
+@dataclass(frozen=True)
+class GridPage:
+    """One page of the grid: its file (relative to the artifact), its number (from 1) and the prompts it shows."""
+
+    file: str
+    number: int
+    prompts: range  # prompt indices, rows top to bottom
+
+
+def grid_pages(num_prompts: int) -> list[GridPage]:
+    """The pages of a grid of ``num_prompts`` prompts: :data:`GRID_PAGE_PROMPTS` rows each, the first
+    :data:`GRID_PROMPTS_MAX` prompts."""
+    shown = min(num_prompts, GRID_PROMPTS_MAX)
+    starts = range(0, shown, GRID_PAGE_PROMPTS)
+    return [
+        GridPage(f"{GRID_DIR}/page-{k + 1:03d}.png", k + 1, range(start, min(start + GRID_PAGE_PROMPTS, shown)))
+        for k, start in enumerate(starts)
+    ]
+
+
+def save_score_grid_pages(result: EvalResult, root: str | Path, title: str = "") -> list[GridPage]:
+    """Write every page of the grid under ``root`` (``grid/page-NNN.png``), the index ``grid/index.json``
+    (prompt → page) and ``grid.png`` (the first page, the earlier name); returns the pages."""
+    root = Path(root)
+    pages = grid_pages(len(result.prompts))
+    seeds_shown = result.seeds[:GRID_SEEDS_MAX]
+    if len(pages) * GRID_PAGE_PROMPTS < len(result.prompts) or len(seeds_shown) < len(result.seeds):
+        _log.warning(
+            "the grid pages show %d of %d prompts and %d of %d seeds (at most %d prompts, %d seeds); "
+            "scores.json, images/ and report.html hold every one",
+            min(len(result.prompts), GRID_PROMPTS_MAX),
+            len(result.prompts),
+            len(seeds_shown),
+            len(result.seeds),
+            GRID_PROMPTS_MAX,
+            GRID_SEEDS_MAX,
+        )
+    (root / GRID_DIR).mkdir(parents=True, exist_ok=True)
+    for page in pages:
+        save_score_grid(result, root / page.file, title, page=page.number)
+    index = {
+        "prompts_per_page": GRID_PAGE_PROMPTS,
+        "prompts_total": len(result.prompts),
+        "seeds_shown": list(seeds_shown),
+        "seeds_total": len(result.seeds),
+        "pages": [{"file": page.file, "prompts": [f"p{p}" for p in page.prompts]} for page in pages],
+        "prompt_page": {
+            f"p{p}": {"prompt": result.prompts[p], "page": page.file} for page in pages for p in page.prompts
+        },
+    }
+    (root / GRID_INDEX).write_text(json.dumps(index, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    if pages:
+        (root / GRID_FIRST_PAGE).write_bytes((root / pages[0].file).read_bytes())
+    return pages
+
+
+def grid_page_files(store: Store) -> list[str]:
+    """The grid's page files of the evaluation in ``store``, in order: from ``grid/index.json``, or
+    ``grid.png`` alone for an evaluation written before the grid had pages; none when neither is there."""
+    if store.exists(GRID_INDEX):
+        return [page["file"] for page in json.loads(store.get_bytes(GRID_INDEX)[0])["pages"]]
+    return [GRID_FIRST_PAGE] if store.exists(GRID_FIRST_PAGE) else []
+
+
+def save_score_grid(result: EvalResult, path: str | Path, title: str = "", page: int = 1) -> Path:
+    """One page of the grid as a PNG: a row per prompt, a column per seed, each image titled with its scores."""
+    fig = score_grid_figure(result, title, page)
     path = Path(path)
     fig.savefig(path)
     fig.clear()
     return path
 
 
-def score_grid_figure(result: EvalResult, title: str = ""):
-    """The matplotlib figure :func:`save_score_grid` saves (the caller closes it)."""
+def score_grid_figure(result: EvalResult, title: str = "", page: int = 1):
+    """The matplotlib figure of page ``page`` (from 1) of the grid, :func:`save_score_grid` saves it (the
+    caller closes it). Its heading says which prompts of how many it shows, and which seeds."""
     import matplotlib  # heavy: only the grid needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows, cols = min(len(result.prompts), GRID_PROMPTS_MAX), min(len(result.seeds), GRID_SEEDS_MAX)
-    cut = ""
-    if (rows, cols) != (len(result.prompts), len(result.seeds)):
-        cut = f" · showing the first {rows} of {len(result.prompts)} prompts and {cols} of {len(result.seeds)} seeds"
-        _log.warning(
-            "grid.png shows the first %d of %d prompts and %d of %d seeds (at most %d × %d images); "
-            "scores.json and images/ hold every one",
-            rows,
-            len(result.prompts),
-            cols,
-            len(result.seeds),
-            GRID_PROMPTS_MAX,
-            GRID_SEEDS_MAX,
-        )
+    pages = grid_pages(len(result.prompts))
+    if not 1 <= page <= len(pages):
+        raise G2RPOError(problem("page", page, f"the grid of {len(result.prompts)} prompts has pages 1-{len(pages)}"))
+    shown = pages[page - 1].prompts
+    rows, cols = len(shown), min(len(result.seeds), GRID_SEEDS_MAX)
+    where = f"page {page} of {len(pages)}: prompts p{shown[0]}-p{shown[-1]} of {len(result.prompts)}"
+    if len(pages) * GRID_PAGE_PROMPTS < len(result.prompts):
+        where += f" (the pages show the first {GRID_PROMPTS_MAX})"
+    if cols < len(result.seeds):
+        where += f" · the first {cols} of {len(result.seeds)} seeds"
     names = list(result.scores)
     # The whole prompt, wrapped, left of its row (position and background are at its end); the
     # constrained layout makes room for it, the column heads and the wrapped title, so nothing is cut
@@ -275,19 +348,19 @@ def score_grid_figure(result: EvalResult, title: str = ""):
         squeeze=False,
         layout="constrained",
     )
-    for p in range(rows):
+    for row, p in enumerate(shown):
         for s in range(cols):
-            ax = axes[p, s]
+            ax = axes[row, s]
             ax.imshow(result.images[p, s].permute(1, 2, 0).float().numpy(), interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
-            lines = [f"seed {result.seeds[s]}"] if p == 0 else []
+            lines = [f"seed {result.seeds[s]}"] if row == 0 else []
             lines += [f"{name} {float(result.scores[name][p, s]):.3f}" for name in names]
             ax.set_title("\n".join(lines), fontsize=6)
         label = textwrap.fill(f"p{p}: {result.prompts[p]}", width=26)
-        axes[p, 0].set_ylabel(label, fontsize=6, rotation=0, ha="right", va="center")
+        axes[row, 0].set_ylabel(label, fontsize=6, rotation=0, ha="right", va="center")
     means = ", ".join(f"{name} {result.mean(name):.4f}" for name in names)
-    heading = f"{title + ': ' if title else ''}mean {means} · rows: prompts, columns: seeds{cut}"
+    heading = f"{title + ': ' if title else ''}mean {means} (all prompts) · {where} · rows: prompts, columns: seeds"
     fig.suptitle(textwrap.fill(heading, width=int(width * 72 / 8 / 0.62)), fontsize=8)
     plt.close(fig)  # out of pyplot's registry; the figure itself stays usable
     return fig

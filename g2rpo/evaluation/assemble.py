@@ -3,7 +3,7 @@
 :func:`assemble` reads every chunk of the partial state under the output
 (:mod:`g2rpo.evaluation.resume`) and writes the artifact's layout (:mod:`g2rpo.evaluation.artifact`)
 into a local folder: the images, ``scores.json``, ``scores.jsonl``, ``prompts.json``, ``metrics.json``,
-the plots, ``grid.png`` and ``report.html`` (:mod:`g2rpo.evaluation.report`), with a baseline its
+the plots, the grid's pages (``grid/``, with ``grid.png`` its first page) and ``report.html`` (:mod:`g2rpo.evaluation.report`), with a baseline its
 paired numbers, scatters and images. It returns the manifest's metadata; the caller publishes the folder.
 """
 
@@ -16,7 +16,7 @@ from g2rpo.artifacts.scores import EvalScores, ScoreItem
 from g2rpo.artifacts.storage import Store
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation import report, resume
-from g2rpo.evaluation.artifact import Baseline, PromptSet, eval_result_from, save_score_grid, step_image_name
+from g2rpo.evaluation.artifact import Baseline, PromptSet, eval_result_from, save_score_grid_pages, step_image_name
 from g2rpo.evaluation.config import EvaluationConfig
 from g2rpo.rewards.registry import get_spec
 
@@ -132,7 +132,7 @@ def assemble(
         },
     )
     primary = eval_result_from(root, prompts, seeds, scores, output_uri)
-    save_score_grid(primary, root / "grid.png")
+    pages = save_score_grid_pages(primary, root)
     report.write_report_html(
         root / "report.html",
         title=f"Evaluation of {model_uri}",
@@ -165,6 +165,7 @@ def assemble(
         metrics=summaries,
         image_of=lambda steps, p, seed: step_image_name(steps, num_steps, p, seed),
         plots=plots,
+        grid_pages=[(page.file, list(page.prompts)) for page in pages],
         paired=paired or None,
         baseline_by_steps={steps: baseline.by_steps[steps] for steps in paired_steps} if baseline else None,
         baseline_image_of=lambda steps, p, seed: baseline_images[(steps, p, seed)],

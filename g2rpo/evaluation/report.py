@@ -126,9 +126,39 @@ th { background: #f3f3f3; }
 td.prompt { text-align: left; max-width: 18em; }
 figure { display: inline-block; margin: 0.2em; text-align: center; font-size: 0.75em; }
 figure img { display: block; width: 128px; height: auto; image-rendering: pixelated; }
+#grid-index td.prompt { max-width: 48em; }
+figure.page { display: block; text-align: left; font-size: 0.9em; }
+figure.page img { width: auto; max-width: 100%; image-rendering: auto; }
 .pos { color: #067d17; } .neg { color: #b3261e; }
 td.trained { text-align: left; font-weight: bold; } td.held-out { text-align: left; color: #555; }
 """
+
+
+def _grid_pages_html(pages: list[tuple[str, list[int]]], prompts: list[str]) -> list[str]:
+    """The grid's pages: an index (each page, the prompts it shows, linked), then every page at full width."""
+    e = html.escape
+    shown = sum(len(rows) for _, rows in pages)
+    parts = [
+        "<h2>Grid pages</h2>",
+        f"<p>{len(pages)} page(s) of at most {max(len(rows) for _, rows in pages)} prompts (rows) by the seeds "
+        f"(columns), each image titled with its scores; {shown} of {len(prompts)} prompts"
+        + ("" if shown == len(prompts) else " (every image is in the table below)")
+        + ".</p>",
+        "<table id='grid-index'><tr><th>page</th><th>prompts</th></tr>",
+    ]
+    for number, (path, rows) in enumerate(pages, start=1):
+        listed = "<br>".join(f"p{p}: {e(prompts[p])}" for p in rows)
+        parts.append(
+            f"<tr><td><a href='#grid-page-{number}'>{number}</a> (<a href='{e(path)}'>{e(path)}</a>)</td>"
+            f"<td class='prompt'>{listed}</td></tr>"
+        )
+    parts.append("</table>")
+    for number, (path, rows) in enumerate(pages, start=1):
+        parts.append(
+            f"<figure class='page' id='grid-page-{number}'><figcaption>page {number}: p{rows[0]}-p{rows[-1]}"
+            f"</figcaption><a href='{e(path)}'><img src='{e(path)}' alt='grid page {number}'></a></figure>"
+        )
+    return parts
 
 
 def _num(x: float) -> str:
@@ -155,6 +185,7 @@ def write_report_html(
     metrics: Mapping[str, Mapping[str, Summary]],
     image_of: Callable[[int, int, int], str],
     plots: list[str],
+    grid_pages: list[tuple[str, list[int]]] | None = None,
     paired: Mapping[str, Mapping[str, Summary]] | None = None,
     baseline_by_steps: Mapping[int, EvalScores] | None = None,
     baseline_image_of: Callable[[int, int, int], str] | None = None,
@@ -164,7 +195,8 @@ def write_report_html(
     paired differences and side-by-side pairs. ``image_of(steps, prompt_index, seed)`` is an image's
     path relative to the report; ``metrics``/``paired`` are keyed by step count (as text), then metric.
     With ``trained_metrics`` every metric is labelled trained (the model was optimised for it) or
-    held-out (a check it was not trained on)."""
+    held-out (a check it was not trained on). ``grid_pages``: each page of the grid (its path, the
+    prompt indices it shows), listed with its prompts (the index: prompt → page) and shown below."""
     e = html.escape
 
     def role(metric: str) -> str:
@@ -217,6 +249,8 @@ def write_report_html(
         parts.append("<h2>Plots</h2><div id='plots'>")
         parts += [f'<img src="{e(p)}" alt="{e(p)}">' for p in plots]
         parts.append("</div>")
+    if grid_pages:
+        parts += _grid_pages_html(grid_pages, prompts)
     parts.append("<h2>Images</h2><table id='images'><tr><th>prompt</th>")
     parts += [f"<th>seed {seed}</th>" for seed in seeds]
     parts.append("</tr>")

@@ -67,6 +67,7 @@ _EVALUATION_ENTRIES = frozenset(
         "prompts.json",
         "images",
         "grid.png",
+        "grid",
         "plots",
         "baseline",
         "report.html",

@@ -23,6 +23,7 @@ from g2rpo.artifacts.publish import unique_prefix
 from g2rpo.artifacts.registry import Registry
 from g2rpo.artifacts.storage import S3Settings, open_store
 from g2rpo.config import load_config
+from g2rpo.evaluation.artifact import grid_page_files
 from g2rpo.observability.push import PushTarget, push_evaluations
 from g2rpo.steps.evaluate import EvaluateResult, evaluate
 from g2rpo.steps.records import CandidatesRecord, TrainRecord, read_record, write_record
@@ -155,10 +156,13 @@ def report_html(
         if result is None:
             continue
         store = open_store(result.output_uri, settings)
-        if store.exists("grid.png"):
-            png = base64.b64encode(store.get_bytes("grid.png")[0]).decode("ascii")
+        pages = grid_page_files(store)
+        if pages:
+            parts.append(f"<h2>{html.escape(label)}</h2>")
+        for number, page in enumerate(pages, start=1):
+            png = base64.b64encode(store.get_bytes(page)[0]).decode("ascii")
             parts.append(
-                f"<h2>{html.escape(label)}</h2><img alt='{html.escape(label)} samples' src='data:image/png;base64,{png}'>"
+                f"<img alt='{html.escape(label)} samples, grid page {number}' src='data:image/png;base64,{png}'>"
             )
         parts.append(f"<p><code>{html.escape(result.output_uri)}</code></p>")
     if trained is not None and trained.validation_curve:

@@ -4,6 +4,7 @@ SIGKILL half-way, the registry reading exactly the report's numbers, and bad inp
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import os
@@ -24,7 +25,9 @@ from g2rpo.errors import G2RPOError
 from g2rpo.evaluation import resume
 from g2rpo.evaluation.config import EvaluationConfig
 from g2rpo.rewards.registry import REWARDS, reward_names
+from g2rpo.steps.candidates import report_html
 from g2rpo.steps.evaluate import evaluate
+from g2rpo.steps.records import CandidatesRecord
 from g2rpo.steps.register import register
 from tests.tiny_flux_fixture import make_tiny_flux
 
@@ -71,6 +74,15 @@ def test_every_output_of_a_paired_evaluation_at_two_step_counts(challenger, base
     for steps_dir in ("images/", "images/T2/", "baseline/images/", "baseline/images/T2/"):
         assert {f"{steps_dir}p{p}_s{s}.png" for p in (0, 1) for s in (0, 5)} <= files
     assert {"report.html", "metrics.json", "scores.json", "scores.jsonl", "grid.png", "manifest.json"} <= files
+    # two prompts: one grid page, its index, and the report shows it and lists both prompts against it
+    assert {"grid/page-001.png", "grid/index.json"} <= files and "grid/page-002.png" not in files
+    index = json.loads((root / "grid" / "index.json").read_text())
+    assert {p: entry["page"] for p, entry in index["prompt_page"].items()} == {
+        "p0": "grid/page-001.png",
+        "p1": "grid/page-001.png",
+    }
+    report = (root / "report.html").read_text()
+    assert report.count("src='grid/page-001.png'") == 1 and "<table id='grid-index'>" in report
     assert {f"plots/scatter_{m}_T{t}.png" for m in METRICS for t in (3, 2)} <= files
     assert not any(key.startswith(resume.PARTIAL) for key in files)  # the partial state is gone
 
@@ -163,8 +175,8 @@ def test_report_renders_in_headless_chromium_with_every_image(challenger, tmp_pa
     assert done.returncode == 0, done.stderr[-2000:]
     marker = done.stdout.split('<pre id="g2rpo-check">', 1)[1].split("</pre>", 1)[0]
     check = json.loads(marker.replace("&quot;", '"'))
-    # 8 own images at two step counts, 8 baseline images, 2 distribution plots + 4 scatter plots
-    assert check["images"] == 8 + 8 + 8 + 6 and check["broken"] == []
+    # 8 own images at two step counts, 8 baseline images, 2 distribution plots + 4 scatter plots, 1 grid page
+    assert check["images"] == 8 + 8 + 8 + 6 + 1 and check["broken"] == []
     assert check["metricsRows"] == 1 + 2 * 2 and check["pairedRows"] == 1 + 2 * 2 and check["gridCells"] == 8
 
 
@@ -304,3 +316,18 @@ def test_a_judge_answer_without_a_score_stops_the_evaluation_naming_the_metric(t
         r"the judge's answer held no score line: raise max_new_tokens",
     ):
         evaluate(str(tiny_flux_dir), _config(rewards={"models": models}, extra_steps=[]), str(tmp_path / "eval"))
+
+
+def test_the_pipeline_report_embeds_each_evaluation_s_grid_pages(challenger, baseline):
+    record = CandidatesRecord(
+        challenger_eval_uri=challenger.output_uri,
+        challenger_means=challenger.means,
+        baseline_label="base model",
+        baseline_eval_uri=baseline.output_uri,
+        baseline_means=baseline.means,
+    )
+    page = report_html(record, challenger, baseline)
+    for result in (challenger, baseline):
+        png = base64.b64encode((Path(result.output_uri) / "grid" / "page-001.png").read_bytes()).decode("ascii")
+        assert page.count(png) == 1  # its page, embedded once (the KFP UI shows a self-contained page)
+    assert page.count("samples, grid page 1'") == 2 and "grid page 2" not in page

@@ -29,6 +29,8 @@ EXPECTED_FILES = {
     "metrics.json",
     "prompts.json",
     "grid.png",
+    "grid/page-001.png",
+    "grid/index.json",
     "images/p0_s0.png",
     "images/p0_s5.png",
     "images/p1_s0.png",

@@ -1,10 +1,9 @@
 """Hostile or oversized inputs end in a bounded, clear refusal, not a traceback: YAML alias bombs and
 huge config files in `validate` (and gates, and overrides), absurd seed counts in an evaluation
-(refused before any model loads), and a grid.png whose size does not grow with the evaluation."""
+(refused before any model loads), and grid pages whose size does not grow with the evaluation."""
 
 from __future__ import annotations
 
-import logging
 import time
 from pathlib import Path
 
@@ -68,8 +67,14 @@ def test_an_absurd_number_of_seeds_is_refused_up_front(tmp_path, capsys):
     assert time.monotonic() - started < 10  # before any model loads or image is drawn
 
 
-def test_grid_png_is_bounded_and_says_what_it_shows(caplog):
-    from g2rpo.evaluation.artifact import GRID_PROMPTS_MAX, GRID_SEEDS_MAX, score_grid_figure
+def test_grid_pages_are_bounded_and_say_what_they_show():
+    from g2rpo.evaluation.artifact import (
+        GRID_PAGE_PROMPTS,
+        GRID_PROMPTS_MAX,
+        GRID_SEEDS_MAX,
+        grid_pages,
+        score_grid_figure,
+    )
     from g2rpo.evaluation.sampling import EvalResult
 
     prompts, seeds = [f"p{i}" for i in range(GRID_PROMPTS_MAX + 5)], list(range(GRID_SEEDS_MAX + 3))
@@ -77,9 +82,15 @@ def test_grid_png_is_bounded_and_says_what_it_shows(caplog):
     result = EvalResult(
         prompts=prompts, seeds=seeds, images=images, scores={"m": torch.zeros(len(prompts), len(seeds))}
     )
-    with caplog.at_level(logging.WARNING):
-        fig = score_grid_figure(result)
-    assert len(fig.axes) == GRID_PROMPTS_MAX * GRID_SEEDS_MAX
+    pages = grid_pages(len(prompts))
+    assert [p for page in pages for p in page.prompts] == list(range(GRID_PROMPTS_MAX))  # each once, in order
+    assert max(len(page.prompts) for page in pages) == GRID_PAGE_PROMPTS
+    fig = score_grid_figure(result, page=len(pages))
+    assert len(fig.axes) == len(pages[-1].prompts) * GRID_SEEDS_MAX
     heading = " ".join(fig._suptitle.get_text().split())
-    assert f"first {GRID_PROMPTS_MAX} of {len(prompts)} prompts and {GRID_SEEDS_MAX} of {len(seeds)} seeds" in heading
-    assert f"first {GRID_PROMPTS_MAX} of {len(prompts)} prompts" in caplog.text
+    last = pages[-1].prompts
+    assert f"page {len(pages)} of {len(pages)}: prompts p{last[0]}-p{last[-1]} of {len(prompts)}" in heading
+    assert f"the pages show the first {GRID_PROMPTS_MAX}" in heading
+    assert f"the first {GRID_SEEDS_MAX} of {len(seeds)} seeds" in heading
+    with pytest.raises(G2RPOError, match=rf"page={len(pages) + 1}: .* has pages 1-{len(pages)}"):
+        score_grid_figure(result, page=len(pages) + 1)
