@@ -22,16 +22,12 @@ batch slot, k, branch): the slot is the prompt's position in the iteration's glo
 even when a small prompt set repeats a prompt within an iteration), so the draws do not depend on
 the number of ranks or on a resume.
 
-Outputs under ``output.dir`` — resolved once into a :class:`~g2rpo.training.run_dir.RunDir` that
-knows where each file lives — which holds nothing else (:mod:`g2rpo.training.run_dir`: the marker
-``.g2rpo-run.json`` is written first, and a folder holding other files is refused): ``config.yaml``
-(every default written out), ``metrics.jsonl`` (one record per iteration: the step stats, rewards
-per model and stride, grad norm, lr, seconds per phase), ``checkpoints/`` (see
-:mod:`g2rpo.training.checkpoint`) and ``export/``. ``metrics.jsonl`` (:mod:`g2rpo.training.metrics`)
-is appended to; after a resume the iterations after the checkpoint are written again, and a record
-``{"event": "resumed", ...}`` marks where (:func:`~g2rpo.training.metrics.read_iteration_records`
-keeps the last record of each iteration). Duplicate prompts, dropped at set-up, are reported on stderr and as
-``{"event": "prompts", "read", "unique", "duplicates", ...}``.
+Outputs under ``output.dir`` (a :class:`~g2rpo.training.run_dir.RunDir`, resolved once), which
+holds nothing else (the marker ``.g2rpo-run.json`` is written first; a folder holding other files
+is refused): ``config.yaml`` (every default written out), ``metrics.jsonl`` (a record per iteration
+and the events: resumed, restarted, prompts — duplicates dropped at set-up, also said on stderr —,
+validation, early_stop, preempted; :mod:`g2rpo.training.metrics`), ``checkpoints/``
+(:mod:`g2rpo.training.checkpoint`) and ``export/`` (:mod:`g2rpo.training.export`).
 
 With ``train.validation`` the trainer holds a :class:`~g2rpo.training.validation.Validator`
 (the held-out set, its history, the best checkpoint and early stop) and validates at iteration 0,
