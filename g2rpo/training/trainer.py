@@ -173,11 +173,8 @@ class Trainer:
         self.transformer, self.vae, self.velocity = policy.transformer, policy.vae, policy.velocity
         self.latent_shape = policy.latent_shape
         prompt_set = load_prompts(cfg)
-        self.prompts, self.prompt_counts, self._conditioning_of = (
-            prompt_set.prompts,
-            prompt_set.counts,
-            prompt_set.conditioning_of,
-        )
+        self.prompts, self.prompt_counts = prompt_set.prompts, prompt_set.counts
+        self._conditioning_of = prompt_set.conditioning_of
         check_conditioning_fits(cfg, prompt_set, self.transformer)
         rewards = load_rewards(cfg, self.ctx.device)
         self.reward_names, self.reward_weights = rewards.names, rewards.weights
