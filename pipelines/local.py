@@ -47,6 +47,7 @@ from g2rpo.steps.promote import write_gates
 from g2rpo.steps.train import matching_evaluation
 from g2rpo.steps.train_task import PARAMETER_KEYS, run_config_for
 from g2rpo.tasks.shapes import write_prompts
+from g2rpo.training.metrics import read_metrics_records
 from pipelines.alignment import build_pipeline
 from pipelines.check import check_arguments
 from pipelines.placement import load_profile
@@ -330,10 +331,9 @@ class _TrainingWatch:
             files = sorted(self._tmp.glob("g2rpo-train-*/metrics.jsonl"))
             if not files:
                 return
-            text = files[-1].read_text(encoding="utf-8")
-            complete = text[: text.rfind("\n") + 1].splitlines()  # a record being written has no newline yet
-            for line in complete[self._seen :]:
-                shown = _record_line(json.loads(line), self._iterations)
+            complete = read_metrics_records(files[-1])  # a record being written has no newline yet: left out
+            for record in complete[self._seen :]:
+                shown = _record_line(record, self._iterations)
                 if shown:
                     self._console.say(f"    {shown}")
             self._seen = max(self._seen, len(complete))

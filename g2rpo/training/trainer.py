@@ -44,7 +44,6 @@ fail points of :mod:`g2rpo.training.failpoints`.
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 import sys
@@ -82,6 +81,7 @@ from g2rpo.training.distributed import global_prompt_indices, init_distributed, 
 from g2rpo.training.drivers import EMA, DeepSpeedDriver, TorchDriver, apply_lora
 from g2rpo.training.failpoints import FailAfterSave, fail_point
 from g2rpo.training.memory import is_out_of_memory, out_of_memory_message
+from g2rpo.training.metrics import append_record
 from g2rpo.training.preemption import Preempted, StopOnSignal
 from g2rpo.training.run_config import RunConfig, resume_hash, run_problems
 from g2rpo.training.run_dir import WriterClaim, check_run_dir, claim_run_dir
@@ -709,8 +709,7 @@ class Trainer:
 
     def _append_metrics(self, record: dict[str, Any]) -> None:
         self.out.mkdir(parents=True, exist_ok=True)
-        with (self.out / "metrics.jsonl").open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(_finite(record), sort_keys=True) + "\n")
+        append_record(self.out / "metrics.jsonl", _finite(record))
 
     def _log_event(self, event: dict[str, Any]) -> None:
         if self.ctx.is_main:
