@@ -53,7 +53,7 @@ import re
 import shutil
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +61,10 @@ import torch
 
 from g2rpo import __version__
 from g2rpo.artifacts.manifest import write_dir_manifest
+from g2rpo.config import CONFIG_MAX_BYTES
 from g2rpo.errors import G2RPOError, problem, write_failure
 from g2rpo.seeding import derive_seed
+from g2rpo.textfile import RECORD_MAX_BYTES, read_json_file, read_text_file
 
 __all__ = [
     "TrainerState",
@@ -178,6 +180,34 @@ def verify(directory: str | Path) -> None:
     from g2rpo.artifacts.storage import FileStore
 
     _verify(FileStore(directory), "", deep=True)
+
+
+def _digest_refusal(directory: Path, damage: str) -> str:
+    return (
+        f"checkpoint {directory} does not match its manifest's sha256 (its files changed after they were "
+        f"written): {damage}; resume from another checkpoint (train.resume=auto picks the newest that "
+        "matches) or restore this one from a copy"
+    )
+
+
+def _read_trainer_state(directory: Path) -> TrainerState:
+    """``trainer_state.json`` of a checkpoint, refused naming the file and what is wrong when damaged."""
+    path = directory / "trainer_state.json"
+    fix = "resume from another checkpoint (train.resume=auto picks the newest intact one) or restore it from a copy"
+    value = read_json_file(path, what="checkpoint state", fix=fix, max_bytes=RECORD_MAX_BYTES)
+    names = {f.name for f in fields(TrainerState)}
+    required = {f.name for f in fields(TrainerState) if f.default is MISSING}
+    unknown, missing = sorted(set(value) - names), sorted(required - set(value))
+    if unknown or missing:
+        raise G2RPOError(
+            f"checkpoint state {str(path)!r} "
+            + "; ".join(
+                ([f"lacks {', '.join(missing)}"] if missing else [])
+                + ([f"has unknown field(s) {', '.join(unknown)}"] if unknown else [])
+            )
+            + f" (a TrainerState has {', '.join(sorted(names))}): {fix}"
+        )
+    return TrainerState(**value)
 
 
 # --------------------------------------------------------------------------- manager
@@ -423,7 +453,7 @@ class CheckpointManager:
                 )
             )
         if (out / "config.yaml").exists() and self.rank == 0:
-            previous = (out / "config.yaml").read_text(encoding="utf-8")
+            previous = read_text_file(out / "config.yaml", what="run config", max_bytes=CONFIG_MAX_BYTES)
             if previous != config_yaml and (out / "metrics.jsonl").exists():
                 raise G2RPOError(
                     problem(
@@ -443,7 +473,11 @@ class CheckpointManager:
                 f"checkpoint {directory} is incomplete (no manifest, or a listed file is missing or truncated): "
                 f"resume from a complete one (complete here: {[str(p) for _, p in self.complete()] or 'none'})"
             )
-        state = TrainerState(**json.loads((directory / "trainer_state.json").read_text(encoding="utf-8")))
+        try:
+            state = _read_trainer_state(directory)
+        except G2RPOError as exc:
+            damage = self._digest_problem(directory)  # a file changed since the save is named as that
+            raise G2RPOError(str(exc) if damage is None else _digest_refusal(directory, damage)) from None
         if state.config_hash != self.config_hash:
             raise G2RPOError(
                 f"checkpoint {directory} was made with config hash {state.config_hash}, this run's config hash is "
@@ -453,11 +487,7 @@ class CheckpointManager:
             )
         damage = self._digest_problem(directory)
         if damage is not None:
-            raise G2RPOError(
-                f"checkpoint {directory} does not match its manifest's sha256 (its files changed after they were "
-                f"written): {damage}; resume from another checkpoint (train.resume=auto picks the newest that "
-                "matches) or restore this one from a copy"
-            )
+            raise G2RPOError(_digest_refusal(directory, damage))
         return state
 
     def load(self, directory: str | Path, driver: Any, ema: Any = None, strategy: Any = None) -> TrainerState:
