@@ -31,6 +31,7 @@ __all__ = [
     "read_json_file",
     "decode_text",
     "decode_json",
+    "decode_record",
     "describe_kind",
 ]
 
@@ -159,3 +160,16 @@ def read_json_file(
     ``expect``; anything else is a G2RPOError naming ``what`` and the path, what is wrong, and ``fix``."""
     data = read_regular_file(path, what=what, max_bytes=max_bytes, fix=fix)
     return decode_json(data, f"{what} {str(path)!r}", fix=fix, expect=expect)
+
+
+def decode_record(cls: Any, data: bytes, where: str, *, fix: str) -> Any:
+    """``data`` as an instance of ``cls``, a pydantic model: :func:`decode_json`'s checks, then the model's
+    own, the first failing field named (``items.0.seed: Input should be a valid integer``) with ``fix``."""
+    decode_json(data, where, fix=fix)
+    try:
+        return cls.model_validate_json(data)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        errors = getattr(exc, "errors", None)
+        first = errors()[0] if callable(errors) and errors() else None
+        detail = str(exc) if first is None else f"{'.'.join(map(str, first['loc'])) or 'the document'}: {first['msg']}"
+        raise G2RPOError(f"{where} is not a valid {cls.__name__} ({detail}): {fix}") from None

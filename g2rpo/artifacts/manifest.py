@@ -36,6 +36,7 @@ from g2rpo.artifacts.storage import (
     validate_key,
 )
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.textfile import decode_json
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -179,11 +180,10 @@ def _manifest_key(prefix: str) -> str:
 
 
 def parse_manifest(data: bytes, where: str) -> Manifest:
-    try:
-        raw = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise G2RPOError(f"{where} is not valid JSON ({exc}); the artifact is corrupt: republish it") from None
-    version = raw.get("schema_version") if isinstance(raw, dict) else None
+    """The manifest in ``data`` (read from ``where``): UTF-8 JSON, one object (:func:`decode_json`), of a
+    schema this g2rpo reads; a G2RPOError naming ``where`` and what is wrong otherwise."""
+    raw = decode_json(data, where, fix="the artifact is corrupt: republish it")
+    version = raw.get("schema_version")
     if isinstance(version, int) and version > SCHEMA_VERSION:
         raise G2RPOError(
             f"{where} has schema_version {version}, newer than this g2rpo reads ({SCHEMA_VERSION}): upgrade g2rpo"

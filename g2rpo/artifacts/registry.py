@@ -36,7 +36,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from g2rpo import __version__
 from g2rpo.artifacts.manifest import MANIFEST_NAME, FileEntry, mismatches, parse_manifest, read_manifest
@@ -44,6 +44,7 @@ from g2rpo.artifacts.publish import publish_dir, unique_prefix
 from g2rpo.artifacts.scores import SCHEMA_VERSION, EvalScores, MetricSummary, Record, ScoreItem
 from g2rpo.artifacts.storage import FileStore, ObjectNotFound, S3Settings, Store, WriteConflict, open_store
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.textfile import decode_json, decode_record
 
 __all__ = [
     "ALIASES",
@@ -175,12 +176,12 @@ def _actor() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def _parse(cls, data: bytes, where: str):
-    try:
-        return cls.model_validate_json(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise G2RPOError(f"{where} is not a valid {cls.__name__}: {first['msg']} at {first['loc']}") from None
+# Registry records are written whole (create-only or compare-and-swap), so a damaged one was changed outside g2rpo.
+_RECORD_FIX = "the registry record was changed outside g2rpo: restore it from a backup or the bucket's object versions"
+
+
+def _parse(cls, data: bytes, where: str, fix: str = _RECORD_FIX):
+    return decode_record(cls, data, where, fix=fix)  # UTF-8 JSON, one object, the model's fields: else named
 
 
 class Registry:
@@ -309,13 +310,13 @@ class Registry:
                 f"{record.eval.scores_uri}/scores.json has sha256 {digest[:12]}…, version {record.version} recorded "
                 f"{record.eval.scores_sha256[:12]}…: the scores were changed after registration"
             )
-        return _parse(EvalScores, data, store.uri_for("scores.json"))
+        return _parse(EvalScores, data, store.uri_for("scores.json"), "the eval artifact is damaged: re-run the eval")
 
     def decisions(self, model: str, version: int) -> list[dict]:
         out = []
         for info in self.store.list(f"models/{model}/decisions/{version:06d}"):
             data, _ = self.store.get_bytes(info.key)
-            out.append(json.loads(data))
+            out.append(decode_json(data, self.store.uri_for(info.key), fix=_RECORD_FIX))
         return out
 
     def protected_uris(self) -> list[str]:
