@@ -48,6 +48,7 @@ Non-Commercial License, and a fine-tune is a derivative under the same terms.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
@@ -161,17 +162,21 @@ def manifest_metadata(directory: str | Path) -> dict[str, Any] | None:
 
 def is_complete(directory: str | Path) -> bool:
     """True when ``directory`` has a valid manifest and every listed file is there with its size."""
+    directory = Path(directory)
+    return (directory / MANIFEST).is_file() and incomplete_reason(directory) is None
+
+
+def incomplete_reason(directory: str | Path) -> str | None:
+    """Why ``directory``'s manifest is unreadable or does not match its files' sizes, or None when it
+    does (a directory without a manifest gives the missing manifest as its reason)."""
     from g2rpo.artifacts.manifest import verify as _verify
     from g2rpo.artifacts.storage import FileStore
 
-    directory = Path(directory)
-    if not (directory / MANIFEST).is_file():
-        return False
     try:
         _verify(FileStore(directory), "", deep=False)
-    except G2RPOError:
-        return False
-    return True
+    except G2RPOError as exc:
+        return " ".join(str(exc).split())
+    return None
 
 
 def verify(directory: str | Path) -> None:
@@ -260,20 +265,37 @@ class CheckpointManager:
         done = self.complete()
         return done[-1][1] if done else None
 
+    def broken(self) -> list[tuple[int, Path, str]]:
+        """Checkpoints whose manifest is there but that are not complete, oldest first, with why. The
+        manifest is written last (and removed first by :meth:`prune`), so no kill leaves one: its
+        manifest is unreadable or a listed file went missing or shrank since — damage, not a save cut
+        short, and never to be removed as one."""
+        found = []
+        if self.root.is_dir():
+            for child in self.root.iterdir():
+                match = _NAME.match(child.name)
+                if match and child.is_dir() and os.path.lexists(child / MANIFEST):
+                    reason = incomplete_reason(child)
+                    if reason is not None:
+                        found.append((int(match.group(1)), child, reason))
+        return sorted(found)
+
     def latest_verified(self, on_skip: Callable[[dict[str, Any]], None] | None = None) -> Path | None:
         """The newest complete checkpoint whose every file matches its manifest's sha256, or None
         when there is no complete checkpoint at all.
 
-        A newer checkpoint that fails the check is skipped: rank 0 says so on stderr, hands
+        A newer checkpoint that fails the check, or whose manifest is there but unreadable or names a
+        file now missing or cut (:meth:`broken`), is skipped: rank 0 says so on stderr, hands
         ``on_skip`` a ``{"event": "checkpoint_skipped", ...}`` record, and moves it aside to
         ``iter-NNNNNN.damaged`` (kept for inspection, never listed again) so the resumed run can
-        write that iteration afresh. When no complete checkpoint verifies, nothing is moved and
-        the error lists each one with its mismatch.
+        write that iteration afresh. When no checkpoint verifies, nothing is moved and the error
+        lists each one with its mismatch.
         """
-        done = self.complete()
+        done: list[tuple[int, Path, str | None]] = [(i, p, None) for i, p in self.complete()]
+        candidates = sorted(done + self.broken(), key=lambda entry: entry[0])
         damaged: list[tuple[Path, str]] = []
-        for _, path in reversed(done):
-            problem_text = self._digest_problem(path)
+        for _, path, broken in reversed(candidates):
+            problem_text = broken if broken is not None else self._digest_problem(path)
             if problem_text is None:
                 for bad, reason in damaged:
                     self._set_aside(bad, reason, path, on_skip)

@@ -51,3 +51,38 @@ def test_a_state_sealed_wrong_is_named(tmp_path, state, message):
     directory = _checkpoint(tmp_path, state)
     with pytest.raises(G2RPOError, match=r"checkpoint state .*trainer_state\.json.* " + message + r".*restore it"):
         CheckpointManager(tmp_path, config_hash="h", keep_last=2).read_state(directory)
+
+
+def _sealed(root, iteration: int):
+    directory = root / f"iter-{iteration:06d}"
+    directory.mkdir(parents=True)
+    state = {**STATE, "iteration": iteration}
+    (directory / "trainer_state.json").write_text(json.dumps(state, sort_keys=True), encoding="utf-8")
+    (directory / "weights.bin").write_bytes(bytes(range(256)) * 4)
+    write_dir_manifest(directory, producer="test")
+    return directory
+
+
+def test_a_checkpoint_whose_manifest_was_damaged_is_set_aside_not_taken_for_a_save_cut_short(tmp_path):
+    # The manifest is written last and removed first, so no kill leaves one that does not read: such a
+    # checkpoint is damage, reported and kept as iter-N.damaged like one whose sha256 differs — never
+    # treated as incomplete, which would let the next save of that iteration delete it.
+    _sealed(tmp_path, 2)
+    newest = _sealed(tmp_path, 4)
+    manifest = newest / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:-40])
+    skipped = []
+    manager = CheckpointManager(tmp_path, config_hash="h", keep_last=2)
+    assert manager.latest_verified(skipped.append) == tmp_path / "iter-000002"
+    assert not newest.exists() and (tmp_path / "iter-000004.damaged" / "weights.bin").is_file()
+    assert skipped[0]["event"] == "checkpoint_skipped" and "manifest.json" in skipped[0]["reason"]
+
+
+def test_only_broken_checkpoints_stop_the_resume_listing_them(tmp_path):
+    only = _sealed(tmp_path, 2)
+    (only / "weights.bin").write_bytes(b"cut")  # a listed file shrank after the manifest was written
+    with pytest.raises(
+        G2RPOError, match=r"(?s)no checkpoint in .* matches.*iter-000002: .*weights\.bin: size 3, manifest says 1024"
+    ):
+        CheckpointManager(tmp_path, config_hash="h", keep_last=2).latest_verified()
+    assert (only / "weights.bin").read_bytes() == b"cut"  # nothing moved or removed
