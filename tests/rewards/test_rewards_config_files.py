@@ -37,3 +37,22 @@ def test_a_vocabulary_that_is_not_utf8_is_named_with_its_line(tmp_path):
     (tmp_path / "vocab.txt").write_bytes(b"[PAD]\n[UNK]\ncaf\xe9\n")
     with pytest.raises(G2RPOError, match=r"vocabulary .*vocab\.txt': line 3, column 4: byte 0xe9 is not UTF-8"):
         load_blip_tokenizer(tmp_path)
+
+
+def test_rewards_score_names_a_directory_fifo_or_decompression_bomb_given_as_an_image(tmp_path, capsys):
+    from PIL import Image
+
+    from g2rpo.cli import main
+
+    os.mkfifo(tmp_path / "pipe.png")
+    (tmp_path / "dir.png").mkdir()
+    bomb = tmp_path / "bomb.png"
+    Image.new("1", (20_000, 20_000)).save(bomb)  # 400 M pixels, ~50 KB on disk: past PIL's 179 M limit
+    for name, message in (
+        ("pipe.png", "is a FIFO (named pipe), not an image file"),
+        ("dir.png", "is a directory, not an image file"),
+        ("bomb.png", "is not a readable image (Image size (400000000 pixels) exceeds limit"),
+    ):
+        assert main(["rewards", "score", "jpeg_compressibility", str(tmp_path / name), "--prompt", "x"]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
