@@ -122,7 +122,7 @@ def _discard(entry: Path) -> None:
 
 def _get_manifest_bytes(store: Store) -> tuple[bytes, str]:
     try:
-        return store.get_bytes(MANIFEST_NAME)
+        return store.get_bytes(MANIFEST_NAME, max_bytes=JSON_MAX_BYTES)
     except ObjectNotFound:
         raise G2RPOError(
             f"{store.uri} has no {MANIFEST_NAME}: the artifact is absent or its upload never finished; "

@@ -36,7 +36,7 @@ from g2rpo.artifacts.storage import (
     validate_key,
 )
 from g2rpo.errors import G2RPOError, problem
-from g2rpo.textfile import decode_json
+from g2rpo.textfile import JSON_MAX_BYTES, decode_json
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -199,7 +199,7 @@ def parse_manifest(data: bytes, where: str) -> Manifest:
 def read_manifest(store: Store, prefix: str = "") -> Manifest:
     """The manifest of the artifact at ``prefix``; raises if the artifact is absent or incomplete."""
     try:
-        data, _ = store.get_bytes(_manifest_key(prefix))
+        data, _ = store.get_bytes(_manifest_key(prefix), max_bytes=JSON_MAX_BYTES)
     except ObjectNotFound:
         raise G2RPOError(
             f"{store.uri_for(prefix)} has no {MANIFEST_NAME}: the artifact is absent or its upload never finished; "

@@ -47,6 +47,7 @@ from g2rpo.artifacts.storage import (
     validate_key,
 )
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.textfile import RECORD_MAX_BYTES
 
 __all__ = ["LEASE_S", "pid_alive", "process_start", "publish_dir", "unique_prefix", "unique_uri"]
 
@@ -244,7 +245,7 @@ def _claim(store: Store, producer: str, lease_s: float) -> _Claim:
 def _take_over(store: Store, body: bytes) -> str:
     """Replace a claim whose holder is gone (logged); refuse, naming the holder, a claim that may be live."""
     try:
-        data, etag = store.get_bytes(MARKER_NAME)
+        data, etag = store.get_bytes(MARKER_NAME, max_bytes=RECORD_MAX_BYTES)
         holder = json.loads(data)
     except ObjectNotFound:  # released between our write and our read: claim it as new
         return store.put_bytes(MARKER_NAME, body, if_none_match=True)

@@ -44,7 +44,7 @@ from g2rpo.artifacts.publish import publish_dir, unique_prefix
 from g2rpo.artifacts.scores import SCHEMA_VERSION, EvalScores, MetricSummary, Record, ScoreItem
 from g2rpo.artifacts.storage import FileStore, ObjectNotFound, S3Settings, Store, WriteConflict, open_store
 from g2rpo.errors import G2RPOError, problem
-from g2rpo.textfile import decode_json, decode_record
+from g2rpo.textfile import JSON_MAX_BYTES, decode_json, decode_record
 
 __all__ = [
     "ALIASES",
@@ -259,7 +259,7 @@ class Registry:
         validate_model_name(model)
         key = self._version_key(model, int(version))
         try:
-            data, _ = self.store.get_bytes(key)
+            data, _ = self.store.get_bytes(key, max_bytes=JSON_MAX_BYTES)
         except ObjectNotFound:
             known = self.version_numbers(model)
             raise G2RPOError(
@@ -287,7 +287,7 @@ class Registry:
         validate_model_name(model)
         key = self._state_key(model)
         try:
-            data, etag = self.store.get_bytes(key)
+            data, etag = self.store.get_bytes(key, max_bytes=JSON_MAX_BYTES)
         except ObjectNotFound:
             return RegistryState(model=model), None
         return _parse(RegistryState, data, self.store.uri_for(key)), etag
@@ -298,7 +298,7 @@ class Registry:
 
         store = open_store(record.eval.scores_uri, self.settings)
         try:
-            data, _ = store.get_bytes("scores.json")
+            data, _ = store.get_bytes("scores.json", max_bytes=JSON_MAX_BYTES)
         except ObjectNotFound:
             raise G2RPOError(
                 f"{record.eval.scores_uri}/scores.json is missing (version {record.version} of {record.model}); "
@@ -315,7 +315,7 @@ class Registry:
     def decisions(self, model: str, version: int) -> list[dict]:
         out = []
         for info in self.store.list(f"models/{model}/decisions/{version:06d}"):
-            data, _ = self.store.get_bytes(info.key)
+            data, _ = self.store.get_bytes(info.key, max_bytes=JSON_MAX_BYTES)
             out.append(decode_json(data, self.store.uri_for(info.key), fix=_RECORD_FIX))
         return out
 
@@ -365,7 +365,7 @@ class Registry:
         validate_model_name(model)
         export_store = open_store(export_uri, self.settings)
         manifest = read_manifest(export_store)
-        manifest_bytes, _ = export_store.get_bytes("manifest.json")
+        manifest_bytes, _ = export_store.get_bytes("manifest.json", max_bytes=JSON_MAX_BYTES)
         export = ExportRef(
             uri=export_store.uri,
             manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
@@ -406,7 +406,7 @@ class Registry:
         store = open_store(export.uri, self.settings)
         fix = "publish the export again and register it as a new version, or restore the export from a backup"
         try:
-            data, _ = store.get_bytes(MANIFEST_NAME)
+            data, _ = store.get_bytes(MANIFEST_NAME, max_bytes=JSON_MAX_BYTES)
         except ObjectNotFound:
             raise G2RPOError(
                 f"{what}: its export {export.uri} has no {MANIFEST_NAME} (deleted, or never published): "

@@ -51,7 +51,7 @@ def read_scores(location: str, settings: S3Settings | None = None, field: str = 
     try:  # UTF-8 JSON, one object; a local file must be a regular file of bounded size
         if location.startswith("s3://"):
             store, key = locate(location, settings)
-            data = store.get_bytes(key)[0]
+            data = store.get_bytes(key, max_bytes=JSON_MAX_BYTES)[0]
         else:
             path = Path(location.removeprefix("file://"))
             if not os.path.lexists(path):
