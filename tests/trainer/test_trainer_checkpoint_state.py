@@ -86,3 +86,12 @@ def test_only_broken_checkpoints_stop_the_resume_listing_them(tmp_path):
     ):
         CheckpointManager(tmp_path, config_hash="h", keep_last=2).latest_verified()
     assert (only / "weights.bin").read_bytes() == b"cut"  # nothing moved or removed
+
+
+def test_a_run_config_that_is_not_a_text_file_is_named(tmp_path):
+    out = tmp_path / "run"
+    (out / "config.yaml").mkdir(parents=True)
+    (out / "metrics.jsonl").write_text('{"iteration": 0}\n')
+    manager = CheckpointManager(out / "checkpoints", config_hash="h", keep_last=2)
+    with pytest.raises(G2RPOError, match=r"run config '.*config\.yaml' is a directory, not a text file"):
+        manager.resume_point("auto", out, "train: {}\n")
