@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
 import re
 import shutil
@@ -37,6 +36,7 @@ from typing import Any, TextIO
 from kfp import local
 
 from g2rpo.artifacts.promotion import load_gates
+from g2rpo.artifacts.registry import Registry
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.shapes import HELD_OUT  # the task's 64 held-out prompts: evaluated, never trained on
 from g2rpo.models.shapes import ShapesPretraining, ensure_shapes_model
@@ -47,6 +47,8 @@ from g2rpo.steps.promote import write_gates
 from g2rpo.steps.train import matching_evaluation
 from g2rpo.steps.train_task import PARAMETER_KEYS, run_config_for
 from g2rpo.tasks.shapes import write_prompts
+from g2rpo.textfile import read_json_file
+from g2rpo.training.metrics import read_metrics_records
 from pipelines.alignment import build_pipeline
 from pipelines.check import check_arguments
 from pipelines.placement import load_profile
@@ -330,10 +332,9 @@ class _TrainingWatch:
             files = sorted(self._tmp.glob("g2rpo-train-*/metrics.jsonl"))
             if not files:
                 return
-            text = files[-1].read_text(encoding="utf-8")
-            complete = text[: text.rfind("\n") + 1].splitlines()  # a record being written has no newline yet
-            for line in complete[self._seen :]:
-                shown = _record_line(json.loads(line), self._iterations)
+            complete = read_metrics_records(files[-1])  # a record being written has no newline yet: left out
+            for record in complete[self._seen :]:
+                shown = _record_line(record, self._iterations)
                 if shown:
                     self._console.say(f"    {shown}")
             self._seen = max(self._seen, len(complete))
@@ -439,14 +440,18 @@ def _collect(run_dir: Path, root: Path, arguments: dict[str, Any], log: Path, ba
     for path in sorted(root.glob("*/*/*")):
         if path.name != "executor_output.json":
             outputs[f"{path.parent.name}/{path.name}"] = path
+    # Each task writes its record whole; one that does not read is named (with where the run's outputs and
+    # log are) rather than ending the run's summary in a traceback.
+    fix = f"the task was cut short or its output changed; the run's outputs are under {root}, its log is {log}"
     status = outputs.get("report-status/record")
-    state = json.loads(status.read_text())["state"] if status is not None and status.is_file() else "UNKNOWN"
-    decision_file = root.glob("*/decide/decision/record.json")
-    decision = next((json.loads(p.read_text()) for p in decision_file), {})
-    state_file = (
-        Path(arguments["registry_uri"].removeprefix("file://")) / "models" / arguments["model_name"] / "state.json"
+    state = (
+        str(read_json_file(status, what="report-status record", fix=fix).get("state", "UNKNOWN"))
+        if status is not None and status.is_file()
+        else "UNKNOWN"
     )
-    champion = json.loads(state_file.read_text())["aliases"].get("champion") if state_file.is_file() else None
+    decision_file = root.glob("*/decide/decision/record.json")
+    decision = next((read_json_file(p, what="decision record", fix=fix) for p in decision_file), {})
+    champion = Registry(arguments["registry_uri"]).read_state(arguments["model_name"])[0].aliases.get("champion")
     # A KFP HTML artifact is a file without an extension: a browser opened on it shows its source.
     # Copies with one, in the run folder, open as pages.
     reports = {}

@@ -297,6 +297,8 @@ def _server_reason(exc: Any) -> str:
         body = json.loads(exc.body or "{}")
     except (TypeError, ValueError):
         return str(exc.body or "no message").strip()[:500]
+    if not isinstance(body, dict):  # a proxy's reply, or another server's: shown as it came
+        return str(exc.body).strip()[:500]
     return str(body.get("message") or body.get("error") or "no message").strip()[:500]
 
 

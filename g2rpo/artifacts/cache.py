@@ -18,6 +18,7 @@ from pathlib import Path
 from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, parse_manifest, read_manifest, verify
 from g2rpo.artifacts.storage import FileStore, ObjectNotFound, S3Settings, Store, open_store, sha256_file
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.textfile import JSON_MAX_BYTES, read_json_file, read_regular_file
 
 __all__ = ["download_dir", "fetch_to_cache", "default_cache_dir", "verify_local"]
 
@@ -121,7 +122,7 @@ def _discard(entry: Path) -> None:
 
 def _get_manifest_bytes(store: Store) -> tuple[bytes, str]:
     try:
-        return store.get_bytes(MANIFEST_NAME)
+        return store.get_bytes(MANIFEST_NAME, max_bytes=JSON_MAX_BYTES)
     except ObjectNotFound:
         raise G2RPOError(
             f"{store.uri} has no {MANIFEST_NAME}: the artifact is absent or its upload never finished; "
@@ -130,6 +131,20 @@ def _get_manifest_bytes(store: Store) -> tuple[bytes, str]:
 
 
 # --------------------------------------------------------------------------- verified local folders
+
+
+def _verified_files(record_path: Path, root: Path, manifest_digest: str) -> dict:
+    """The file identities recorded when ``root`` last verified against this manifest. A record that is
+    missing, for another manifest or damaged (cut short, not an object, a directory) is read as none: it
+    only saves hashing, so the cost of damage there is a re-hash, after which it is written anew."""
+    try:
+        record = read_json_file(record_path, what="verification record", fix="", max_bytes=JSON_MAX_BYTES)
+    except G2RPOError:
+        return {}
+    files = record.get("files")
+    if record.get("manifest") != manifest_digest or record.get("root") != str(root) or not isinstance(files, dict):
+        return {}
+    return files
 
 
 def _identity(stat: os.stat_result) -> list[int]:
@@ -156,12 +171,17 @@ def verify_local(
     Raises a G2RPOError listing every mismatch, naming ``what`` the folder is.
     """
     root = Path(folder).absolute()
-    try:
-        data = (root / MANIFEST_NAME).read_bytes()
-    except FileNotFoundError:
+    if not os.path.lexists(root / MANIFEST_NAME):
         return None
-    except OSError as exc:
-        raise G2RPOError(problem(what, str(root), f"its {MANIFEST_NAME} cannot be read ({exc.strerror})")) from None
+    try:  # a regular file of bounded size (a FIFO is never opened), then UTF-8 JSON of the manifest's schema
+        data = read_regular_file(
+            root / MANIFEST_NAME,
+            what=f"{what}'s manifest",
+            max_bytes=JSON_MAX_BYTES,
+            fix="restore the folder from its source or make it again",
+        )
+    except G2RPOError as exc:
+        raise G2RPOError(problem(what, str(root), str(exc))) from None
     manifest = parse_manifest(data, str(root / MANIFEST_NAME))
     prefixes = None if only is None else tuple(only)
     entries = [
@@ -170,11 +190,7 @@ def verify_local(
     record_path = (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / "verified"
     record_path /= hashlib.sha256(str(root).encode()).hexdigest()[:32] + ".json"
     manifest_digest = hashlib.sha256(data).hexdigest()
-    try:
-        record = json.loads(record_path.read_text(encoding="utf-8"))
-        known = record["files"] if record.get("manifest") == manifest_digest and record.get("root") == str(root) else {}
-    except (OSError, ValueError, KeyError, TypeError):
-        known = {}
+    known = _verified_files(record_path, root, manifest_digest)
     problems, verified = [], {}
     for entry in entries:
         path = root / entry.path

@@ -36,6 +36,7 @@ from g2rpo.artifacts.storage import (
     validate_key,
 )
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.textfile import JSON_MAX_BYTES, decode_json
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -179,11 +180,10 @@ def _manifest_key(prefix: str) -> str:
 
 
 def parse_manifest(data: bytes, where: str) -> Manifest:
-    try:
-        raw = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise G2RPOError(f"{where} is not valid JSON ({exc}); the artifact is corrupt: republish it") from None
-    version = raw.get("schema_version") if isinstance(raw, dict) else None
+    """The manifest in ``data`` (read from ``where``): UTF-8 JSON, one object (:func:`decode_json`), of a
+    schema this g2rpo reads; a G2RPOError naming ``where`` and what is wrong otherwise."""
+    raw = decode_json(data, where, fix="the artifact is corrupt: republish it")
+    version = raw.get("schema_version")
     if isinstance(version, int) and version > SCHEMA_VERSION:
         raise G2RPOError(
             f"{where} has schema_version {version}, newer than this g2rpo reads ({SCHEMA_VERSION}): upgrade g2rpo"
@@ -199,7 +199,7 @@ def parse_manifest(data: bytes, where: str) -> Manifest:
 def read_manifest(store: Store, prefix: str = "") -> Manifest:
     """The manifest of the artifact at ``prefix``; raises if the artifact is absent or incomplete."""
     try:
-        data, _ = store.get_bytes(_manifest_key(prefix))
+        data, _ = store.get_bytes(_manifest_key(prefix), max_bytes=JSON_MAX_BYTES)
     except ObjectNotFound:
         raise G2RPOError(
             f"{store.uri_for(prefix)} has no {MANIFEST_NAME}: the artifact is absent or its upload never finished; "

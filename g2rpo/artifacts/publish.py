@@ -47,6 +47,7 @@ from g2rpo.artifacts.storage import (
     validate_key,
 )
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.textfile import RECORD_MAX_BYTES
 
 __all__ = ["LEASE_S", "pid_alive", "process_start", "publish_dir", "unique_prefix", "unique_uri"]
 
@@ -244,17 +245,21 @@ def _claim(store: Store, producer: str, lease_s: float) -> _Claim:
 def _take_over(store: Store, body: bytes) -> str:
     """Replace a claim whose holder is gone (logged); refuse, naming the holder, a claim that may be live."""
     try:
-        data, etag = store.get_bytes(MARKER_NAME)
+        data, etag = store.get_bytes(MARKER_NAME, max_bytes=RECORD_MAX_BYTES)
         holder = json.loads(data)
     except ObjectNotFound:  # released between our write and our read: claim it as new
         return store.put_bytes(MARKER_NAME, body, if_none_match=True)
     except ValueError:
-        holder, etag = {}, None
-    who = (
-        f"{holder.get('producer', '?')} (pid {holder.get('pid', '?')} on {holder.get('host', '?')}, "
-        f"started {holder.get('started_at', '?')})"
-    )
-    gone = _holder_gone(holder) if isinstance(holder, dict) else None
+        holder = None
+    if not isinstance(holder, dict):  # claims are written whole: this one was changed, or is not g2rpo's
+        holder, etag = {}, None  # never taken over: nothing says whose it is
+        who = f"an unknown publisher (its claim {store.uri_for(MARKER_NAME)} is not a JSON object)"
+    else:
+        who = (
+            f"{holder.get('producer', '?')} (pid {holder.get('pid', '?')} on {holder.get('host', '?')}, "
+            f"started {holder.get('started_at', '?')})"
+        )
+    gone = _holder_gone(holder) if holder else None
     if gone is not None and etag is not None:
         try:
             new_etag = store.put_bytes(MARKER_NAME, body, if_match=etag)
@@ -265,7 +270,7 @@ def _take_over(store: Store, body: bytes) -> str:
         if new_etag is not None:
             print(f"g2rpo: {store.uri}: taking over the publish claim of {who}: {gone}", file=sys.stderr, flush=True)
             return new_etag
-    lease = holder.get("lease_s") if isinstance(holder, dict) else None
+    lease = holder.get("lease_s")
     lapse = (
         f"if that publish died on another machine, its claim lapses {float(lease):g} s after its last renewal "
         f"({holder.get('renewed_at', '?')}) and the same command then takes it over, or `g2rpo storage gc "

@@ -36,7 +36,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from g2rpo import __version__
 from g2rpo.artifacts.manifest import MANIFEST_NAME, FileEntry, mismatches, parse_manifest, read_manifest
@@ -44,6 +44,7 @@ from g2rpo.artifacts.publish import publish_dir, unique_prefix
 from g2rpo.artifacts.scores import SCHEMA_VERSION, EvalScores, MetricSummary, Record, ScoreItem
 from g2rpo.artifacts.storage import FileStore, ObjectNotFound, S3Settings, Store, WriteConflict, open_store
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.textfile import JSON_MAX_BYTES, decode_json, decode_record
 
 __all__ = [
     "ALIASES",
@@ -175,12 +176,12 @@ def _actor() -> str:
     return f"{user}@{socket.gethostname()}"
 
 
-def _parse(cls, data: bytes, where: str):
-    try:
-        return cls.model_validate_json(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise G2RPOError(f"{where} is not a valid {cls.__name__}: {first['msg']} at {first['loc']}") from None
+# Registry records are written whole (create-only or compare-and-swap), so a damaged one was changed outside g2rpo.
+_RECORD_FIX = "the registry record was changed outside g2rpo: restore it from a backup or the bucket's object versions"
+
+
+def _parse(cls, data: bytes, where: str, fix: str = _RECORD_FIX):
+    return decode_record(cls, data, where, fix=fix)  # UTF-8 JSON, one object, the model's fields: else named
 
 
 class Registry:
@@ -258,7 +259,7 @@ class Registry:
         validate_model_name(model)
         key = self._version_key(model, int(version))
         try:
-            data, _ = self.store.get_bytes(key)
+            data, _ = self.store.get_bytes(key, max_bytes=JSON_MAX_BYTES)
         except ObjectNotFound:
             known = self.version_numbers(model)
             raise G2RPOError(
@@ -286,7 +287,7 @@ class Registry:
         validate_model_name(model)
         key = self._state_key(model)
         try:
-            data, etag = self.store.get_bytes(key)
+            data, etag = self.store.get_bytes(key, max_bytes=JSON_MAX_BYTES)
         except ObjectNotFound:
             return RegistryState(model=model), None
         return _parse(RegistryState, data, self.store.uri_for(key)), etag
@@ -297,7 +298,7 @@ class Registry:
 
         store = open_store(record.eval.scores_uri, self.settings)
         try:
-            data, _ = store.get_bytes("scores.json")
+            data, _ = store.get_bytes("scores.json", max_bytes=JSON_MAX_BYTES)
         except ObjectNotFound:
             raise G2RPOError(
                 f"{record.eval.scores_uri}/scores.json is missing (version {record.version} of {record.model}); "
@@ -309,13 +310,13 @@ class Registry:
                 f"{record.eval.scores_uri}/scores.json has sha256 {digest[:12]}…, version {record.version} recorded "
                 f"{record.eval.scores_sha256[:12]}…: the scores were changed after registration"
             )
-        return _parse(EvalScores, data, store.uri_for("scores.json"))
+        return _parse(EvalScores, data, store.uri_for("scores.json"), "the eval artifact is damaged: re-run the eval")
 
     def decisions(self, model: str, version: int) -> list[dict]:
         out = []
         for info in self.store.list(f"models/{model}/decisions/{version:06d}"):
-            data, _ = self.store.get_bytes(info.key)
-            out.append(json.loads(data))
+            data, _ = self.store.get_bytes(info.key, max_bytes=JSON_MAX_BYTES)
+            out.append(decode_json(data, self.store.uri_for(info.key), fix=_RECORD_FIX))
         return out
 
     def protected_uris(self) -> list[str]:
@@ -364,7 +365,7 @@ class Registry:
         validate_model_name(model)
         export_store = open_store(export_uri, self.settings)
         manifest = read_manifest(export_store)
-        manifest_bytes, _ = export_store.get_bytes("manifest.json")
+        manifest_bytes, _ = export_store.get_bytes("manifest.json", max_bytes=JSON_MAX_BYTES)
         export = ExportRef(
             uri=export_store.uri,
             manifest_sha256=hashlib.sha256(manifest_bytes).hexdigest(),
@@ -405,7 +406,7 @@ class Registry:
         store = open_store(export.uri, self.settings)
         fix = "publish the export again and register it as a new version, or restore the export from a backup"
         try:
-            data, _ = store.get_bytes(MANIFEST_NAME)
+            data, _ = store.get_bytes(MANIFEST_NAME, max_bytes=JSON_MAX_BYTES)
         except ObjectNotFound:
             raise G2RPOError(
                 f"{what}: its export {export.uri} has no {MANIFEST_NAME} (deleted, or never published): "

@@ -34,6 +34,7 @@ import math
 import os
 import secrets
 import shutil
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from pydantic import Field, model_validator
 
 from g2rpo.config import Section
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.textfile import describe_kind
 
 __all__ = [
     "MiB",
@@ -278,6 +280,14 @@ def sha256_file(path: str | Path, chunk: int = 4 * MiB) -> tuple[int, str]:
 # --------------------------------------------------------------------------- the interface
 
 
+def _check_size(uri: str, size: int, max_bytes: int | None) -> None:
+    if max_bytes is not None and size > max_bytes:
+        raise G2RPOError(
+            f"{uri} is {size:,} bytes, over the {max_bytes:,}-byte limit for what g2rpo reads there (its records "
+            "are far smaller): it is not one g2rpo wrote; check the URI, or remove the object"
+        )
+
+
 class Store(ABC):
     """Objects under one root URI, addressed by validated relative keys."""
 
@@ -300,8 +310,9 @@ class Store(ABC):
         """Write ``data``; returns the new etag. Conditional forms raise :class:`WriteConflict`."""
 
     @abstractmethod
-    def get_bytes(self, key: str) -> tuple[bytes, str]:
-        """``(data, etag)``; raises :class:`ObjectNotFound`."""
+    def get_bytes(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        """``(data, etag)``; raises :class:`ObjectNotFound`, and a G2RPOError for an object over
+        ``max_bytes`` (checked from its size before it is read: a record is never that large)."""
 
     @abstractmethod
     def head(self, key: str) -> ObjectInfo | None:
@@ -405,11 +416,24 @@ class FileStore(Store):
             tmp.unlink(missing_ok=True)
         return self._etag(data)
 
-    def get_bytes(self, key: str) -> tuple[bytes, str]:
+    def get_bytes(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
+        path = self._path(key)
         try:
-            data = self._path(key).read_bytes()
+            info = path.stat()
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectNotFound(f"{self.uri_for(key)} does not exist") from None
+        if stat.S_ISDIR(info.st_mode):
+            raise ObjectNotFound(f"{self.uri_for(key)} does not exist")
+        if not stat.S_ISREG(info.st_mode):  # checked before opening: a FIFO would block the read
+            raise G2RPOError(
+                f"{self.uri_for(key)} is {describe_kind(info.st_mode)}, not a stored object: remove it or check the URI"
+            )
+        _check_size(self.uri_for(key), info.st_size, max_bytes)
+        try:
+            data = path.read_bytes()
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             raise ObjectNotFound(f"{self.uri_for(key)} does not exist") from None
+        _check_size(self.uri_for(key), len(data), max_bytes)  # grew since the stat
         return data, self._etag(data)
 
     def head(self, key: str) -> ObjectInfo | None:
@@ -581,13 +605,16 @@ class S3Store(Store):
             raise _s3_error(exc, "writing", self.uri_for(key)) from None
         return response["ETag"]
 
-    def get_bytes(self, key: str) -> tuple[bytes, str]:
+    def get_bytes(self, key: str, *, max_bytes: int | None = None) -> tuple[bytes, str]:
         from botocore.exceptions import BotoCoreError, ClientError
 
         full = self._key(key)
         try:
             response = self.client.get_object(Bucket=self.bucket, Key=full)
-            return response["Body"].read(), response["ETag"]
+            _check_size(self.uri_for(key), int(response.get("ContentLength", 0)), max_bytes)
+            data = response["Body"].read() if max_bytes is None else response["Body"].read(max_bytes + 1)
+            _check_size(self.uri_for(key), len(data), max_bytes)
+            return data, response["ETag"]
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
                 raise ObjectNotFound(f"{self.uri_for(key)} does not exist") from None

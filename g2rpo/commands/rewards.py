@@ -95,22 +95,30 @@ def _score(args: argparse.Namespace) -> int:
 
         raise ConfigError(format_validation_error(RewardModelConfig, exc), source="command line") from None
 
+    import os
+    import stat
+
     import numpy as np
     import torch
     from PIL import Image, UnidentifiedImageError
 
     from g2rpo.rewards.registry import build_reward
     from g2rpo.rewards.scoring import score_rewards
+    from g2rpo.textfile import describe_kind
 
     tensors = []
     for name in args.images:
         path = Path(name)
-        if not path.is_file():
-            raise G2RPOError(problem("IMAGE", name, "does not exist; pass image files"))
         try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            raise G2RPOError(problem("IMAGE", name, "does not exist; pass image files")) from None
+        if not stat.S_ISREG(mode):  # checked before opening: a FIFO would block the read
+            raise G2RPOError(problem("IMAGE", name, f"is {describe_kind(mode)}, not an image file; pass image files"))
+        try:  # PIL refuses an image of more than 2 × Image.MAX_IMAGE_PIXELS pixels before decoding it
             with Image.open(path) as img:
                 array = np.asarray(img.convert("RGB"), dtype=np.uint8)
-        except (UnidentifiedImageError, OSError) as exc:
+        except (UnidentifiedImageError, OSError, Image.DecompressionBombError) as exc:
             raise G2RPOError(problem("IMAGE", name, f"is not a readable image ({exc})")) from None
         tensors.append(torch.from_numpy(array.copy()).permute(2, 0, 1).float() / 255.0)  # [3, H, W]
     model = build_reward(cfg, device=args.device)

@@ -35,6 +35,7 @@ from g2rpo.artifacts.manifest import MANIFEST_NAME, MARKER_NAME
 from g2rpo.artifacts.scores import Record
 from g2rpo.artifacts.storage import Store
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.textfile import JSON_MAX_BYTES, decode_record
 
 __all__ = [
     "PARTIAL",
@@ -166,7 +167,8 @@ def open_state(store: Store, state: PartialState, output_uri: str) -> bool:
     if not store.exists(key):
         store.put_bytes(key, state.model_dump_json(indent=1).encode())
         return False
-    found = PartialState.model_validate_json(store.get_bytes(key)[0])
+    fix = f"delete {store.uri_for(PARTIAL)} to drop what it has scored and evaluate afresh, or choose a new output"
+    found = decode_record(PartialState, store.get_bytes(key, max_bytes=JSON_MAX_BYTES)[0], store.uri_for(key), fix=fix)
     differs = [name for name in PartialState.model_fields if getattr(found, name) != getattr(state, name)]
     if differs and not done_chunks(store):
         clear(store)  # a started chunk's images at most, none of them scored
@@ -199,7 +201,9 @@ def done_chunks(store: Store) -> set[str]:
 
 
 def read_chunk(store: Store, name: str) -> ChunkRecord:
-    return ChunkRecord.model_validate_json(store.get_bytes(f"{PARTIAL}/chunks/{name}.json")[0])
+    key = f"{PARTIAL}/chunks/{name}.json"
+    fix = "delete it to have that chunk evaluated again (each chunk record is written whole, so it was changed since)"
+    return decode_record(ChunkRecord, store.get_bytes(key, max_bytes=JSON_MAX_BYTES)[0], store.uri_for(key), fix=fix)
 
 
 def write_chunk(store: Store, chunk: Chunk, pngs: list[bytes], scores: list[dict[str, float]]) -> ChunkRecord:

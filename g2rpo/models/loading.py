@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from g2rpo.errors import G2RPOError, did_you_mean
+from g2rpo.textfile import JSON_MAX_BYTES, RECORD_MAX_BYTES, decode_text, read_json_file
 
 __all__ = [
     "ALL_COMPONENTS",
@@ -62,6 +63,8 @@ _COMPONENTS: dict[str, tuple[str, str]] = {
 ALL_COMPONENTS: tuple[str, ...] = tuple(_COMPONENTS)
 TRAINING_COMPONENTS: tuple[str, ...] = ("transformer", "vae", "scheduler")
 TEXT_COMPONENTS: tuple[str, ...] = ("tokenizer", "text_encoder", "tokenizer_2", "text_encoder_2")
+
+SAFETENSORS_HEADER_MAX = 100_000_000  # bytes: the limit the safetensors library itself enforces
 
 _FIX_DOWNLOAD = (
     "download the complete model again (e.g. `huggingface-cli download black-forest-labs/FLUX.1-dev "
@@ -114,7 +117,11 @@ def _safetensors_problem(path: Path) -> str | None:
             n = int.from_bytes(handle.read(8), "little")
             if size < 8 or n > size - 8:
                 raise ValueError("header longer than the file")
-            header = json.loads(handle.read(n))
+            if n > SAFETENSORS_HEADER_MAX:  # the safetensors format's own limit: never read more
+                raise ValueError(f"a {n:,}-byte header, over the format's {SAFETENSORS_HEADER_MAX:,}-byte limit")
+            header = json.loads(decode_text(handle.read(n), "its header"))
+            if not isinstance(header, dict):
+                raise ValueError("its header is not a JSON object")
         end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
     except (OSError, ValueError, KeyError, TypeError, IndexError) as error:
         return f"{path}: not a readable safetensors file ({error}); {_FIX_DOWNLOAD}"
@@ -131,9 +138,13 @@ def _weights_problems(folder: Path) -> list[str]:
         problems = []
         for index in indexes:
             try:
-                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            except (OSError, ValueError, KeyError, TypeError):
-                problems.append(f"{index}: unreadable shard index (no 'weight_map'); {_FIX_DOWNLOAD}")
+                weight_map = read_json_file(index, what="shard index", fix=_FIX_DOWNLOAD, max_bytes=JSON_MAX_BYTES)
+            except G2RPOError as exc:
+                problems.append(str(exc))
+                continue
+            weight_map = weight_map.get("weight_map")
+            if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+                problems.append(f"{index}: unreadable shard index (no 'weight_map' of file names); {_FIX_DOWNLOAD}")
                 continue
             missing = sorted({name for name in weight_map.values() if not (folder / name).is_file()})
             if missing:
@@ -187,10 +198,7 @@ def check_model_dir(path: str | Path, components: Iterable[str] = ALL_COMPONENTS
         raise G2RPOError(
             f"model directory {str(root)!r} has no model_index.json, so it is not a saved diffusers pipeline: {_FIX_DOWNLOAD}"
         )
-    try:
-        index = json.loads(index_path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise G2RPOError(f"{index_path}: not valid JSON ({exc}); {_FIX_DOWNLOAD}") from None
+    index = read_json_file(index_path, what="model index", fix=_FIX_DOWNLOAD, max_bytes=JSON_MAX_BYTES)
     problems: list[str] = []
     for name in components:
         if name not in _COMPONENTS:
@@ -312,7 +320,8 @@ def base_model_record(location: str | Path, cache_dir: str | Path | None = None)
     root = resolve_model_location(location, cache_dir)
     marker = root / TINY_MARKER
     if marker.is_file():
-        info = json.loads(marker.read_text(encoding="utf-8"))
+        fix = "restore the model folder from its source or make it again (`g2rpo model init-tiny`)"
+        info = read_json_file(marker, what="model marker", fix=fix, max_bytes=RECORD_MAX_BYTES)
         return {
             "location": str(location),
             "kind": "tiny",

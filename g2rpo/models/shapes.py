@@ -75,6 +75,7 @@ from g2rpo.tasks.shapes import (
     shape_mask,
     unseen_scenes,
 )
+from g2rpo.textfile import RECORD_MAX_BYTES, read_json_file
 
 __all__ = [
     "SHAPES_WORDS",
@@ -326,7 +327,9 @@ def check_shapes_model(path: str | Path, settings: ShapesPretraining = ShapesPre
         raise G2RPOError(
             problem("shapes model", str(path), f"exists but holds no pretrained shapes model (no {TINY_MARKER}); {fix}")
         )
-    marker = json.loads(marker_file.read_text(encoding="utf-8"))
+    marker = read_json_file(
+        marker_file, what=f"shapes model marker ({TINY_MARKER})", fix=fix, max_bytes=RECORD_MAX_BYTES
+    )
     if marker.get("task") != "shapes":
         raise G2RPOError(
             problem(

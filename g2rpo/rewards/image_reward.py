@@ -45,7 +45,7 @@ Public loader (the contract with the parity fixtures, docs/rewards.md)::
 
 from __future__ import annotations
 
-import json
+import io
 import re
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from g2rpo.config import CONFIG_MAX_BYTES
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.rewards.base import (
     OPENAI_CLIP_MEAN,
@@ -65,6 +66,7 @@ from g2rpo.rewards.base import (
     resize_shortest_center_crop,
     strict_key_check,
 )
+from g2rpo.textfile import read_json_file, read_text_file
 
 __all__ = [
     "ImageReward",
@@ -208,17 +210,17 @@ class ImageRewardNet(nn.Module):
         return (r - REWARD_MEAN) / REWARD_STD
 
 
+_VOCAB_WHAT = "a folder holding bert-base-uncased's vocab.txt"
+VOCAB_MAX_BYTES = 16 * 1024 * 1024  # bert-base-uncased's vocab.txt is 232 KB
+
+
 def _json_config(field: str, config: dict | str | Path, what: str) -> dict[str, Any]:
     if isinstance(config, dict):
         return dict(config)
-    path = require_file(field, config, what)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise G2RPOError(problem(field, str(path), f"is not valid JSON ({exc}); fix the file")) from None
-    if not isinstance(data, dict):
-        raise G2RPOError(problem(field, str(path), "must hold a JSON object"))
-    return data
+    try:  # a regular UTF-8 file of at most CONFIG_MAX_BYTES holding one JSON object
+        return read_json_file(config, what="config file", fix=f"point it at {what}", max_bytes=CONFIG_MAX_BYTES)
+    except G2RPOError as exc:
+        raise G2RPOError(problem(field, str(config), str(exc))) from None
 
 
 _MED_KEYS = (
@@ -249,9 +251,10 @@ def load_blip_tokenizer(tokenizer_dir: str | Path):
     from transformers import BertTokenizer
 
     field = "image_reward.tokenizer_dir"
-    folder = require_dir(field, tokenizer_dir, "a folder holding bert-base-uncased's vocab.txt")
+    folder = require_dir(field, tokenizer_dir, _VOCAB_WHAT)
     vocab = require_file(f"{field}/vocab.txt", folder / "vocab.txt", "bert-base-uncased's vocab.txt")
-    lines = sum(1 for _ in vocab.open(encoding="utf-8"))
+    text = read_text_file(vocab, what="vocabulary", fix=f"point {field} at {_VOCAB_WHAT}", max_bytes=VOCAB_MAX_BYTES)
+    lines = len(io.StringIO(text, newline=None).readlines())  # as transformers' load_vocab counts them
     tokenizer = BertTokenizer.from_pretrained(str(folder), local_files_only=True)
     if tokenizer.vocab_size != lines:
         raise G2RPOError(

@@ -21,8 +21,10 @@ from typing import Any
 
 import torch
 
+from g2rpo.config import CONFIG_MAX_BYTES
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.rewards.base import load_weights_only, strict_key_check
+from g2rpo.textfile import read_json_file
 
 OpenClipConfig = None | dict | str | Path
 
@@ -46,12 +48,15 @@ def _config_dict(field: str, open_clip_config: dict | str | Path) -> dict[str, A
         path = Path(open_clip_config)
         if path.is_dir():
             path = path / "open_clip_config.json"
-        if not path.is_file():
-            raise G2RPOError(problem(field, str(path), "does not exist; pass an open_clip_config.json or its folder"))
-        try:
-            cfg = json.loads(path.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise G2RPOError(problem(field, str(path), f"is not valid JSON ({exc}); fix the file")) from None
+        try:  # a regular UTF-8 file of at most CONFIG_MAX_BYTES holding one JSON object
+            cfg = read_json_file(
+                path,
+                what="config file",
+                fix="pass an open_clip_config.json or its folder",
+                max_bytes=CONFIG_MAX_BYTES,
+            )
+        except G2RPOError as exc:
+            raise G2RPOError(problem(field, str(path), str(exc))) from None
     if "model_cfg" not in cfg:
         cfg = {"model_cfg": cfg}
     model_cfg = cfg["model_cfg"]

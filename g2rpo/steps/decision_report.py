@@ -23,6 +23,7 @@ from g2rpo.artifacts.cache import fetch_to_cache
 from g2rpo.artifacts.promotion import Decision
 from g2rpo.artifacts.storage import S3Settings
 from g2rpo.steps.records import CandidatesRecord
+from g2rpo.training.metrics import read_iteration_records
 
 __all__ = ["binary_checks", "write_decision_report"]
 
@@ -191,9 +192,8 @@ def write_decision_report(
 
     records_file = None if train_dir is None else Path(train_dir) / "metrics.jsonl"
     if records_file is not None and records_file.is_file():
-        lines = records_file.read_text(encoding="utf-8").splitlines()
-        # The iteration records; validation and early-stop events (train.validation) share the file.
-        records = [r for r in (json.loads(line) for line in lines if line) if "event" not in r]
+        # The iteration records (the last of each, after a resume); events share the file.
+        records = read_iteration_records(records_file)
         if records:
             png = base64.b64encode(reward_curves_png(records, trained)).decode("ascii")
             parts += [

@@ -10,10 +10,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import Field, ValidationError
+from pydantic import Field
 
 from g2rpo.config import Section
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.textfile import JSON_MAX_BYTES, decode_record, read_regular_file
 
 __all__ = [
     "CandidatesRecord",
@@ -93,7 +94,9 @@ def read_record(cls: type[R], folder: str | Path, field: str = "record") -> R:
     path = Path(folder) / RECORD_FILE
     if not path.is_file():
         raise G2RPOError(problem(field, str(folder), f"holds no {RECORD_FILE}: the task that makes it did not finish"))
+    fix = "run the task that makes it again (it writes the record whole, so this one was changed since)"
     try:
-        return cls.model_validate_json(path.read_text(encoding="utf-8"))
-    except ValidationError as exc:
-        raise G2RPOError(problem(field, str(path), f"not a valid {cls.__name__}: {exc.errors()[0]['msg']}")) from None
+        data = read_regular_file(path, what=f"{cls.__name__} record", max_bytes=JSON_MAX_BYTES, fix=fix)
+        return decode_record(cls, data, str(path), fix=fix)
+    except G2RPOError as exc:
+        raise G2RPOError(problem(field, str(folder), str(exc))) from None

@@ -8,7 +8,7 @@ recorded. With ``challenger=True`` the challenger alias moves to the new version
 
 from __future__ import annotations
 
-import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +20,7 @@ from g2rpo.artifacts.registry import BaseModelRef, ModelVersion, Registry
 from g2rpo.artifacts.scores import EvalScores
 from g2rpo.artifacts.storage import S3Settings, locate, open_store
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.textfile import JSON_MAX_BYTES, decode_json, read_regular_file
 
 __all__ = ["RegisterResult", "read_scores", "register"]
 
@@ -46,18 +47,21 @@ def read_scores(location: str, settings: S3Settings | None = None, field: str = 
 
     Errors name ``field`` (e.g. ``--scores``), the location and what is wrong (the first three problems).
     """
-    if location.startswith("s3://"):
-        store, key = locate(location, settings)
-        text = store.get_bytes(key)[0].decode("utf-8")
-    else:
-        path = Path(location.removeprefix("file://"))
-        if not path.is_file():
-            raise G2RPOError(problem(field, location, "no such file; pass the eval's per-prompt scores JSON"))
-        text = path.read_text(encoding="utf-8")
+    fix = "pass the eval's per-prompt scores JSON (docs/registry.md)"
+    try:  # UTF-8 JSON, one object; a local file must be a regular file of bounded size
+        if location.startswith("s3://"):
+            store, key = locate(location, settings)
+            data = store.get_bytes(key, max_bytes=JSON_MAX_BYTES)[0]
+        else:
+            path = Path(location.removeprefix("file://"))
+            if not os.path.lexists(path):
+                raise G2RPOError(f"no such file: {fix}")
+            data = read_regular_file(path, what="scores file", max_bytes=JSON_MAX_BYTES, fix=fix)
+        document = decode_json(data, "the scores file", fix=fix)
+    except G2RPOError as exc:
+        raise G2RPOError(problem(field, location, str(exc))) from None
     try:
-        return EvalScores.model_validate(json.loads(text))
-    except json.JSONDecodeError as exc:
-        raise G2RPOError(problem(field, location, f"not JSON ({exc}); see docs/registry.md")) from None
+        return EvalScores.model_validate(document)
     except ValidationError as exc:
         details = "; ".join(
             (f"{'.'.join(str(part) for part in e['loc'])}: " if e["loc"] else "")

@@ -48,12 +48,13 @@ Non-Commercial License, and a fine-tune is a derivative under the same terms.
 from __future__ import annotations
 
 import json
+import os
 import random
 import re
 import shutil
 import sys
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -61,8 +62,10 @@ import torch
 
 from g2rpo import __version__
 from g2rpo.artifacts.manifest import write_dir_manifest
+from g2rpo.config import CONFIG_MAX_BYTES
 from g2rpo.errors import G2RPOError, problem, write_failure
 from g2rpo.seeding import derive_seed
+from g2rpo.textfile import RECORD_MAX_BYTES, read_json_file, read_text_file
 
 if TYPE_CHECKING:  # run_dir imports this module (is_complete): the annotation only
     from g2rpo.training.run_dir import RunDir
@@ -162,17 +165,21 @@ def manifest_metadata(directory: str | Path) -> dict[str, Any] | None:
 
 def is_complete(directory: str | Path) -> bool:
     """True when ``directory`` has a valid manifest and every listed file is there with its size."""
+    directory = Path(directory)
+    return (directory / MANIFEST).is_file() and incomplete_reason(directory) is None
+
+
+def incomplete_reason(directory: str | Path) -> str | None:
+    """Why ``directory``'s manifest is unreadable or does not match its files' sizes, or None when it
+    does (a directory without a manifest gives the missing manifest as its reason)."""
     from g2rpo.artifacts.manifest import verify as _verify
     from g2rpo.artifacts.storage import FileStore
 
-    directory = Path(directory)
-    if not (directory / MANIFEST).is_file():
-        return False
     try:
         _verify(FileStore(directory), "", deep=False)
-    except G2RPOError:
-        return False
-    return True
+    except G2RPOError as exc:
+        return " ".join(str(exc).split())
+    return None
 
 
 def verify(directory: str | Path) -> None:
@@ -181,6 +188,34 @@ def verify(directory: str | Path) -> None:
     from g2rpo.artifacts.storage import FileStore
 
     _verify(FileStore(directory), "", deep=True)
+
+
+def _digest_refusal(directory: Path, damage: str) -> str:
+    return (
+        f"checkpoint {directory} does not match its manifest's sha256 (its files changed after they were "
+        f"written): {damage}; resume from another checkpoint (train.resume=auto picks the newest that "
+        "matches) or restore this one from a copy"
+    )
+
+
+def _read_trainer_state(directory: Path) -> TrainerState:
+    """``trainer_state.json`` of a checkpoint, refused naming the file and what is wrong when damaged."""
+    path = directory / "trainer_state.json"
+    fix = "resume from another checkpoint (train.resume=auto picks the newest intact one) or restore it from a copy"
+    value = read_json_file(path, what="checkpoint state", fix=fix, max_bytes=RECORD_MAX_BYTES)
+    names = {f.name for f in fields(TrainerState)}
+    required = {f.name for f in fields(TrainerState) if f.default is MISSING}
+    unknown, missing = sorted(set(value) - names), sorted(required - set(value))
+    if unknown or missing:
+        raise G2RPOError(
+            f"checkpoint state {str(path)!r} "
+            + "; ".join(
+                ([f"lacks {', '.join(missing)}"] if missing else [])
+                + ([f"has unknown field(s) {', '.join(unknown)}"] if unknown else [])
+            )
+            + f" (a TrainerState has {', '.join(sorted(names))}): {fix}"
+        )
+    return TrainerState(**value)
 
 
 # --------------------------------------------------------------------------- manager
@@ -237,20 +272,37 @@ class CheckpointManager:
         done = self.complete()
         return done[-1][1] if done else None
 
+    def broken(self) -> list[tuple[int, Path, str]]:
+        """Checkpoints whose manifest is there but that are not complete, oldest first, with why. The
+        manifest is written last (and removed first by :meth:`prune`), so no kill leaves one: its
+        manifest is unreadable or a listed file went missing or shrank since — damage, not a save cut
+        short, and never to be removed as one."""
+        found = []
+        if self.root.is_dir():
+            for child in self.root.iterdir():
+                match = _NAME.match(child.name)
+                if match and child.is_dir() and os.path.lexists(child / MANIFEST):
+                    reason = incomplete_reason(child)
+                    if reason is not None:
+                        found.append((int(match.group(1)), child, reason))
+        return sorted(found)
+
     def latest_verified(self, on_skip: Callable[[dict[str, Any]], None] | None = None) -> Path | None:
         """The newest complete checkpoint whose every file matches its manifest's sha256, or None
         when there is no complete checkpoint at all.
 
-        A newer checkpoint that fails the check is skipped: rank 0 says so on stderr, hands
+        A newer checkpoint that fails the check, or whose manifest is there but unreadable or names a
+        file now missing or cut (:meth:`broken`), is skipped: rank 0 says so on stderr, hands
         ``on_skip`` a ``{"event": "checkpoint_skipped", ...}`` record, and moves it aside to
         ``iter-NNNNNN.damaged`` (kept for inspection, never listed again) so the resumed run can
-        write that iteration afresh. When no complete checkpoint verifies, nothing is moved and
-        the error lists each one with its mismatch.
+        write that iteration afresh. When no checkpoint verifies, nothing is moved and the error
+        lists each one with its mismatch.
         """
-        done = self.complete()
+        done: list[tuple[int, Path, str | None]] = [(i, p, None) for i, p in self.complete()]
+        candidates = sorted(done + self.broken(), key=lambda entry: entry[0])
         damaged: list[tuple[Path, str]] = []
-        for _, path in reversed(done):
-            problem_text = self._digest_problem(path)
+        for _, path, broken in reversed(candidates):
+            problem_text = broken if broken is not None else self._digest_problem(path)
             if problem_text is None:
                 for bad, reason in damaged:
                     self._set_aside(bad, reason, path, on_skip)
@@ -431,7 +483,7 @@ class CheckpointManager:
                 )
             )
         if run_dir.config_yaml.exists() and self.rank == 0:
-            previous = run_dir.config_yaml.read_text(encoding="utf-8")
+            previous = read_text_file(run_dir.config_yaml, what="run config", max_bytes=CONFIG_MAX_BYTES)
             if previous != config_yaml and run_dir.metrics.exists():
                 raise G2RPOError(
                     problem(
@@ -451,7 +503,11 @@ class CheckpointManager:
                 f"checkpoint {directory} is incomplete (no manifest, or a listed file is missing or truncated): "
                 f"resume from a complete one (complete here: {[str(p) for _, p in self.complete()] or 'none'})"
             )
-        state = TrainerState(**json.loads((directory / "trainer_state.json").read_text(encoding="utf-8")))
+        try:
+            state = _read_trainer_state(directory)
+        except G2RPOError as exc:
+            damage = self._digest_problem(directory)  # a file changed since the save is named as that
+            raise G2RPOError(str(exc) if damage is None else _digest_refusal(directory, damage)) from None
         if state.config_hash != self.config_hash:
             raise G2RPOError(
                 f"checkpoint {directory} was made with config hash {state.config_hash}, this run's config hash is "
@@ -461,11 +517,7 @@ class CheckpointManager:
             )
         damage = self._digest_problem(directory)
         if damage is not None:
-            raise G2RPOError(
-                f"checkpoint {directory} does not match its manifest's sha256 (its files changed after they were "
-                f"written): {damage}; resume from another checkpoint (train.resume=auto picks the newest that "
-                "matches) or restore this one from a copy"
-            )
+            raise G2RPOError(_digest_refusal(directory, damage))
         return state
 
     def load(self, directory: str | Path, driver: Any, ema: Any = None, strategy: Any = None) -> TrainerState:

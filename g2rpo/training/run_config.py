@@ -18,7 +18,6 @@ say so.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated, Any, Literal
@@ -39,6 +38,7 @@ from g2rpo.config import (
 from g2rpo.errors import ConfigError, G2RPOError, problem
 from g2rpo.rewards.config import RewardsConfig
 from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.textfile import JSON_MAX_BYTES, read_json_file
 from g2rpo.training.deepspeed_config import DeepSpeedSection
 from g2rpo.training.memory import available_memory, memory_problem, rollout_memory
 from g2rpo.training.validation import ValidationSection, validation_problems
@@ -480,8 +480,9 @@ def _packed_latent_channels(model: ModelSection) -> int:
         return FLUX_PACKED_CHANNELS
     transformer_config = Path(model.path) / "transformer" / "config.json"
     try:
-        return int(json.loads(transformer_config.read_text(encoding="utf-8")).get("in_channels", FLUX_PACKED_CHANNELS))
-    except (ValueError, OSError):
+        config = read_json_file(transformer_config, what="transformer config", fix="", max_bytes=JSON_MAX_BYTES)
+        return int(config.get("in_channels", FLUX_PACKED_CHANNELS))
+    except (G2RPOError, ValueError, TypeError):
         return FLUX_PACKED_CHANNELS
 
 

@@ -36,6 +36,7 @@ import json
 import os
 import re
 import socket
+import stat
 import sys
 import threading
 import time
@@ -48,6 +49,7 @@ from g2rpo import __version__
 from g2rpo.artifacts.publish import pid_alive, process_start
 from g2rpo.artifacts.storage import check_writable
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.textfile import RECORD_MAX_BYTES, describe_kind, read_json_file
 from g2rpo.training.checkpoint import is_complete
 from g2rpo.training.run_config import RunConfig
 
@@ -108,17 +110,32 @@ class RunDir:
         return claim_run_dir(self.root, config_hash, self.field)
 
 
-def _is_marked(out: Path) -> bool:
-    try:
-        return json.loads((out / MARKER).read_text(encoding="utf-8")).get("tool") == "g2rpo"
-    except (OSError, ValueError, AttributeError):
+def _is_marked(out: Path, field: str = "output.dir") -> bool:
+    """Whether ``out`` has a run marker; a marker that is there but damaged is refused (it is written whole,
+    a temp file renamed into place, so no kill leaves it torn: something else changed it)."""
+    marker = out / MARKER
+    if not os.path.lexists(marker):
         return False
+    fix = (
+        "g2rpo writes it whole, so something else changed it: if this folder is your g2rpo run, restore the "
+        "marker from a copy or remove it (a run with a complete checkpoint is then adopted); otherwise choose "
+        "another output.dir"
+    )
+    try:
+        value = read_json_file(marker, what="run marker", fix=fix, max_bytes=RECORD_MAX_BYTES)
+    except G2RPOError as exc:
+        raise G2RPOError(problem(field, str(out), str(exc))) from None
+    if value.get("tool") != "g2rpo":
+        raise G2RPOError(
+            problem(field, str(out), f"run marker {str(marker)!r} has tool={value.get('tool')!r}, not 'g2rpo': {fix}")
+        )
+    return True
 
 
-def foreign_entries(out: str | Path) -> list[str]:
+def foreign_entries(out: str | Path, field: str = "output.dir") -> list[str]:
     """The names in ``out`` that are not a g2rpo run's (empty when the trainer may write there)."""
     out = Path(out)
-    if not out.is_dir() or _is_marked(out):
+    if not out.is_dir() or _is_marked(out, field):
         return []
     names = sorted(os.listdir(out))
     checkpoints = out / "checkpoints"
@@ -137,7 +154,7 @@ def check_run_dir(out: str | Path, field: str = "output.dir") -> None:
     """Refuse an ``out`` that cannot be written, or that holds files not of a g2rpo run, naming them and the fix."""
     out = Path(out)
     check_writable(out, field)
-    foreign = foreign_entries(out)
+    foreign = foreign_entries(out, field)
     if foreign:
         shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
         raise G2RPOError(
@@ -218,6 +235,19 @@ def _take_writer_claim(out: Path, field: str, lease_s: float) -> WriterClaim:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
+            try:
+                kind = os.lstat(path).st_mode
+            except FileNotFoundError:  # released meanwhile: try again
+                continue
+            if not stat.S_ISREG(kind):  # never a claim g2rpo wrote: not to be taken over (or deleted)
+                raise G2RPOError(
+                    problem(
+                        field,
+                        str(out),
+                        f"its writer claim {str(path)!r} is {describe_kind(kind)}, not a file g2rpo wrote: remove it, "
+                        "or choose another output.dir",
+                    )
+                ) from None
             current = _read_holder(path)
             gone = _holder_gone(current)
             if gone is None:
@@ -297,11 +327,12 @@ def _holder_gone(holder: dict) -> str | None:
 
 
 def _read_holder(path: Path) -> dict:
+    """The claim's holder; {} for a claim that is empty, cut short or damaged (a holder killed between
+    creating the claim and writing it), which :func:`_holder_gone` reads as gone."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        return read_json_file(path, what="writer claim", fix="", max_bytes=RECORD_MAX_BYTES)
+    except G2RPOError:
         return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _write_json(path: Path, value: dict) -> None:

@@ -91,3 +91,39 @@ def test_verification_is_cached_by_file_identity(tmp_path, monkeypatch):
     assert hashed == ["diffusion_pytorch_model.safetensors"]
     # a folder without a manifest is not verifiable: None, and nothing read
     assert verify_local(tmp_path) is None
+
+
+@pytest.mark.parametrize("record", [b"[]", b'{"root": "x", "files": ', b'{"manifest": "m", "files": [1]}', None])
+def test_a_damaged_verification_record_costs_a_re_hash_and_is_written_anew(tmp_path, monkeypatch, record):
+    monkeypatch.setenv("G2RPO_CACHE_DIR", str(tmp_path / "cache"))
+    copy = tmp_path / "m"
+    shutil.copytree(SHIPPED_SHAPES_MODEL, copy)
+    verify_local(copy)
+    (path,) = (tmp_path / "cache" / "verified").iterdir()
+    if record is None:  # a directory where the record belongs
+        path.unlink()
+        path.mkdir()
+    else:
+        path.write_bytes(record)
+    hashed: list[str] = []
+    real = cache_module.sha256_file
+    monkeypatch.setattr(cache_module, "sha256_file", lambda p: (hashed.append(Path(p).name), real(p))[1])
+    assert verify_local(copy) is not None
+    assert len(hashed) == 15  # read around: every file hashed again
+    if record is not None:
+        hashed.clear()
+        verify_local(copy)
+        assert hashed == []  # the record was written anew
+
+
+def test_a_manifest_that_is_not_utf8_json_is_refused_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("G2RPO_CACHE_DIR", str(tmp_path / "cache"))
+    copy = tmp_path / "m"
+    shutil.copytree(SHIPPED_SHAPES_MODEL, copy)
+    manifest = copy / "manifest.json"
+    manifest.write_bytes(manifest.read_text(encoding="utf-8").encode("utf-16"))  # json.loads would take it
+    with pytest.raises(G2RPOError, match=r"manifest\.json is UTF-16 .*the artifact is corrupt: republish it"):
+        verify_local(copy)
+    manifest.write_text("[]")
+    with pytest.raises(G2RPOError, match=r"manifest\.json holds an array where an object belongs"):
+        verify_local(copy)

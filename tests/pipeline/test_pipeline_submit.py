@@ -268,6 +268,12 @@ def test_server_errors_are_clear_messages_not_tracebacks(capsys):
         assert "the KFP server answered 403" in err and "user cannot create runs in kubeflow" in err
         assert "check your namespace and permissions" in err
 
+        server.fail[("POST", RUNS)] = (502, ["upstream connect error"])  # a proxy's reply, not KFP's object
+        assert main(["pipeline", "submit", "--host", server.url]) == 2
+        err = capsys.readouterr().err
+        assert "the KFP server answered 502" in err and '["upstream connect error"]' in err
+        assert "Traceback" not in err
+
 
 def test_a_long_name_would_fail_on_the_observed_server():
     # What the name check prevents: the loopback server answers a 300-character name as KFP 2.17 did.

@@ -138,3 +138,19 @@ def test_a_live_publisher_renews_its_lease_and_is_never_overtaken(root_uri, tmp_
         first.join(30)
     assert "a" in result
     assert not open_store(uri).exists(MARKER_NAME)
+
+
+@pytest.mark.parametrize("claim", [b"[1, 2]", b'{"producer": "g2rpo tr', b"\0\0\0\0"])
+def test_a_claim_that_is_not_a_json_object_is_refused_naming_it_and_kept(tmp_path, claim):
+    uri = str(tmp_path / "store" / "damaged")
+    open_store(uri).put_bytes(MARKER_NAME, claim, if_none_match=True)
+    with pytest.raises(G2RPOError, match=r"is being published by an unknown publisher \(its claim .* is not a JSON"):
+        publish_dir(_artifact(tmp_path), uri)
+    assert open_store(uri).get_bytes(MARKER_NAME)[0] == claim  # kept: `storage gc` removes it, as the error says
+
+
+def test_a_claim_over_the_record_limit_is_refused_unread(root_uri, tmp_path):
+    uri = f"{root_uri}/huge"
+    open_store(uri).put_bytes(MARKER_NAME, b" " * 70_000 + b"{}", if_none_match=True)
+    with pytest.raises(G2RPOError, match=r"_publishing\.json is 70,002 bytes, over the 65,536-byte limit"):
+        publish_dir(_artifact(tmp_path), uri)

@@ -135,3 +135,19 @@ def test_storage_botocore_retries_make_exactly_max_attempts(max_attempts, monkey
         client.meta.events.unregister("before-send.s3.GetObject")
     assert len(sent) == max_attempts
     assert sent[0] == f"http://127.0.0.1:{port}/bucket/x"  # path-style addressing
+
+
+def test_storage_get_bytes_refuses_an_object_over_max_bytes_before_reading_it(root_uri):
+    store = open_store(root_uri)
+    store.put_bytes("big.json", b"x" * 5000)
+    assert store.get_bytes("big.json", max_bytes=5000)[0] == b"x" * 5000
+    with pytest.raises(G2RPOError, match=r"big\.json is 5,000 bytes, over the 4,999-byte limit .*check the URI"):
+        store.get_bytes("big.json", max_bytes=4999)
+
+
+def test_storage_a_fifo_in_a_file_store_is_named_not_opened(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    store.put_bytes("a/record.json", b"{}")
+    os.mkfifo(tmp_path / "store" / "a" / "pipe.json")
+    with pytest.raises(G2RPOError, match=r"pipe\.json is a FIFO \(named pipe\), not a stored object"):
+        store.get_bytes("a/pipe.json")
