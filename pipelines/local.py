@@ -3,8 +3,8 @@
 :func:`run_local` runs the compiled DAG's tasks as subprocesses of this interpreter
 (``SubprocessRunner(use_venv=False)``: kfp.local ignores the images and drops the cluster placement)
 on the shapes task (:mod:`g2rpo.tasks.shapes`) with the settings of :func:`local_arguments`: the
-shipped shapes model (:mod:`g2rpo.models.shapes`; another ``model`` folder is pretrained on first use and
-reused after), all 360 of the task's prompts (296 train, 64 held out by the prepare task's split),
+shipped shapes model that never saw the held-out scenes (``g2rpo/models/shapes_flux_unseen``,
+:mod:`g2rpo.models.shapes`; another ``model`` folder is pretrained on first use and reused after), all 360 of the task's prompts (296 train, 64 held out by the prepare task's split),
 ``configs/shapes-cpu.yaml`` (trained on the two in-domain rewards, every shapes metric scored) and
 ``configs/shapes-gates.yaml``. The run folder holds the KFP pipeline root (every task's
 outputs), the tasks' temp files and ``pipeline.log`` (everything kfp.local printed); the store
@@ -39,7 +39,7 @@ from kfp import local
 from g2rpo.artifacts.promotion import load_gates
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.shapes import HELD_OUT  # the task's 64 held-out prompts: evaluated, never trained on
-from g2rpo.models.shapes import ShapesPretraining, ensure_shapes_model
+from g2rpo.models.shapes import UNSEEN_PRETRAINING, ShapesPretraining, ensure_shapes_model
 from g2rpo.rewards.shapes import IN_DOMAIN, IN_DOMAIN_CHECKS, OUT_OF_DOMAIN
 from g2rpo.steps.evaluate import evaluate
 from g2rpo.steps.prepare import prepare_data
@@ -118,9 +118,10 @@ def run_local(
 ) -> LocalRun:
     """Run the pipeline into ``run_dir`` (its pipeline root must not exist yet) with :func:`local_arguments`
     updated by ``parameters``; pretrain the shapes model into ``model`` first when it is not there
-    (``pretraining``'s settings, default the shipped model's; an existing one must have been made with them)."""
+    (``pretraining``'s settings, default those of the shipped ``shapes_flux_unseen``; an existing one must
+    have been made with them)."""
     run_dir, shared, model = run_dir.resolve(), shared.resolve(), model.resolve()
-    pretraining = pretraining or ShapesPretraining()
+    pretraining = pretraining or UNSEEN_PRETRAINING
     root = run_dir / "pipeline-root"
     if root.exists():
         finished = (root / COMPLETE_MARKER).is_file()

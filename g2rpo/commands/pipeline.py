@@ -214,13 +214,14 @@ def run_local_command(args: argparse.Namespace) -> int:
     """``g2rpo pipeline run-local`` (and ``g2rpo demo``): the pipeline here, then its summary and verdict."""
     _use_source_tree()
     from g2rpo.errors import G2RPOError, problem
+    from g2rpo.models.shapes import UNSEEN_PRETRAINING
     from pipelines.local import run_local, verdict
     from pipelines.submit import parse_arguments
 
     if args.iterations < 1:
         raise G2RPOError(problem("--iterations", args.iterations, "run at least one iteration"))
     arguments = parse_arguments(args.parameters)
-    pretraining = pretraining_settings(args)
+    pretraining = pretraining_settings(args, base=UNSEEN_PRETRAINING)  # --model's default is shapes_flux_unseen
     if not args.verbose:
         quiet_libraries()
     if args.s3_endpoint:

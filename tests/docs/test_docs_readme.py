@@ -89,7 +89,8 @@ def _run_all(tmp_path: Path, kinds: set[str]) -> list[str]:
     # ... and so is the shipped shapes model that configs/shapes-cpu.yaml names (a folder of data, not
     # the package: imports still come from the checkout)
     (tmp_path / "g2rpo" / "models").mkdir(parents=True)
-    (tmp_path / "g2rpo" / "models" / "shapes_flux").symlink_to(ROOT / "g2rpo" / "models" / "shapes_flux")
+    for model in ("shapes_flux_unseen",):
+        (tmp_path / "g2rpo" / "models" / model).symlink_to(ROOT / "g2rpo" / "models" / model)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     ran = []
     for command in page_commands():
