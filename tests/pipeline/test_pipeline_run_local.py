@@ -5,6 +5,7 @@ training iteration per run)."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 from pathlib import Path
@@ -15,7 +16,10 @@ from PIL import Image
 
 from g2rpo.artifacts.registry import Registry
 from g2rpo.cli import main
+from g2rpo.commands.model import pretraining_settings, shapes_model_path
+from g2rpo.commands.pipeline import add_run_local_args
 from g2rpo.errors import G2RPOError
+from g2rpo.models.shapes import SHIPPED_UNSEEN_MODEL, UNSEEN_PRETRAINING, check_shapes_model
 from g2rpo.models.tiny import TINY_MARKER
 from g2rpo.rewards.shapes import IN_DOMAIN, IN_DOMAIN_CHECKS, OUT_OF_DOMAIN
 from g2rpo.steps.gate import decide_challenger
@@ -183,6 +187,19 @@ def test_unknown_choices_are_refused(tmp_path):
             record_dir=tmp_path / "r",
             work_dir=tmp_path / "w",
         )
+
+
+def test_by_default_the_demo_trains_the_shipped_model_that_never_saw_the_held_out_scenes():
+    args = argparse.ArgumentParser()
+    add_run_local_args(args)
+    parsed = args.parse_args([])
+    assert shapes_model_path(parsed) == SHIPPED_UNSEEN_MODEL
+    # The pretraining flags default to its settings, so the default run's check passes (manifest and
+    # marker: unseen=96, the held-out scenes left out; tests/models/test_models_shapes_unseen.py).
+    settings = pretraining_settings(parsed, base=UNSEEN_PRETRAINING)
+    assert settings.unseen == 96 and check_shapes_model(SHIPPED_UNSEEN_MODEL, settings) == SHIPPED_UNSEEN_MODEL
+    # --pretrain-* still overrides them one by one
+    assert pretraining_settings(args.parse_args(["--pretrain-unseen", "0"]), base=UNSEEN_PRETRAINING).unseen == 0
 
 
 def test_bad_values_are_refused_before_pretraining_and_leave_no_folder(tmp_path, capsys):
