@@ -4,7 +4,8 @@
 (``SubprocessRunner(use_venv=False)``: kfp.local ignores the images and drops the cluster placement)
 on the shapes task (:mod:`g2rpo.tasks.shapes`) with the settings of :func:`local_arguments`: the
 shipped shapes model that never saw the held-out scenes (``g2rpo/models/shapes_flux_unseen``,
-:mod:`g2rpo.models.shapes`; another ``model`` folder is pretrained on first use and reused after), all 360 of the task's prompts (296 train, 64 held out by the prepare task's split),
+:mod:`g2rpo.models.shapes`; another ``model`` folder is pretrained on first use and reused after), all
+360 of the task's prompts (296 train, 64 held out by the prepare task's split),
 ``configs/shapes-cpu.yaml`` (trained on the two learned rewards, every exact shapes metric scored) and
 ``configs/shapes-gates.yaml``. The run folder holds the KFP pipeline root (every task's
 outputs), the tasks' temp files and ``pipeline.log`` (everything kfp.local printed); the store
