@@ -19,7 +19,7 @@ export TOKENIZERS_PARALLELISM := false
 
 help:
 	@echo "make demo       create .venv, install, run the whole Kubeflow pipeline here (kfp.local, on the shipped"
-	@echo "                shapes model g2rpo/models/shapes_flux; a few minutes)"
+	@echo "                shapes model g2rpo/models/shapes_flux_unseen; a few minutes)"
 	@echo "make test       install what the tests need, check lint and import contracts, run the suite (CI)"
 	@echo "make lint       ruff (lint + format check) and the import contracts (lint-imports)"
 	@echo "make test-slow  the opt-in slow tier (full-size reward architectures, long runs)"
@@ -60,8 +60,8 @@ $(CHROMIUM_STAMP):
 install: $(STAMP) $(CHROMIUM_STAMP) $(DEB_STAMP)
 
 # The whole DAG (prepare → train → evaluate → decide → promote) through kfp.local on the shapes task:
-# the shipped shapes model (g2rpo/models/shapes_flux) is trained on the task's 296 train prompts and
-# evaluated on the 64 held out; run it again and the new challenger is evaluated against the champion and gated. `g2rpo demo` is the same
+# the shipped shapes model that never saw the held-out scenes (g2rpo/models/shapes_flux_unseen) is trained
+# on the task's 296 train prompts and evaluated on the 64 held out; run it again and the new challenger is evaluated against the champion and gated. `g2rpo demo` is the same
 # command. Quiet log; `g2rpo pipeline run-local --verbose` shows all.
 demo: $(STAMP)
 	$(VENV)/bin/g2rpo pipeline run-local

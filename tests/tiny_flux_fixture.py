@@ -45,7 +45,10 @@ def quick_shapes_dir(tmp_path_factory) -> Path:
 
 
 def quick_shapes():
-    """The shapes model's pretraining settings with :data:`QUICK_SHAPES_STEPS`."""
-    from g2rpo.models.shapes import ShapesPretraining
+    """The demo's model's pretraining settings (``UNSEEN_PRETRAINING``: what ``run-local``'s flags default
+    to) with :data:`QUICK_SHAPES_STEPS`."""
+    from dataclasses import replace
 
-    return ShapesPretraining(**QUICK_SHAPES_STEPS)
+    from g2rpo.models.shapes import UNSEEN_PRETRAINING
+
+    return replace(UNSEEN_PRETRAINING, **QUICK_SHAPES_STEPS)

@@ -6,8 +6,12 @@ import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from g2rpo.errors import G2RPOError, problem
+
+if TYPE_CHECKING:  # the shapes module imports torch: the CLI loads it only when a command needs it
+    from g2rpo.models.shapes import ShapesPretraining
 
 OVERWRITE_HELP = (
     "replace the directory whole when it is a g2rpo model folder (its g2rpo_tiny.json marker and the model's "
@@ -130,41 +134,47 @@ def _init_tiny(args: argparse.Namespace) -> int:
 
 
 def add_shapes_model_args(parser: argparse.ArgumentParser) -> None:
-    """``--model`` (the pretrained shapes model; default the shipped one) and the pretraining step flags
-    of :func:`add_pretraining_args`: what ``g2rpo pipeline run-local`` (and ``g2rpo demo``) train."""
+    """``--model`` (the pretrained shapes model; default the shipped one that has never seen the held-out
+    scenes) and the pretraining step flags of :func:`add_pretraining_args` with that model's settings as
+    their defaults: what ``g2rpo pipeline run-local`` (and ``g2rpo demo``) train."""
     parser.add_argument(
         "--model",
         default=None,
-        help="the pretrained shapes model (default: the one shipped in the package, g2rpo/models/shapes_flux, "
-        "checked against its manifest); a folder that does not exist is pretrained there first (minutes), "
-        "one that does must have been made with the pretraining settings asked for",
+        help="the pretrained shapes model (default: the one shipped in the package that never saw the 64 held-out "
+        "nor the 32 validation scenes, g2rpo/models/shapes_flux_unseen, checked against its manifest); a folder "
+        "that does not exist is pretrained there first (minutes), one that does must have been made with the "
+        "pretraining settings asked for",
     )
-    add_pretraining_args(parser)
+    add_pretraining_args(parser, defaults="g2rpo/models/shapes_flux_unseen's")
 
 
 def shapes_model_path(args: argparse.Namespace) -> Path:
-    """``--model``, or the shipped shapes model when it is not given."""
-    from g2rpo.models.shapes import SHIPPED_SHAPES_MODEL
+    """``--model``, or the shipped unseen-scenes shapes model (the demo's) when it is not given."""
+    from g2rpo.models.shapes import SHIPPED_UNSEEN_MODEL
 
-    return Path(args.model) if args.model else SHIPPED_SHAPES_MODEL
+    return Path(args.model) if args.model else SHIPPED_UNSEEN_MODEL
 
 
-def add_pretraining_args(parser: argparse.ArgumentParser, prefix: str = "pretrain-") -> None:
-    """``--{prefix}vae-steps`` and ``--{prefix}flow-steps``: the shapes model's pretraining step counts
-    (read back by :func:`pretraining_settings`)."""
+def add_pretraining_args(
+    parser: argparse.ArgumentParser, prefix: str = "pretrain-", defaults: str = "the shipped model's"
+) -> None:
+    """``--{prefix}vae-steps``, ``--{prefix}flow-steps``, ``--{prefix}colour-noise`` and ``--{prefix}unseen``:
+    the shapes model's pretraining settings (read back by :func:`pretraining_settings`); ``defaults`` names
+    the model whose settings they default to, as the help says it."""
+    of = f"(default: {defaults})"
     parser.add_argument(
         f"--{prefix}vae-steps",
         dest="vae_steps",
         type=int,
         default=None,
-        help="VAE optimiser steps of the shapes model's pretraining (default: the shipped model's)",
+        help=f"VAE optimiser steps of the shapes model's pretraining {of}",
     )
     parser.add_argument(
         f"--{prefix}flow-steps",
         dest="flow_steps",
         type=int,
         default=None,
-        help="flow-matching steps of the shapes model's pretraining (default: the shipped model's)",
+        help=f"flow-matching steps of the shapes model's pretraining {of}",
     )
     parser.add_argument(
         f"--{prefix}colour-noise",
@@ -172,7 +182,7 @@ def add_pretraining_args(parser: argparse.ArgumentParser, prefix: str = "pretrai
         type=float,
         default=None,
         help="probability that a flow-matching caption names another colour, so the model draws the asked "
-        "colour on about 1 − p of its samples (default: the shipped model's)",
+        f"colour on about 1 − p of its samples {of}",
     )
     parser.add_argument(
         f"--{prefix}unseen",
@@ -181,15 +191,18 @@ def add_pretraining_args(parser: argparse.ArgumentParser, prefix: str = "pretrai
         default=None,
         metavar="N",
         help="leave the N scenes the prepare split (seed 0) holds out first out of pretraining, never drawn "
-        "nor named: 96 = the 64 held-out + the ablation's 32 validation scenes (default: the shipped model's)",
+        f"nor named: 96 = the 64 held-out + the ablation's 32 validation scenes {of}",
     )
 
 
-def pretraining_settings(args: argparse.Namespace, prefix: str = "pretrain-", seed: int = 0):
-    """The :class:`~g2rpo.models.shapes.ShapesPretraining` that :func:`add_pretraining_args`' flags ask for."""
+def pretraining_settings(
+    args: argparse.Namespace, prefix: str = "pretrain-", seed: int = 0, base: ShapesPretraining | None = None
+) -> ShapesPretraining:
+    """The :class:`~g2rpo.models.shapes.ShapesPretraining` that :func:`add_pretraining_args`' flags ask for,
+    on top of ``base`` (default ``ShapesPretraining()``, the settings of ``shapes_flux``) with ``seed``."""
     from g2rpo.models.shapes import ShapesPretraining
 
-    settings = ShapesPretraining(seed=seed)
+    settings = replace(base or ShapesPretraining(), seed=seed)
     for field in ("vae_steps", "flow_steps"):
         value = getattr(args, field)
         if value is not None:

@@ -76,11 +76,12 @@ def add_commands(subparsers) -> None:
         "run-local",
         help="run the whole DAG here through kfp.local on the shapes model (what `make demo` runs)",
         description="Runs prepare → train → evaluate → decide → promote through kfp.local (SubprocessRunner, no "
-        "containers) on the shapes task: the shapes model (pretrained into --model on first use, minutes; reused "
-        "after), its 360 prompts, configs/shapes-cpu.yaml (trained on shapes_colour + shapes_shape, evaluated on "
-        "those and the out-of-domain shapes_position, shapes_background, jpeg_compressibility) and "
-        "configs/shapes-gates.yaml. The run folder OUT/NAME holds the pipeline root, the tasks' temp files and "
-        "pipeline.log (all of kfp.local's output); the store (exports, evaluations) and the registry live in "
+        "containers) on the shapes task: the shapes model that never saw the 64 held-out scenes (shipped; another "
+        "--model is pretrained there on first use, minutes, and reused after), its 360 prompts, "
+        "configs/shapes-cpu.yaml (trained on the learned rewards hps_v21 + clip, g2rpo/models/shapes_pref and "
+        "shapes_clip, as production trains on HPS + CLIP; the exact shapes_* scores and jpeg_compressibility are "
+        "never trained on and gated as held-out ground truth) and configs/shapes-gates.yaml. The run folder "
+        "OUT/NAME holds the pipeline root, the tasks' temp files and pipeline.log (all of kfp.local's output); the store (exports, evaluations) and the registry live in "
         "--shared and are reused, so a second run evaluates its challenger against the first run's champion and "
         "promotes or refuses it, with the reason.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
@@ -96,7 +97,7 @@ def add_run_local_args(local: argparse.ArgumentParser) -> None:
     local.add_argument("--shared", default="runs/pipeline-shared", help="prompts, store and registry of every run")
     add_shapes_model_args(local)
     local.add_argument(
-        "--iterations", type=int, default=60, help="training iterations (default 60: the shapes recipe, docs/demo.md)"
+        "--iterations", type=int, default=40, help="training iterations (default 40: the shapes recipe, docs/demo.md)"
     )
     local.add_argument(
         "--verbose",
@@ -214,13 +215,14 @@ def run_local_command(args: argparse.Namespace) -> int:
     """``g2rpo pipeline run-local`` (and ``g2rpo demo``): the pipeline here, then its summary and verdict."""
     _use_source_tree()
     from g2rpo.errors import G2RPOError, problem
+    from g2rpo.models.shapes import UNSEEN_PRETRAINING
     from pipelines.local import run_local, verdict
     from pipelines.submit import parse_arguments
 
     if args.iterations < 1:
         raise G2RPOError(problem("--iterations", args.iterations, "run at least one iteration"))
     arguments = parse_arguments(args.parameters)
-    pretraining = pretraining_settings(args)
+    pretraining = pretraining_settings(args, base=UNSEEN_PRETRAINING)  # --model's default is shapes_flux_unseen
     if not args.verbose:
         quiet_libraries()
     if args.s3_endpoint:

@@ -28,13 +28,15 @@ all seeded so that the same settings give the same weights:
 artifact manifest (every file's size and sha256, written last); ``g2rpo model pretrain-shapes``
 is the command.
 
-**The shipped model.** The model pretrained with the default :class:`ShapesPretraining` is part
-of the package (:data:`SHIPPED_SHAPES_MODEL`, a few MB): ``make demo``, ``g2rpo pipeline
-run-local`` and the ablation use it as it is, so every machine starts from the same base model:
-pretraining again need not give the same weights (another thread count sums in another order, and
-even at one thread two runs of these settings differed; training amplifies the last bits —
-docs/models.md). Its manifest is checked (sha256) before use; ``pretrain-shapes`` with the default
-settings regenerates it.
+**The shipped models.** Two pretrained models are part of the package (a few MB each), so every
+machine starts from the same base model: pretraining again need not give the same weights (another
+thread count sums in another order, and even at one thread two runs of these settings differed;
+training amplifies the last bits — docs/models.md). :data:`SHIPPED_SHAPES_MODEL` (the default
+:class:`ShapesPretraining`, all 360 scenes) is the exact-reward ablation's and the tests';
+:data:`SHIPPED_UNSEEN_MODEL` (:data:`UNSEEN_PRETRAINING`: the 96 scenes that the prepare split holds
+out first never drawn nor named) is what ``make demo``, ``g2rpo pipeline run-local`` and the
+learned-reward ablation train, so their held-out prompts are unseen. A manifest is checked (sha256)
+before use; ``pretrain-shapes`` with the same settings regenerates either.
 
 :func:`sample_shapes` draws images with the ODE sampler on Flux's grid, which the tests use to
 compare a pretrained model with a random one on the exact rewards.
@@ -80,6 +82,8 @@ from g2rpo.textfile import RECORD_MAX_BYTES, read_json_file
 __all__ = [
     "SHAPES_WORDS",
     "SHIPPED_SHAPES_MODEL",
+    "SHIPPED_UNSEEN_MODEL",
+    "UNSEEN_PRETRAINING",
     "ShapesPretraining",
     "check_shapes_model",
     "colour_reconstruction",
@@ -101,12 +105,14 @@ SHAPES_WORDS = tuple(
 )
 GUIDANCE = 3.5  # the tiny transformer embeds a guidance scale, as FLUX.1-dev
 SHIPPED_SHAPES_MODEL = Path(__file__).resolve().parent / "shapes_flux"  # package data, made by pretrain_shapes()
+# package data, made by pretrain_shapes(UNSEEN_PRETRAINING): the demo's base model
+SHIPPED_UNSEEN_MODEL = SHIPPED_SHAPES_MODEL.with_name("shapes_flux_unseen")
 PRODUCER = "g2rpo.models.shapes.pretrain_shapes"
 
 
 @dataclass(frozen=True)
 class ShapesPretraining:
-    """What :func:`pretrain_shapes` does; the defaults are the shipped model's."""
+    """What :func:`pretrain_shapes` does; the defaults are ``shapes_flux``'s (:data:`SHIPPED_SHAPES_MODEL`)."""
 
     seed: int = 0
     heads: int = 4  # transformer width = 16 · heads
@@ -123,6 +129,9 @@ class ShapesPretraining:
     # (tasks.shapes.unseen_scenes). 96 = the 64 held-out + the ablation's 32 validation scenes.
     unseen: int = 0
 
+
+# SHIPPED_UNSEEN_MODEL's settings: the 64 held-out + 32 validation scenes of the prepare split (seed 0) left out.
+UNSEEN_PRETRAINING = ShapesPretraining(unseen=96)
 
 # Settings added after a model was shipped: a marker without the key was made with this value.
 _SETTINGS_BEFORE_RECORDED = {"unseen": 0}
@@ -351,7 +360,8 @@ def check_shapes_model(path: str | Path, settings: ShapesPretraining = ShapesPre
         )
     bad = mismatches(store, read_manifest(store), deep=True)
     if bad:
-        restore = f"restore it with `git checkout -- {path}`" if path == SHIPPED_SHAPES_MODEL else fix
+        shipped = path in (SHIPPED_SHAPES_MODEL, SHIPPED_UNSEEN_MODEL)
+        restore = f"restore it with `git checkout -- {path}`" if shipped else fix
         raise G2RPOError(
             problem("shapes model", str(path), f"differs from its manifest ({'; '.join(bad[:3])}); {restore}")
         )

@@ -86,10 +86,11 @@ def classify(command: str) -> str:
 
 def _run_all(tmp_path: Path, kinds: set[str]) -> list[str]:
     (tmp_path / "configs").symlink_to(ROOT / "configs")  # the README's paths are relative to a checkout
-    # ... and so is the shipped shapes model that configs/shapes-cpu.yaml names (a folder of data, not
-    # the package: imports still come from the checkout)
+    # ... and so are the shipped shapes model and learned rewards that configs/shapes-cpu.yaml names
+    # (folders of data, not the package: imports still come from the checkout)
     (tmp_path / "g2rpo" / "models").mkdir(parents=True)
-    (tmp_path / "g2rpo" / "models" / "shapes_flux").symlink_to(ROOT / "g2rpo" / "models" / "shapes_flux")
+    for model in ("shapes_flux_unseen", "shapes_pref", "shapes_clip"):
+        (tmp_path / "g2rpo" / "models" / model).symlink_to(ROOT / "g2rpo" / "models" / model)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     ran = []
     for command in page_commands():

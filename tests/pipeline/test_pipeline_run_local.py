@@ -1,10 +1,11 @@
 """The whole pipeline through kfp.local, twice, on the shapes task: the first run pretrains the shapes
-model (here with a few steps), trains on the shapes rewards and ends with a champion; the second reuses
+model (here with a few steps), trains on the learned shapes rewards and ends with a champion; the second reuses
 the model and is gated against the champion. The issue's proof, so it stays in the default tier (one
 training iteration per run)."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 from pathlib import Path
@@ -15,13 +16,16 @@ from PIL import Image
 
 from g2rpo.artifacts.registry import Registry
 from g2rpo.cli import main
+from g2rpo.commands.model import pretraining_settings, shapes_model_path
+from g2rpo.commands.pipeline import add_run_local_args
 from g2rpo.errors import G2RPOError
+from g2rpo.models.shapes import SHIPPED_UNSEEN_MODEL, UNSEEN_PRETRAINING, check_shapes_model
 from g2rpo.models.tiny import TINY_MARKER
 from g2rpo.rewards.shapes import IN_DOMAIN, IN_DOMAIN_CHECKS, OUT_OF_DOMAIN
 from g2rpo.steps.gate import decide_challenger
 from g2rpo.steps.train_task import train_task
 from g2rpo.tasks.shapes import all_scenes
-from pipelines.local import LocalRun, _QuietConsole, _TrainingWatch, verdict
+from pipelines.local import LEARNED_REWARDS, LocalRun, _QuietConsole, _TrainingWatch, verdict
 from tests.tiny_flux_fixture import QUICK_SHAPES_FLAGS
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,8 +72,8 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     # Quiet by default: a line per task and the tasks' own lines; kfp.local's all go to the log.
     assert "[KFP Executor" not in printed and "executor_input" not in printed and " - INFO - " not in printed
     assert "train: SUCCESS" in printed and "evaluate: SUCCESS" in printed
-    assert "train 1/1: colour " in printed  # the training record, read while the task ran
-    assert printed.index("train 1/1: colour ") < printed.index("train: SUCCESS") < printed.index("evaluate …")
+    assert "train 1/1: hps_v21 " in printed  # the training record, read while the task ran
+    assert printed.index("train 1/1: hps_v21 ") < printed.index("train: SUCCESS") < printed.index("evaluate …")
     # the decision report, at a path a browser opens as a page
     report_path = out / "first" / "decision-report.html"
     assert f"  decision report        {report_path}\n" in printed
@@ -86,17 +90,20 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     # kfp.local keeps a Metrics artifact's values in the task's executor output.
     executor = json.loads((run_root / "train" / "executor_output.json").read_text())
     assert executor["artifacts"]["metrics"]["artifacts"][0]["metadata"]["iterations"] == 1
-    # trained on the in-domain shapes rewards only; scored on all five
+    # trained on the learned rewards only (their shipped weights); the exact shapes metrics scored as ground truth
     record = json.loads((run_root / "train" / "model" / "record.json").read_text())
     assert record["base_model_uri"] == str(tmp_path / "shapes-flux")
     run_config = yaml.safe_load((run_root / "train" / "model" / "run-config.yaml").read_text())
     weights = {spec["name"]: spec["weight"] for spec in run_config["rewards"]["models"]}
-    assert weights == {**dict.fromkeys(IN_DOMAIN, 1.0), **dict.fromkeys(IN_DOMAIN_CHECKS + OUT_OF_DOMAIN, 0.0)}
+    exact = IN_DOMAIN + IN_DOMAIN_CHECKS + OUT_OF_DOMAIN
+    assert weights == {**dict.fromkeys(LEARNED_REWARDS, 1.0), **dict.fromkeys(exact, 0.0)}
+    learned = {spec["name"]: spec["weights"] for spec in run_config["rewards"]["models"] if spec["weight"]}
+    assert learned == {name: str(path) for name, path in LEARNED_REWARDS.items()}
     evaluation = json.loads((run_root / "evaluate" / "evaluation" / "record.json").read_text())
     assert evaluation["champion_version"] is None
     assert evaluation["baseline_label"] == "base model"  # a first version is compared with its base model
-    assert sorted(evaluation["trained_metrics"]) == sorted(IN_DOMAIN)
-    assert sorted(evaluation["challenger_means"]) == sorted(IN_DOMAIN + IN_DOMAIN_CHECKS + OUT_OF_DOMAIN)
+    assert sorted(evaluation["trained_metrics"]) == sorted(LEARNED_REWARDS)
+    assert sorted(evaluation["challenger_means"]) == sorted((*LEARNED_REWARDS, *exact))
     images = sorted((Path(evaluation["challenger_eval_uri"].removeprefix("file://")) / "images").glob("*.png"))
     assert len(images) == 64 * 4  # the 64 prompts the prepare task holds out (of 360) × seeds 0–3
     assert Image.open(images[0]).size == (64, 64)
@@ -124,9 +131,9 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     gates = yaml.safe_load((out / "second" / "gates.yaml").read_text())["metrics"]
     base = json.loads((out / "second" / "base" / "evaluation" / "metrics.json").read_text())
     assert "base model on the held-out prompts: " in printed
-    for name in IN_DOMAIN:  # a trained reward must beat the base model by min_improvement (0.005)
+    for name in LEARNED_REWARDS:  # a trained reward must beat the base model by min_improvement (0.005)
         assert gates[name]["floor"] == pytest.approx(base["by_steps"]["6"][name]["mean"] + 0.005)
-    for name in OUT_OF_DOMAIN:
+    for name in IN_DOMAIN + OUT_OF_DOMAIN:  # the exact ground truth, held out: may fall at most its tolerance
         allowed = 0.25 if name == "jpeg_compressibility" else 0.05
         assert gates[name]["floor"] == pytest.approx(base["by_steps"]["6"][name]["mean"] - allowed)
     assert "improvement +0.0000 < required 0.005" in printed
@@ -180,6 +187,19 @@ def test_unknown_choices_are_refused(tmp_path):
             record_dir=tmp_path / "r",
             work_dir=tmp_path / "w",
         )
+
+
+def test_by_default_the_demo_trains_the_shipped_model_that_never_saw_the_held_out_scenes():
+    args = argparse.ArgumentParser()
+    add_run_local_args(args)
+    parsed = args.parse_args([])
+    assert shapes_model_path(parsed) == SHIPPED_UNSEEN_MODEL
+    # The pretraining flags default to its settings, so the default run's check passes (manifest and
+    # marker: unseen=96, the held-out scenes left out; tests/models/test_models_shapes_unseen.py).
+    settings = pretraining_settings(parsed, base=UNSEEN_PRETRAINING)
+    assert settings.unseen == 96 and check_shapes_model(SHIPPED_UNSEEN_MODEL, settings) == SHIPPED_UNSEEN_MODEL
+    # --pretrain-* still overrides them one by one
+    assert pretraining_settings(args.parse_args(["--pretrain-unseen", "0"]), base=UNSEEN_PRETRAINING).unseen == 0
 
 
 def test_bad_values_are_refused_before_pretraining_and_leave_no_folder(tmp_path, capsys):
