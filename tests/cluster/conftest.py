@@ -13,10 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from components.images import G2RPO_IMAGE
+from tests.cluster.build import build
 from tests.shared_checkout import shared_path
 
 CLUSTER = shared_path("tools/cluster")
 BASE_IMAGE = "localhost/debian-py311:bookworm"
+COMPONENT_TAG = "localhost/g2rpo:cluster-test"
 PACKAGES = ("podman", "buildah", "runc", "containerd", "etcd", "mmdebstrap")
 
 
@@ -54,3 +57,13 @@ def image_workdir(tmp_path_factory) -> Path:
     )
     os.environ["CONTAINERS_CONF"] = str(workdir / "containers.conf")
     return workdir
+
+
+@pytest.fixture(scope="session")
+def component_image(image_workdir) -> dict:
+    """The component image built once per session (buildah, ``tests/cluster/build.py``) and also tagged with the
+    name the compiled pipeline and the chart use (``components.images.G2RPO_IMAGE``); ``{"tag", "seconds", "bytes"}``."""
+    result = build(BASE_IMAGE, COMPONENT_TAG, image_workdir / "build", image_workdir / "build.log")
+    subprocess.run(["podman", "tag", COMPONENT_TAG, G2RPO_IMAGE], check=True)
+    print(f"\ncomponent image {COMPONENT_TAG}: built in {result['seconds']} s, {result['bytes'] / 1e9:.2f} GB")
+    return {"tag": COMPONENT_TAG, **result}
