@@ -6,8 +6,10 @@ Debian packages its README lists (podman, buildah, runc, containerd, etcd, mmdeb
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -23,6 +25,42 @@ COMPONENT_TAG = "localhost/g2rpo:cluster-test"
 PACKAGES = ("podman", "buildah", "runc", "containerd", "etcd", "mmdebstrap")
 
 
+# `cluster up` joins its namespace to the host by a /30 in this range (its README): the S3 server the pods use
+# listens on the host side of it, and this tier's host-side checks read that S3. Nothing else leaves loopback.
+CLUSTER_LINKS = ipaddress.ip_network("172.29.0.0/16")
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+
+
+def _local(address) -> bool:
+    if not isinstance(address, tuple):
+        return True  # AF_UNIX
+    try:
+        ip = ipaddress.ip_address(address[0])
+    except ValueError:
+        return address[0] == "localhost"
+    return ip.is_loopback or ip in CLUSTER_LINKS
+
+
+def _guarded(real):
+    def connect(self, address):
+        if self.family in (socket.AF_INET, socket.AF_INET6) and not _local(address):
+            raise ConnectionRefusedError(
+                f"test tried to reach {address!r}: the cluster tier may use loopback and {CLUSTER_LINKS} only"
+            )
+        return real(self, address)
+
+    return connect
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """The suite's guard (tests/conftest.py), widened to the test cluster's veth link and nothing more."""
+    monkeypatch.setattr(socket.socket, "connect", _guarded(_real_connect))
+    monkeypatch.setattr(socket.socket, "connect_ex", _guarded(_real_connect_ex))
+    yield
+
+
 def _missing() -> str | None:
     if not (CLUSTER / "cluster").is_file():
         return f"../shared/tools/cluster is not beside this checkout ({CLUSTER})"
@@ -30,7 +68,11 @@ def _missing() -> str | None:
         return "the cluster tier runs as root (containerd, kubelet, podman's root storage)"
     absent = [name for name in PACKAGES if shutil.which(name) is None]
     if absent:
-        return f"missing Debian packages {absent}: see ../shared/tools/cluster/README.md"
+        return (
+            f"missing commands {absent}: as root, apt-get update && apt-get install -y --no-install-recommends "
+            "podman buildah runc containerd containernetworking-plugins mmdebstrap iptables etcd-server "
+            "(../shared/tools/cluster/README.md)"
+        )
     return None
 
 
