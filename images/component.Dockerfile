@@ -37,6 +37,9 @@ ENV PATH=/opt/venv/bin:$PATH \
     HOME=/home/g2rpo \
     G2RPO_CACHE_DIR=/home/g2rpo/.cache/g2rpo
 WORKDIR /home/g2rpo
+# The run configs and gates (configs/): the pipeline's config_uri default, configs/flux-dev-h200.yaml, is a path
+# relative to the working directory the tasks start in.
+COPY configs /home/g2rpo/configs
 # Numeric, so Kubernetes can verify runAsNonRoot without resolving a user name.
 USER 10001:10001
 ENTRYPOINT []

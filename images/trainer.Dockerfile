@@ -76,6 +76,9 @@ ENV PATH=/opt/venv/bin:$PATH \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
 WORKDIR /home/g2rpo
+# The run configs and gates (configs/): the pipeline's config_uri default, configs/flux-dev-h200.yaml, is a path
+# relative to the working directory the train and evaluate tasks start in.
+COPY configs /home/g2rpo/configs
 # Numeric, so Kubernetes can verify runAsNonRoot without resolving a user name.
 USER 10001:10001
 # Again as the runtime user, where no compiler exists: the ops load prebuilt or the build fails.

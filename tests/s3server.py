@@ -82,6 +82,9 @@ class SeaweedServer:
     secret_key: str = SECRET_KEY
     ports: list[int] = field(default_factory=lambda: free_ports(5))
     volume_max: int = 2000  # volumes the server may hold; each bucket takes at least one
+    # The address it listens on: loopback, or e.g. the host side of a test cluster's veth (`cluster ip`),
+    # where that cluster's pods reach it.
+    host: str = "127.0.0.1"
     process: subprocess.Popen | None = None
 
     @property
@@ -90,7 +93,7 @@ class SeaweedServer:
 
     @property
     def endpoint_url(self) -> str:
-        return f"http://127.0.0.1:{self.s3_port}"
+        return f"http://{self.host}:{self.s3_port}"
 
     def _write_identities(self) -> Path:
         path = self.data_dir / "s3.json"
@@ -119,8 +122,8 @@ class SeaweedServer:
             binary,
             "mini",
             f"-dir={d}",
-            "-ip=127.0.0.1",
-            "-ip.bind=127.0.0.1",
+            f"-ip={self.host}",
+            f"-ip.bind={self.host}",
             "-master.telemetry=false",
             "-webdav=false",
             "-admin.ui=false",

@@ -6,18 +6,59 @@ Debian packages its README lists (podman, buildah, runc, containerd, etcd, mmdeb
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from components.images import G2RPO_IMAGE
+from tests.cluster.build import build
 from tests.shared_checkout import shared_path
 
 CLUSTER = shared_path("tools/cluster")
 BASE_IMAGE = "localhost/debian-py311:bookworm"
+COMPONENT_TAG = "localhost/g2rpo:cluster-test"
 PACKAGES = ("podman", "buildah", "runc", "containerd", "etcd", "mmdebstrap")
+
+
+# `cluster up` joins its namespace to the host by a /30 in this range (its README): the S3 server the pods use
+# listens on the host side of it, and this tier's host-side checks read that S3. Nothing else leaves loopback.
+CLUSTER_LINKS = ipaddress.ip_network("172.29.0.0/16")
+_real_connect = socket.socket.connect
+_real_connect_ex = socket.socket.connect_ex
+
+
+def _local(address) -> bool:
+    if not isinstance(address, tuple):
+        return True  # AF_UNIX
+    try:
+        ip = ipaddress.ip_address(address[0])
+    except ValueError:
+        return address[0] == "localhost"
+    return ip.is_loopback or ip in CLUSTER_LINKS
+
+
+def _guarded(real):
+    def connect(self, address):
+        if self.family in (socket.AF_INET, socket.AF_INET6) and not _local(address):
+            raise ConnectionRefusedError(
+                f"test tried to reach {address!r}: the cluster tier may use loopback and {CLUSTER_LINKS} only"
+            )
+        return real(self, address)
+
+    return connect
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    """The suite's guard (tests/conftest.py), widened to the test cluster's veth link and nothing more."""
+    monkeypatch.setattr(socket.socket, "connect", _guarded(_real_connect))
+    monkeypatch.setattr(socket.socket, "connect_ex", _guarded(_real_connect_ex))
+    yield
 
 
 def _missing() -> str | None:
@@ -27,7 +68,11 @@ def _missing() -> str | None:
         return "the cluster tier runs as root (containerd, kubelet, podman's root storage)"
     absent = [name for name in PACKAGES if shutil.which(name) is None]
     if absent:
-        return f"missing Debian packages {absent}: see ../shared/tools/cluster/README.md"
+        return (
+            f"missing commands {absent}: as root, apt-get update && apt-get install -y --no-install-recommends "
+            "podman buildah runc containerd containernetworking-plugins mmdebstrap iptables etcd-server "
+            "(../shared/tools/cluster/README.md)"
+        )
     return None
 
 
@@ -54,3 +99,13 @@ def image_workdir(tmp_path_factory) -> Path:
     )
     os.environ["CONTAINERS_CONF"] = str(workdir / "containers.conf")
     return workdir
+
+
+@pytest.fixture(scope="session")
+def component_image(image_workdir) -> dict:
+    """The component image built once per session (buildah, ``tests/cluster/build.py``) and also tagged with the
+    name the compiled pipeline and the chart use (``components.images.G2RPO_IMAGE``); ``{"tag", "seconds", "bytes"}``."""
+    result = build(BASE_IMAGE, COMPONENT_TAG, image_workdir / "build", image_workdir / "build.log")
+    subprocess.run(["podman", "tag", COMPONENT_TAG, G2RPO_IMAGE], check=True)
+    print(f"\ncomponent image {COMPONENT_TAG}: built in {result['seconds']} s, {result['bytes'] / 1e9:.2f} GB")
+    return {"tag": COMPONENT_TAG, **result}
