@@ -111,6 +111,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "diffusionnft": {"strategy": "diffusionnft", "diffusionnft": {"kl_beta": 0.0}},
     # BranchGRPO's published uniform split (4 rounds, b = 2): 16 leaves per prompt whatever group_size is.
     "branchgrpo": {"strategy": "branchgrpo"},
+    # Flow-GRPO's KL (β 0.04) is to the LoRA base with its adapters disabled; these runs train in full, so β = 0.
+    "flowgrpo": {"strategy": "flowgrpo", "flowgrpo": {"kl_beta": 0.0}},
 }
 # The paper's sampler (docs/algorithm.md §6) is T = 16, G = 12 (G²RPO's M = the noisiest half, Λ = {1, 2, 3}); the
 # default here is the demo's reduced sampler (configs/shapes-cpu.yaml), which fits 5 seeds × 6 methods
@@ -232,7 +234,9 @@ def train_one(spec: RunSpec) -> dict[str, Any]:
     points = [{"iteration": 0, "compute": 0, "seconds": 0.0, "decoded_images": 0, **evaluate(trainer)}]
     compute, seconds, decoded, next_eval = 0, 0.0, 0, spec.eval_every
     iterations: list[dict[str, Any]] = []
-    while compute < spec.budget:
+    # Until the budget is spent *and* the equal-iteration point is reached: a method dearer per iteration
+    # than the budget's pace is read at iteration N on its own curve, not at its end.
+    while compute < spec.budget or trainer.iteration < spec.equal_iteration:
         record = trainer.step()
         compute += compute_of(record.stats)
         seconds += sum(record.seconds.values())
@@ -630,6 +634,13 @@ def main(argv: list[str] | None = None) -> int:
         default="3e-5,1e-4,3e-4,1e-3",
         help="learning rates swept per method on the validation split",
     )
+    parser.add_argument(
+        "--method-lrs",
+        action="append",
+        default=[],
+        metavar="METHOD=LR,LR,...",
+        help="this method's own swept rates instead of --lrs (repeatable), e.g. diffusionnft=1e-4,3e-4,1e-3",
+    )
     parser.add_argument("--sweep-seeds", type=int, default=2, help="seeds per swept learning rate (default 2)")
     parser.add_argument("--lr", type=float, default=None, help="skip the sweep: one learning rate for every method")
     parser.add_argument("--heldout", type=int, default=64, help="held-out scenes (never trained on)")
@@ -639,6 +650,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
     parser.add_argument("--num-steps", type=int, default=SHARED_ALGORITHM["num_steps"], help="T (paper 16)")
     parser.add_argument("--group-size", type=int, default=SHARED_ALGORITHM["group_size"], help="G (paper 12)")
+    parser.add_argument(
+        "--budget",
+        type=int,
+        default=None,
+        help="compute budget in units (default: the most any method spends in --iterations iterations); fixing it "
+        "lets a later invocation with more methods reuse the runs of an earlier one",
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 methods, 1 seed, 1 iteration, T=4, G=4")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (finished runs in OUT/per_run/)")
     parser.add_argument(
@@ -660,6 +678,17 @@ def main(argv: list[str] | None = None) -> int:
     if any(s not in REWARD_SETTINGS for s in settings):
         parser.error(f"--rewards: choose from {', '.join(REWARD_SETTINGS)}")
     lrs = [args.lr] if args.lr is not None else [float(v) for v in args.lrs.split(",")]
+    method_lrs = {m: lrs for m in methods}
+    for item in args.method_lrs:
+        name, _, values = item.partition("=")
+        if name not in methods or not values:
+            parser.error(f"--method-lrs {item!r}: expected METHOD=LR,LR,... with METHOD one of --methods ({methods})")
+        if args.lr is not None:
+            parser.error("--method-lrs: not with --lr (which skips the sweep)")
+        try:
+            method_lrs[name] = [float(v) for v in values.split(",")]
+        except ValueError:
+            parser.error(f"--method-lrs {item!r}: the rates must be numbers, e.g. {name}=1e-4,3e-4,1e-3")
 
     started = time.monotonic()
     model, model_record = ensure_model(args.model)
@@ -700,19 +729,20 @@ def main(argv: list[str] | None = None) -> int:
                 costs = pool.map(cost_per_iteration, [spec(m, settings[0], 0, lrs[0], "probe") for m in methods])
                 probes = {"key": key, "cost": dict(zip(methods, costs))}
             probes_file.write_text(json.dumps(probes, indent=1) + "\n")
-        budget = max(p["compute"] for p in probes["cost"].values()) * args.iterations
+        budget = args.budget or max(p["compute"] for p in probes["cost"].values()) * args.iterations
         print(f"compute per iteration: { {m: p['compute'] for m, p in probes['cost'].items()} }; budget {budget}")
         chosen: dict[str, dict[str, dict[str, Any]]] = {}
         for setting in settings:
-            if len(lrs) == 1:
-                chosen[setting] = {m: {"lr": lrs[0], "objective": None} for m in methods}
+            if all(len(v) == 1 for v in method_lrs.values()):
+                chosen[setting] = {m: {"lr": method_lrs[m][0], "objective": None} for m in methods}
                 continue
             sweep = run_all(
                 [
                     spec(m, setting, seed, lr, "sweep", budget)
                     for seed in range(args.sweep_seeds)
-                    for lr in lrs
+                    for i in range(max(map(len, method_lrs.values())))
                     for m in methods
+                    for lr in method_lrs[m][i : i + 1]
                 ],
                 args.out / "per_run",
                 args.jobs,
@@ -757,6 +787,7 @@ def main(argv: list[str] | None = None) -> int:
             **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "algorithm": algorithm,
             "methods": {m: METHODS[m] for m in methods},
+            "swept_learning_rates": method_lrs,
             "reward_settings": {s: REWARD_SETTINGS[s] for s in settings},
             "compute_unit": "one transformer forward of one row; a backward counts 2",
             "interpolation": "linear between eval points",
