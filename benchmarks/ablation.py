@@ -113,6 +113,10 @@ METHODS: dict[str, dict[str, Any]] = {
     "branchgrpo": {"strategy": "branchgrpo"},
     # Flow-GRPO's KL (β 0.04) is to the LoRA base with its adapters disabled; these runs train in full, so β = 0.
     "flowgrpo": {"strategy": "flowgrpo", "flowgrpo": {"kl_beta": 0.0}},
+    # The equal-optimiser-steps arm: DanceGRPO and MixGRPO step twice per iteration as their scripts do (4 and 3
+    # trajectories per step of G = 6), the G²RPO family once; these step once, as G²RPO does.
+    "dancegrpo_1step": {"strategy": "dancegrpo", "dancegrpo": {"trajectories_per_step": None}},
+    "mixgrpo_1step": {"strategy": "mixgrpo", "mixgrpo": {"trajectories_per_step": None}},
 }
 # The paper's sampler (docs/algorithm.md §6) is T = 16, G = 12 (G²RPO's M = the noisiest half, Λ = {1, 2, 3}); the
 # default here is the demo's reduced sampler (configs/shapes-cpu.yaml), which fits 5 seeds × 6 methods
