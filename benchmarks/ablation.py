@@ -240,7 +240,9 @@ def train_one(spec: RunSpec) -> dict[str, Any]:
     iterations: list[dict[str, Any]] = []
     # Until the budget is spent *and* the equal-iteration point is reached: a method dearer per iteration
     # than the budget's pace is read at iteration N on its own curve, not at its end.
-    while compute < spec.budget or trainer.iteration < spec.equal_iteration:
+    # (A sweep run is read at the budget only, so it stops there.)
+    reach = spec.equal_iteration if spec.stage == "main" else 0
+    while compute < spec.budget or trainer.iteration < reach:
         record = trainer.step()
         compute += compute_of(record.stats)
         seconds += sum(record.seconds.values())
@@ -591,14 +593,18 @@ def run_all(specs: list[RunSpec], folder: Path, jobs: int, label: str, train: bo
     return [json.loads(done[spec].read_text()) for spec in specs]
 
 
-def choose_learning_rates(sweep: list[dict[str, Any]], rewards: str) -> dict[str, dict[str, Any]]:
+def choose_learning_rates(
+    sweep: list[dict[str, Any]], rewards: str, budget: float | None = None
+) -> dict[str, dict[str, Any]]:
     """Per method, the swept learning rate whose validation objective — the mean over the trained
-    rewards of the gain over the base model at the compute budget, averaged over the sweep's seeds —
-    is highest; ``interior`` says whether both its neighbours in the sweep are worse (a choice at an
-    end of the sweep may be truncated), and ``objectives`` keeps every rate's figure."""
+    rewards of the gain over the base model at the compute budget (the first eval point at or past
+    ``budget``; without it, the run's last), averaged over the sweep's seeds — is highest; ``interior``
+    says whether both its neighbours in the sweep are worse (a choice at an end of the sweep may be
+    truncated), and ``objectives`` keeps every rate's figure."""
     by: dict[str, dict[float, list[float]]] = {}
     for run in sweep:
-        base, end = run["evals"][0], run["evals"][-1]
+        base = run["evals"][0]
+        end = next((p for p in run["evals"] if budget is not None and p["compute"] >= budget), run["evals"][-1])
         objective = statistics.fmean(end[m] - base[m] for m in REWARD_SETTINGS[rewards])
         by.setdefault(run["method"], {}).setdefault(float(run["lr"]), []).append(objective)
     chosen: dict[str, dict[str, Any]] = {}
@@ -755,7 +761,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             if {r["method"] for r in sweep} != set(methods):
                 raise SystemExit(f"--partial: the learning-rate sweep ({setting}) has not finished for every method")
-            chosen[setting] = choose_learning_rates(sweep, setting)
+            chosen[setting] = choose_learning_rates(sweep, setting, budget)
             print(
                 f"chosen learning rates ({setting}): "
                 f"{ {m: (c['lr'], 'interior' if c['interior'] else 'AT AN END') for m, c in chosen[setting].items()} }"
