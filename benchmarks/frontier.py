@@ -73,7 +73,7 @@ def frontier(result: dict[str, Any], setting: str) -> dict[str, Any]:
     curves = {(r["method"], r["seed"]): with_scores(r, trained) for r in runs}
     seeds = sorted({r["seed"] for r in runs})
     seeds = [s for s in seeds if all((m, s) in curves for m in methods)]  # paired: seeds every method has
-    out: dict[str, Any] = {"setting": setting, "trained": trained, "seeds": seeds, "axes": {}}
+    out: dict[str, Any] = {"setting": setting, "trained": trained, "seeds": seeds, "methods": methods, "axes": {}}
     base = curves[(methods[0], seeds[0])][0]
     out["base"] = {"utility": base["utility"], "trained": base["trained"]}
     for axis in AXES:
@@ -111,6 +111,42 @@ def frontier(result: dict[str, Any], setting: str) -> dict[str, Any]:
     return out
 
 
+def first_reach(curve: list[list[float]], level: float) -> float | None:
+    """The least x at which a mean curve ([x, mean, half-width] points) reaches ``level``, linear between
+    points; None if it never does."""
+    for (x0, y0, _), (x1, y1, _) in zip(curve, curve[1:]):
+        if y0 >= level:
+            return x0
+        if y1 >= level:
+            return x0 + (x1 - x0) * (level - y0) / (y1 - y0)
+    return None
+
+
+def speedups(table: dict[str, Any], pairs: list[tuple[str, str]]) -> list[dict[str, Any]]:
+    """For each (fast, slow) pair and axis: the cost at which ``fast``'s mean exact utility first reaches
+    the level ``slow`` ends at (its mean at the least cost all its seeds reached), against ``slow``'s cost
+    there — the speed-up claims of the papers, read on this task's ground truth."""
+    out = []
+    for fast, slow in pairs:
+        for axis, block in table["axes"].items():
+            slow_curve, fast_curve = block["curves"][slow]["utility"], block["curves"][fast]["utility"]
+            slow_cost, level = slow_curve[-1][0], slow_curve[-1][1]
+            reached = first_reach(fast_curve, level)
+            out.append(
+                {
+                    "fast": fast,
+                    "slow": slow,
+                    "axis": axis,
+                    "level": level,
+                    "slow_cost": slow_cost,
+                    "fast_cost": reached,
+                    "ratio": slow_cost / reached if reached else None,
+                    "fast_final": fast_curve[-1][1],
+                }
+            )
+    return out
+
+
 def markdown(table: dict[str, Any], command: str) -> str:
     lines = [
         f"# Reward against cost (`{command}`)\n",
@@ -138,6 +174,20 @@ def markdown(table: dict[str, Any], command: str) -> str:
             lines.append(
                 f"- at {b['fraction']:.0%} ({b['at'] * scale:.0f}): best **{b['best']}**; "
                 f"not separated from it: {', '.join(b['not_separated']) or 'none'}; ahead of: {', '.join(called) or 'none called'}"
+            )
+        lines.append("")
+    if table.get("speedups"):
+        lines.append("## cost to reach another method's final exact utility (means over seeds)\n")
+        lines.append("| method | reaches | its level | at | against | speed-up | its own final |")
+        lines.append("|---|---|---|---|---|---|---|")
+        for r in table["speedups"]:
+            _, scale = AXES[r["axis"]]
+            unit = "GFLOP" if r["axis"] == "flops" else "s"
+            at = f"{r['fast_cost'] * scale:.0f} {unit}" if r["fast_cost"] else "not reached"
+            ratio = f"{r['ratio']:.2f}×" if r["ratio"] else "—"
+            lines.append(
+                f"| {r['fast']} | {r['slow']}'s final | {r['level']:.3f} | {at} | {r['slow_cost'] * scale:.0f} {unit} | "
+                f"{ratio} | {r['fast_final']:.3f} |"
             )
         lines.append("")
     return "\n".join(lines)
@@ -191,10 +241,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("ablation_json", type=Path, help="an ablation.json written by benchmarks.ablation")
     parser.add_argument("--rewards", default=None, help="the reward setting to read (default: the file's first)")
+    parser.add_argument(
+        "--speedups",
+        default="",
+        metavar="FAST:SLOW,...",
+        help="for each pair, the cost at which FAST first reaches SLOW's final exact utility (a paper's speed-up claim)",
+    )
     args = parser.parse_args(argv)
     result = json.loads(args.ablation_json.read_text())
     setting = args.rewards or next(iter(result["summary"]))
     table = frontier(result, setting)
+    pairs = [tuple(item.split(":")) for item in args.speedups.split(",") if item]
+    bad = [":".join(p) for p in pairs if len(p) != 2 or not set(p) <= set(table["methods"])]
+    if bad:
+        parser.error(f"--speedups: {bad} are not FAST:SLOW pairs of the file's methods ({table['methods']})")
+    table["speedups"] = speedups(table, pairs)
     if not table["axes"]:
         parser.error(
             f"{args.ablation_json}: its runs carry neither flops nor quiet_seconds (rerun benchmarks.ablation)"

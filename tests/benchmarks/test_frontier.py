@@ -64,6 +64,19 @@ def test_frontier_command_writes_table_json_and_plot(tmp_path, result):
     assert (tmp_path / "frontier.png").stat().st_size > 10_000
 
 
+def test_speedup_is_the_cost_at_which_one_curve_reaches_the_others_final(result):
+    from benchmarks.frontier import speedups
+
+    table = frontier(result, "learned")
+    # b ends at 0.6 at 200 FLOPs; a's mean curve (0.5 → 0.92 over 0..100, linear) reaches 0.6 at 100·0.1/0.42
+    (row,) = [r for r in speedups(table, [("a", "b")]) if r["axis"] == "flops"]
+    assert row["level"] == pytest.approx(0.6)
+    assert row["fast_cost"] == pytest.approx(100 * 0.1 / 0.42, rel=1e-3)
+    assert row["ratio"] == pytest.approx(200 / (100 * 0.1 / 0.42), rel=1e-3)
+    (never,) = [r for r in speedups(table, [("b", "a")]) if r["axis"] == "flops"]
+    assert never["fast_cost"] is None and never["ratio"] is None
+
+
 def test_paired_pairs_restricts_the_family_holm_corrects_over(result):
     result["runs"] += [run("c", s, 0.55, 300) for s in range(3)]
     every = compare(result)["learned/equal_compute"]["comparisons"]
