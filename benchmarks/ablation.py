@@ -743,15 +743,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"compute per iteration: { {m: p['compute'] for m, p in probes['cost'].items()} }; budget {budget}")
         chosen: dict[str, dict[str, dict[str, Any]]] = {}
         for setting in settings:
-            if all(len(v) == 1 for v in method_lrs.values()):
-                chosen[setting] = {m: {"lr": method_lrs[m][0], "objective": None} for m in methods}
+            # A method given one rate is not swept (an arm run at a rate chosen elsewhere, stated).
+            chosen[setting] = {m: {"lr": v[0], "objective": None} for m, v in method_lrs.items() if len(v) == 1}
+            swept = [m for m in methods if len(method_lrs[m]) > 1]
+            if not swept:
                 continue
             sweep = run_all(
                 [
                     spec(m, setting, seed, lr, "sweep", budget)
                     for seed in range(args.sweep_seeds)
                     for i in range(max(map(len, method_lrs.values())))
-                    for m in methods
+                    for m in swept
                     for lr in method_lrs[m][i : i + 1]
                 ],
                 args.out / "per_run",
@@ -759,12 +761,12 @@ def main(argv: list[str] | None = None) -> int:
                 f"learning-rate sweep ({setting}, validation split)",
                 train=not args.partial,
             )
-            if {r["method"] for r in sweep} != set(methods):
+            if {r["method"] for r in sweep} != set(swept):
                 raise SystemExit(f"--partial: the learning-rate sweep ({setting}) has not finished for every method")
-            chosen[setting] = choose_learning_rates(sweep, setting, budget)
+            chosen[setting].update(choose_learning_rates(sweep, setting, budget))
             print(
                 f"chosen learning rates ({setting}): "
-                f"{ {m: (c['lr'], 'interior' if c['interior'] else 'AT AN END') for m, c in chosen[setting].items()} }"
+                f"{ {m: (c['lr'], 'fixed' if c['objective'] is None else 'interior' if c['interior'] else 'AT AN END') for m, c in chosen[setting].items()} }"
             )
         # Seed-major order: the methods share the machine's load alike, and a partial run has whole seeds.
         specs = [
