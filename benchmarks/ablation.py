@@ -111,6 +111,12 @@ METHODS: dict[str, dict[str, Any]] = {
     "diffusionnft": {"strategy": "diffusionnft", "diffusionnft": {"kl_beta": 0.0}},
     # BranchGRPO's published uniform split (4 rounds, b = 2): 16 leaves per prompt whatever group_size is.
     "branchgrpo": {"strategy": "branchgrpo"},
+    # Flow-GRPO's KL (β 0.04) is to the LoRA base with its adapters disabled; these runs train in full, so β = 0.
+    "flowgrpo": {"strategy": "flowgrpo", "flowgrpo": {"kl_beta": 0.0}},
+    # The equal-optimiser-steps arm: DanceGRPO and MixGRPO step twice per iteration as their scripts do (4 and 3
+    # trajectories per step of G = 6), the G²RPO family once; these step once, as G²RPO does.
+    "dancegrpo_1step": {"strategy": "dancegrpo", "dancegrpo": {"trajectories_per_step": None}},
+    "mixgrpo_1step": {"strategy": "mixgrpo", "mixgrpo": {"trajectories_per_step": None}},
 }
 # The paper's sampler (docs/algorithm.md §6) is T = 16, G = 12 (G²RPO's M = the noisiest half, Λ = {1, 2, 3}); the
 # default here is the demo's reduced sampler (configs/shapes-cpu.yaml), which fits 5 seeds × 6 methods
@@ -232,7 +238,11 @@ def train_one(spec: RunSpec) -> dict[str, Any]:
     points = [{"iteration": 0, "compute": 0, "seconds": 0.0, "decoded_images": 0, **evaluate(trainer)}]
     compute, seconds, decoded, next_eval = 0, 0.0, 0, spec.eval_every
     iterations: list[dict[str, Any]] = []
-    while compute < spec.budget:
+    # Until the budget is spent *and* the equal-iteration point is reached: a method dearer per iteration
+    # than the budget's pace is read at iteration N on its own curve, not at its end.
+    # (A sweep run is read at the budget only, so it stops there.)
+    reach = spec.equal_iteration if spec.stage == "main" else 0
+    while compute < spec.budget or trainer.iteration < reach:
         record = trainer.step()
         compute += compute_of(record.stats)
         seconds += sum(record.seconds.values())
@@ -583,14 +593,18 @@ def run_all(specs: list[RunSpec], folder: Path, jobs: int, label: str, train: bo
     return [json.loads(done[spec].read_text()) for spec in specs]
 
 
-def choose_learning_rates(sweep: list[dict[str, Any]], rewards: str) -> dict[str, dict[str, Any]]:
+def choose_learning_rates(
+    sweep: list[dict[str, Any]], rewards: str, budget: float | None = None
+) -> dict[str, dict[str, Any]]:
     """Per method, the swept learning rate whose validation objective — the mean over the trained
-    rewards of the gain over the base model at the compute budget, averaged over the sweep's seeds —
-    is highest; ``interior`` says whether both its neighbours in the sweep are worse (a choice at an
-    end of the sweep may be truncated), and ``objectives`` keeps every rate's figure."""
+    rewards of the gain over the base model at the compute budget (the first eval point at or past
+    ``budget``; without it, the run's last), averaged over the sweep's seeds — is highest; ``interior``
+    says whether both its neighbours in the sweep are worse (a choice at an end of the sweep may be
+    truncated), and ``objectives`` keeps every rate's figure."""
     by: dict[str, dict[float, list[float]]] = {}
     for run in sweep:
-        base, end = run["evals"][0], run["evals"][-1]
+        base = run["evals"][0]
+        end = next((p for p in run["evals"] if budget is not None and p["compute"] >= budget), run["evals"][-1])
         objective = statistics.fmean(end[m] - base[m] for m in REWARD_SETTINGS[rewards])
         by.setdefault(run["method"], {}).setdefault(float(run["lr"]), []).append(objective)
     chosen: dict[str, dict[str, Any]] = {}
@@ -630,6 +644,13 @@ def main(argv: list[str] | None = None) -> int:
         default="3e-5,1e-4,3e-4,1e-3",
         help="learning rates swept per method on the validation split",
     )
+    parser.add_argument(
+        "--method-lrs",
+        action="append",
+        default=[],
+        metavar="METHOD=LR,LR,...",
+        help="this method's own swept rates instead of --lrs (repeatable), e.g. diffusionnft=1e-4,3e-4,1e-3",
+    )
     parser.add_argument("--sweep-seeds", type=int, default=2, help="seeds per swept learning rate (default 2)")
     parser.add_argument("--lr", type=float, default=None, help="skip the sweep: one learning rate for every method")
     parser.add_argument("--heldout", type=int, default=64, help="held-out scenes (never trained on)")
@@ -639,6 +660,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
     parser.add_argument("--num-steps", type=int, default=SHARED_ALGORITHM["num_steps"], help="T (paper 16)")
     parser.add_argument("--group-size", type=int, default=SHARED_ALGORITHM["group_size"], help="G (paper 12)")
+    parser.add_argument(
+        "--budget",
+        type=int,
+        default=None,
+        help="compute budget in units (default: the most any method spends in --iterations iterations); fixing it "
+        "lets a later invocation with more methods reuse the runs of an earlier one",
+    )
     parser.add_argument("--quick", action="store_true", help="smoke run: 2 methods, 1 seed, 1 iteration, T=4, G=4")
     parser.add_argument("--out", type=Path, default=RESULTS, help="results folder (finished runs in OUT/per_run/)")
     parser.add_argument(
@@ -660,6 +688,17 @@ def main(argv: list[str] | None = None) -> int:
     if any(s not in REWARD_SETTINGS for s in settings):
         parser.error(f"--rewards: choose from {', '.join(REWARD_SETTINGS)}")
     lrs = [args.lr] if args.lr is not None else [float(v) for v in args.lrs.split(",")]
+    method_lrs = {m: lrs for m in methods}
+    for item in args.method_lrs:
+        name, _, values = item.partition("=")
+        if name not in methods or not values:
+            parser.error(f"--method-lrs {item!r}: expected METHOD=LR,LR,... with METHOD one of --methods ({methods})")
+        if args.lr is not None:
+            parser.error("--method-lrs: not with --lr (which skips the sweep)")
+        try:
+            method_lrs[name] = [float(v) for v in values.split(",")]
+        except ValueError:
+            parser.error(f"--method-lrs {item!r}: the rates must be numbers, e.g. {name}=1e-4,3e-4,1e-3")
 
     started = time.monotonic()
     model, model_record = ensure_model(args.model)
@@ -700,31 +739,34 @@ def main(argv: list[str] | None = None) -> int:
                 costs = pool.map(cost_per_iteration, [spec(m, settings[0], 0, lrs[0], "probe") for m in methods])
                 probes = {"key": key, "cost": dict(zip(methods, costs))}
             probes_file.write_text(json.dumps(probes, indent=1) + "\n")
-        budget = max(p["compute"] for p in probes["cost"].values()) * args.iterations
+        budget = args.budget or max(p["compute"] for p in probes["cost"].values()) * args.iterations
         print(f"compute per iteration: { {m: p['compute'] for m, p in probes['cost'].items()} }; budget {budget}")
         chosen: dict[str, dict[str, dict[str, Any]]] = {}
         for setting in settings:
-            if len(lrs) == 1:
-                chosen[setting] = {m: {"lr": lrs[0], "objective": None} for m in methods}
+            # A method given one rate is not swept (an arm run at a rate chosen elsewhere, stated).
+            chosen[setting] = {m: {"lr": v[0], "objective": None} for m, v in method_lrs.items() if len(v) == 1}
+            swept = [m for m in methods if len(method_lrs[m]) > 1]
+            if not swept:
                 continue
             sweep = run_all(
                 [
                     spec(m, setting, seed, lr, "sweep", budget)
                     for seed in range(args.sweep_seeds)
-                    for lr in lrs
-                    for m in methods
+                    for i in range(max(map(len, method_lrs.values())))
+                    for m in swept
+                    for lr in method_lrs[m][i : i + 1]
                 ],
                 args.out / "per_run",
                 args.jobs,
                 f"learning-rate sweep ({setting}, validation split)",
                 train=not args.partial,
             )
-            if {r["method"] for r in sweep} != set(methods):
+            if {r["method"] for r in sweep} != set(swept):
                 raise SystemExit(f"--partial: the learning-rate sweep ({setting}) has not finished for every method")
-            chosen[setting] = choose_learning_rates(sweep, setting)
+            chosen[setting].update(choose_learning_rates(sweep, setting, budget))
             print(
                 f"chosen learning rates ({setting}): "
-                f"{ {m: (c['lr'], 'interior' if c['interior'] else 'AT AN END') for m, c in chosen[setting].items()} }"
+                f"{ {m: (c['lr'], 'fixed' if c['objective'] is None else 'interior' if c['interior'] else 'AT AN END') for m, c in chosen[setting].items()} }"
             )
         # Seed-major order: the methods share the machine's load alike, and a partial run has whole seeds.
         specs = [
@@ -757,6 +799,7 @@ def main(argv: list[str] | None = None) -> int:
             **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "algorithm": algorithm,
             "methods": {m: METHODS[m] for m in methods},
+            "swept_learning_rates": method_lrs,
             "reward_settings": {s: REWARD_SETTINGS[s] for s in settings},
             "compute_unit": "one transformer forward of one row; a backward counts 2",
             "interpolation": "linear between eval points",

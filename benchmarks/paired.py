@@ -18,6 +18,7 @@ import argparse
 import itertools
 import json
 import statistics
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,9 @@ def reading_points(result: dict[str, Any], setting: str) -> dict[str, float]:
     return points
 
 
-def compare(result: dict[str, Any]) -> dict[str, Any]:
+def compare(result: dict[str, Any], pairs: list[tuple[str, str]] | None = None) -> dict[str, Any]:
+    """Every pair of methods (or only ``pairs``: the comparisons a question makes, so that Holm corrects
+    over those and not over every pair the ablation happens to hold), per setting, view and metric."""
     out: dict[str, Any] = {}
     for setting in result["summary"]:
         runs = [r for r in result["runs"] if r["rewards"] == setting]
@@ -63,7 +66,8 @@ def compare(result: dict[str, Any]) -> dict[str, Any]:
                 values = {
                     m: [interpolate(by[(m, s)]["evals"], axis, points[view], metric) for s in seeds] for m in methods
                 }
-                for a, b in itertools.combinations(methods, 2):
+                chosen = pairs if pairs is not None else list(itertools.combinations(methods, 2))
+                for a, b in chosen:
                     if statistics.fmean(values[a]) < statistics.fmean(values[b]):
                         a, b = b, a  # report the leader first: every gap is ≥ 0
                     gap = paired(values[a], values[b])
@@ -106,14 +110,29 @@ def markdown(table: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("ablation_json", type=Path, help="an ablation.json written by benchmarks.ablation")
+    parser.add_argument(
+        "--pairs",
+        default=None,
+        metavar="A:B,C:D,...",
+        help="compare only these pairs of methods (Holm then corrects over them); default: every pair",
+    )
+    parser.add_argument("--name", default="paired", help="output files NAME.json and NAME.md (default paired)")
     args = parser.parse_args(argv)
     result = json.loads(args.ablation_json.read_text())
-    table = compare(result)
+    pairs = None
+    if args.pairs:
+        held = {r["method"] for r in result["runs"]}
+        pairs = [tuple(item.split(":")) for item in args.pairs.split(",")]
+        bad = [":".join(p) for p in pairs if len(p) != 2 or not set(p) <= held]
+        if bad:
+            parser.error(f"--pairs: {bad} are not METHOD:METHOD pairs of the methods in the file ({sorted(held)})")
+    table = compare(result, pairs)
     folder = args.ablation_json.parent
-    (folder / "paired.json").write_text(json.dumps(table, indent=1) + "\n")
+    (folder / f"{args.name}.json").write_text(json.dumps(table, indent=1) + "\n")
     text = markdown(table)
-    (folder / "paired.md").write_text(
-        f"# Paired method gaps of {args.ablation_json.name} (python -m benchmarks.paired)\n\n{text}"
+    command = " ".join(["python -m benchmarks.paired", *(argv if argv is not None else sys.argv[1:])])
+    (folder / f"{args.name}.md").write_text(
+        f"# Paired method gaps of {args.ablation_json.name} (`{command}`)\n\n{text}"
     )
     print(text)
     return 0

@@ -101,6 +101,20 @@ def test_the_sweep_averages_its_seeds_and_says_whether_the_choice_is_interior():
     assert at_end["lr"] == 3e-4 and not at_end["interior"]
 
 
+def test_the_sweep_reads_each_run_at_the_budget_not_past_it():
+    # A run dearer per iteration than the budget's pace may go on past it (to the equal-iteration point);
+    # the sweep reads the first eval point at or past the budget, as a run that stopped there would end.
+    def run(lr, gain_at_budget, gain_later):
+        base = {**dict.fromkeys(ablation.METRICS, 0.5), "compute": 0}
+        at = {**base, "compute": 100, "hps_v21": 0.5 + gain_at_budget, "clip": 0.5 + gain_at_budget}
+        later = {**base, "compute": 150, "hps_v21": 0.5 + gain_later, "clip": 0.5 + gain_later}
+        return {"method": "m", "lr": lr, "evals": [base, at, later]}
+
+    sweep = [run(1e-4, 0.2, 0.2), run(3e-4, 0.1, 0.5)]
+    assert ablation.choose_learning_rates(sweep, "learned", budget=100)["m"]["lr"] == 1e-4
+    assert ablation.choose_learning_rates(sweep, "learned")["m"]["lr"] == 3e-4  # no budget: the last point
+
+
 def test_power_compares_the_widest_interval_with_the_best_gain():
     def row(mean, ci):
         return {m: {"mean": mean, "ci95": ci, "n": 5} for m in ablation.METRICS}
