@@ -33,8 +33,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from benchmarks.ablation import IN_DOMAIN, REWARD_SETTINGS, interpolate
-from benchmarks.stats import holm, paired, t_quantile
+from benchmarks.ablation import IN_DOMAIN, REWARD_SETTINGS, interpolate, mean_ci
+from benchmarks.stats import holm, paired
 
 AXES = {
     "flops": ("full cost (GFLOP: transformer, VAE decodes, reward scoring)", 1e-9),
@@ -54,11 +54,9 @@ def with_scores(run: dict[str, Any], trained: list[str]) -> list[dict[str, Any]]
 
 
 def band(values: list[float]) -> tuple[float, float]:
-    """Mean and 95 % Student-t half-width over seeds (0 for one seed)."""
-    mean = statistics.fmean(values)
-    if len(values) < 2:
-        return mean, 0.0
-    return mean, t_quantile(0.975, len(values) - 1) * statistics.stdev(values) / len(values) ** 0.5
+    """Mean and 95 % Student-t half-width over seeds (:func:`benchmarks.ablation.mean_ci`; 0 for one seed)."""
+    out = mean_ci(values)
+    return out["mean"], out["ci95"]
 
 
 def frontier(result: dict[str, Any], setting: str) -> dict[str, Any]:
