@@ -8,12 +8,12 @@ handlers parse arguments and call :mod:`pipelines.alignment`, :mod:`pipelines.su
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import g2rpo
 from g2rpo.commands.model import add_shapes_model_args, pretraining_settings, shapes_model_path
@@ -216,7 +216,7 @@ def run_local_command(args: argparse.Namespace) -> int:
     _use_source_tree()
     from g2rpo.errors import G2RPOError, problem
     from g2rpo.models.shapes import UNSEEN_PRETRAINING
-    from pipelines.local import run_local, verdict
+    from pipelines.local import run_local
     from pipelines.submit import parse_arguments
 
     if args.iterations < 1:
@@ -238,22 +238,32 @@ def run_local_command(args: argparse.Namespace) -> int:
         pretraining=pretraining,
         verbose=args.verbose,
     )
+    print_summary(run, time.monotonic() - started)
+    return 0 if run.state == "SUCCEEDED" else 1
+
+
+def print_summary(run: Any, seconds: float) -> None:  # run: pipelines.local.LocalRun
+    """What a local run left and where, the held-out means beside the base model's, and the verdict last."""
+    from g2rpo.steps.records import CandidatesRecord, read_record
+    from pipelines.local import verdict
+
     # The run's state (did every task run?) and the model's verdict (was it promoted?) are worded apart,
     # and the verdict is the last line, said once: the decide task printed the gates and their reasons.
     ran = "every task ran" if run.state == "SUCCEEDED" else "see the log"
-    print(f"\ng2rpo pipeline run-local: run {run.state} ({ran}; {time.monotonic() - started:.0f} s)")
+    print(f"\ng2rpo pipeline run-local: run {run.state} ({ran}; {seconds:.0f} s)")
     for label, path in run.outputs.items():
         print(f"  {label:<22} {path}")
     evaluation = run.outputs.get("evaluate/evaluation")
     if evaluation is not None and (evaluation / "record.json").is_file():
-        record = json.loads((evaluation / "record.json").read_text(encoding="utf-8"))
-        where = record["challenger_eval_uri"]
+        # Read as every consumer of a task's record reads it: a damaged one is named, not a traceback.
+        record = read_record(CandidatesRecord, evaluation, field="evaluate/evaluation")
+        where = record.challenger_eval_uri
         print(f"  challenger images      {where}/images  (grid pages {where}/grid/, metrics {where}/metrics.json)")
-        columns = {"base model": run.base_means, "challenger": record["challenger_means"]}
-        if record["champion_means"]:
-            columns[f"champion v{record['champion_version']}"] = record["champion_means"]
+        columns = {"base model": run.base_means, "challenger": record.challenger_means}
+        if record.champion_means:
+            columns[f"champion v{record.champion_version}"] = record.champion_means
         print(f"  {'held-out means':<22} " + "".join(f"{name:>14}" for name in columns))
-        for metric in record["challenger_means"]:
+        for metric in record.challenger_means:
             values = (f"{means[metric]:.4f}" if metric in means else "—" for means in columns.values())
             print(f"  {metric:<22} " + "".join(f"{value:>14}" for value in values))
         print(f"  evaluation report      {where}/report.html")
@@ -262,7 +272,6 @@ def run_local_command(args: argparse.Namespace) -> int:
     print(f"  champion now           {'none' if run.champion is None else f'v{run.champion}'}")
     print(f"  log                    {run.log}")
     print(verdict(run))
-    return 0 if run.state == "SUCCEEDED" else 1
 
 
 def quiet_libraries() -> None:

@@ -254,3 +254,28 @@ def test_the_verdict_is_one_line_worded_apart_from_the_runs_state(tmp_path):
         "REFUSED v3: the promote task did not make it champion (the run FAILED"
     )
     assert verdict(run("FAILED", {}, None)).startswith("NO VERDICT: the run FAILED before its decision")
+
+
+def test_the_summary_reads_the_evaluations_record_as_a_record_and_names_a_damaged_one(tmp_path, capsys):
+    from g2rpo.commands.pipeline import print_summary
+    from g2rpo.steps.records import CandidatesRecord, write_record
+
+    evaluation = tmp_path / "evaluation"
+    record = CandidatesRecord(
+        challenger_eval_uri="s3://b/eval/v1", challenger_means={"shapes_colour": 0.9}, champion_means={}
+    )
+    write_record(record, evaluation)
+    run = LocalRun(
+        tmp_path, tmp_path, "SUCCEEDED", {"evaluate/evaluation": evaluation},
+        {"version": 1, "passed": True, "reasons": []}, 1, tmp_path / "pipeline.log", {"shapes_colour": 0.8},
+    )  # fmt: skip
+    print_summary(run, 12.0)
+    out = capsys.readouterr().out
+    assert ["shapes_colour", "0.8000", "0.9000"] in [line.split() for line in out.splitlines()]
+    assert out.rstrip().endswith("PROMOTED v1")
+
+    (evaluation / "record.json").write_text('{"challenger_eval_uri": "s3://b/eval/v1"', encoding="utf-8")  # torn
+    with pytest.raises(
+        G2RPOError, match=r"evaluate/evaluation=.*record\.json: line 1.*ends early.*run the task that makes it again"
+    ):
+        print_summary(run, 12.0)
