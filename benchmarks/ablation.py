@@ -145,8 +145,13 @@ class RunSpec:
 
 
 def compute_of(stats: Any) -> int:
-    """Compute units of one iteration: sampling forwards + training forwards + 2 × backwards."""
-    return int(stats.sampling_forwards) + int(stats.training_forwards) + 2 * int(stats.training_backwards)
+    """Compute units of one iteration: sampling and reference forwards (no grad) + training forwards + 2 × backwards."""
+    return (
+        int(stats.sampling_forwards)
+        + int(stats.reference_forwards)  # no grad, like a sampling forward (Flow-GRPO's KL reference)
+        + int(stats.training_forwards)
+        + 2 * int(stats.training_backwards)
+    )
 
 
 def method_algorithm(method: str, shared: dict[str, Any]) -> dict[str, Any]:
@@ -255,6 +260,7 @@ def train_one(spec: RunSpec) -> dict[str, Any]:
                 "train_reward_mean": record.stats.reward_mean_all,
                 "sampling_forwards": record.stats.sampling_forwards,
                 "training_forwards": record.stats.training_forwards,
+                "reference_forwards": record.stats.reference_forwards,
                 "training_backwards": record.stats.training_backwards,
             }
         )

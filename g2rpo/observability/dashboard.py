@@ -103,11 +103,13 @@ PANELS: tuple[Panel, ...] = (
     Panel(
         "Training",
         "Throughput",
-        "Transformer forwards per second while sampling, and forwards/backwards per second while training (rank 0's).",
+        "Transformer forwards per second while sampling, forwards/backwards per second while training, and the frozen "
+        "reference's forwards (Flow-GRPO's KL; 0 otherwise) (rank 0's).",
         (
             (f"rate(g2rpo_training_sampling_forwards_total{{{RUN}}}[{RATE}])", "{{run_id}} sampling forwards/s"),
             (f"rate(g2rpo_training_forwards_total{{{RUN}}}[{RATE}])", "{{run_id}} training forwards/s"),
             (f"rate(g2rpo_training_backwards_total{{{RUN}}}[{RATE}])", "{{run_id}} backwards/s"),
+            (f"rate(g2rpo_training_reference_forwards_total{{{RUN}}}[{RATE}])", "{{run_id}} reference forwards/s"),
         ),
     ),
     Panel(

@@ -117,6 +117,10 @@ class TrainingMetrics:
             "g2rpo_training_forwards_total", "Transformer forwards with grad while training on this rank"
         )
         self.training_backwards = counter("g2rpo_training_backwards_total", "Backward passes on this rank")
+        self.reference_forwards = counter(
+            "g2rpo_training_reference_forwards_total",
+            "Forwards of the frozen reference policy in the loss (no grad; Flow-GRPO's KL) on this rank",
+        )
         self.optimizer_steps = counter("g2rpo_training_optimizer_steps_total", "Optimiser steps")
         self.phase_seconds = Histogram(
             "g2rpo_training_phase_seconds",
@@ -212,6 +216,7 @@ class TrainingMetrics:
         self.sampling_forwards.labels(**run).inc(stats["sampling_forwards"])
         self.training_forwards.labels(**run).inc(stats["training_forwards"])
         self.training_backwards.labels(**run).inc(stats["training_backwards"])
+        self.reference_forwards.labels(**run).inc(stats.get("reference_forwards", 0))
         self.optimizer_steps.labels(**run).inc(stats["optimizer_steps"])
         for phase, value in seconds.items():
             self.phase_seconds.labels(**run, phase=phase).observe(value)

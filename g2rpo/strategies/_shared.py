@@ -305,7 +305,10 @@ def trajectory_loss_terms(
                 term = LossTerm(
                     term.loss + scaled,
                     dataclasses.replace(
-                        term.stats, loss=term.stats.loss + float(scaled.detach()), kl=float(kl.detach())
+                        term.stats,
+                        loss=term.stats.loss + float(scaled.detach()),
+                        kl=float(kl.detach()),
+                        reference_forwards=p.numel(),
                     ),
                     term.step_optimizer,
                 )

@@ -274,6 +274,7 @@ class TermStats:
     forwards: int  # training forwards (rows) of this term, each back-propagated once
     step_index: int | None = None  # the grid index k the term trains, where it has one
     kl: float | None = None  # Flow-GRPO: mean KL(π_θ ‖ π_ref) of its SDE steps; DiffusionNFT: mean (v_θ − v_ref)²
+    reference_forwards: int = 0  # forwards (rows) of the frozen reference in this term, no grad (Flow-GRPO's KL)
 
 
 @dataclass
@@ -316,6 +317,9 @@ class StepStats:
     optimizer_steps: int
     dropped_groups: int
     total_groups: int
+    # Forwards of the frozen reference policy in the loss (no grad, not back-propagated): Flow-GRPO's KL.
+    # DiffusionNFT evaluates its reference in the rollout, so its reference forwards are sampling forwards.
+    reference_forwards: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -486,4 +490,5 @@ def summarize_step(
         optimizer_steps=sum(1 for t in terms if t.step_optimizer),
         dropped_groups=advantages.dropped_groups,
         total_groups=advantages.total_groups,
+        reference_forwards=sum(t.stats.reference_forwards for t in terms),
     )

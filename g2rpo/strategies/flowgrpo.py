@@ -22,9 +22,9 @@ surrogate (ε = ``ratio_clip``) plus β·KL(π_θ ‖ π_ref) of that step's Gau
 mean((μ_θ − μ_ref)²)/(2·std²) (β = ``flowgrpo.kl_beta``, 0.04 as the GenEval and OCR configs). π_ref
 is the reference policy, the frozen base: with LoRA the model with its adapters disabled (the
 script's ``disable_adapter()``), from the model's ``reference_velocity``. Training forwards per
-prompt: G·S, plus G·S reference forwards (no grad, not back-propagated) when β > 0. Optimiser
-steps: ``flowgrpo.trajectories_per_step`` = 6 trajectories per prompt (the script steps twice per
-epoch: at G = 12 twice per iteration). Learning rate 3e-4 (the base config's, a LoRA rate) unless
+prompt: G·S, plus G·S reference forwards when β > 0 (no grad, not back-propagated; counted as
+``StepStats.reference_forwards``). Optimiser steps: ``flowgrpo.trajectories_per_step`` = 6
+trajectories per prompt (the script steps twice per epoch: at G = 12 twice per iteration). Learning rate 3e-4 (the base config's, a LoRA rate) unless
 ``train.learning_rate`` is set.
 
 Flow-GRPO-Fast (SDE at one or two steps only) is not built here.

@@ -124,6 +124,8 @@ def test_kl_is_zero_against_an_identical_reference_and_adds_beta_times_kl_otherw
     )
     for a, b in zip(terms, plain, strict=True):
         assert a.stats.kl > 0
+        # the reference's forwards are counted (one per row the term trains), and only with β > 0
+        assert a.stats.reference_forwards == a.stats.forwards > 0 and b.stats.reference_forwards == 0
         # each term is scaled by its share of the rows (here 1/3, one slot of three): loss += β·kl/3
         torch.testing.assert_close(a.loss - b.loss, torch.tensor(0.5 * a.stats.kl / 3), rtol=1e-5, atol=1e-7)
     terms[0].loss.backward()  # the KL term is differentiable through the policy only

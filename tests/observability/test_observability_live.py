@@ -130,15 +130,22 @@ def test_prometheus_scrapes_the_training_run_and_the_pushes(prom, produced):
 
 def _variables(prom) -> dict[str, str]:
     """The template variables' values as Grafana would list them (label_values queries), narrowed to ours."""
-    values = {}
-    for variable in DASHBOARD["templating"]["list"]:
-        if variable["type"] != "query":
-            continue
-        query = variable["query"].replace('"$pipeline"', f'"{PIPELINE}"')
-        inner = query[len("label_values(") : -1]
-        selector, label = (part.strip() for part in inner.rsplit(",", 1))
-        listed = prom.api(f"label/{label}/values", **{"match[]": selector})
-        values[variable["name"]] = listed
+
+    def listed() -> dict[str, list[str]]:
+        values = {}
+        for variable in DASHBOARD["templating"]["list"]:
+            if variable["type"] != "query":
+                continue
+            query = variable["query"].replace('"$pipeline"', f'"{PIPELINE}"')
+            inner = query[len("label_values(") : -1]
+            selector, label = (part.strip() for part in inner.rsplit(",", 1))
+            values[variable["name"]] = prom.api(f"label/{label}/values", **{"match[]": selector})
+        return values
+
+    # Both pushed runs reach the TSDB within a scrape or two (seen missing once under a load of 8).
+    deadline = time.monotonic() + 20
+    while not {PIPELINE, "broken-test"} <= set((values := listed())["pipeline"]) and time.monotonic() < deadline:
+        time.sleep(1)
     assert PIPELINE in values["pipeline"] and "broken-test" in values["pipeline"]
     assert values["run"] == [RUN_ID]
     return {"pipeline": PIPELINE, "run": RUN_ID}

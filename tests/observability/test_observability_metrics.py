@@ -58,6 +58,7 @@ def _record(iteration: int, loss: float = 0.25) -> IterationRecord:
         optimizer_steps=1,
         dropped_groups=1,
         total_groups=4,
+        reference_forwards=6,
     )
     return IterationRecord(
         iteration=iteration,
@@ -105,6 +106,7 @@ def test_the_exporter_serves_conventional_names_and_low_cardinality_labels():
     assert value[("g2rpo_training_iteration", run)] == 2
     assert value[("g2rpo_training_iterations_total", run)] == 2
     assert value[("g2rpo_training_dropped_groups_total", run)] == 2
+    assert value[("g2rpo_training_reference_forwards_total", run)] == 12  # 6 per iteration (Flow-GRPO's KL)
     assert value[("g2rpo_training_target_iterations", run)] == 4
     assert value[("g2rpo_training_last_checkpoint_iteration", run)] == 2
     stride2 = (("pipeline", "p"), ("reward", "jpeg_compressibility"), ("run_id", "r1"), ("stride", "2"))
