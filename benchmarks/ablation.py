@@ -54,6 +54,7 @@ import argparse
 import hashlib
 import json
 import math
+import os
 import platform
 import shutil
 import statistics
@@ -117,6 +118,21 @@ METHODS: dict[str, dict[str, Any]] = {
     # trajectories per step of G = 6), the G²RPO family once; these step once, as G²RPO does.
     "dancegrpo_1step": {"strategy": "dancegrpo", "dancegrpo": {"trajectories_per_step": None}},
     "mixgrpo_1step": {"strategy": "mixgrpo", "mixgrpo": {"trajectories_per_step": None}},
+    # The paper's granularity ablation (Table 3): Λ = {1} is g2rpo_no_mgai, Λ = {1, 2, 3} is g2rpo.
+    "g2rpo_L12": {"strategy": "g2rpo", "g2rpo": {"granularities": [1, 2]}},
+    "g2rpo_L13": {"strategy": "g2rpo", "g2rpo": {"granularities": [1, 3]}},
+    # Flow-GRPO as published: LoRA adapters on a frozen base, the KL (β 0.04) to the base with its adapters
+    # disabled; beside it the same LoRA run without the KL, so the pair isolates what the KL does.
+    "flowgrpo_lora": {"strategy": "flowgrpo", "flowgrpo": {"kl_beta": 0.0}},
+    "flowgrpo_lora_kl": {"strategy": "flowgrpo", "flowgrpo": {"kl_beta": 0.04}},
+}
+# LoRA on the shapes transformer (inner width 64 = 4 heads × 16): rank 8, an eighth of the width, so the adapters
+# are a real low-rank restriction on this small model; alpha = 2 × rank; the attention projections (the default).
+LORA_SHAPES = {"enabled": True, "rank": 8, "alpha": 16.0}
+# Each method's overrides of the train section (on top of run_config's).
+METHOD_TRAIN: dict[str, dict[str, Any]] = {
+    "flowgrpo_lora": {"lora": LORA_SHAPES},
+    "flowgrpo_lora_kl": {"lora": LORA_SHAPES},
 }
 # The paper's sampler (docs/algorithm.md §6) is T = 16, G = 12 (G²RPO's M = the noisiest half, Λ = {1, 2, 3}); the
 # default here is the demo's reduced sampler (configs/shapes-cpu.yaml), which fits 5 seeds × 6 methods
@@ -185,6 +201,7 @@ def run_config(spec: RunSpec, out: Path) -> Any:
             "checkpoint_every": 10**6,
             "decode_micro_batch": 64,
             "progress": False,
+            **METHOD_TRAIN.get(spec.method, {}),
         },
         "deepspeed": {"enabled": False},
         "output": {"dir": str(out), "export": False},
@@ -291,6 +308,7 @@ def cost_per_iteration(spec: RunSpec, timed: int = 3) -> dict[str, Any]:
     from g2rpo.training.trainer import Trainer
 
     torch.set_num_threads(1)
+    load = os.getloadavg()[0]  # recorded beside the timing: "alone" is one probe at a time, not a quiet machine
     out = Path(spec.work) / f"probe-{spec.method}"
     trainer = Trainer(run_config(spec, out)).setup()
     first = trainer.step()  # the warm-up: first calls allocate and initialise
@@ -308,6 +326,7 @@ def cost_per_iteration(spec: RunSpec, timed: int = 3) -> dict[str, Any]:
         "seconds": statistics.median(sum(r.seconds.values()) for r in records),
         "phases": phases,
         "decoded_images": int(first.extra["decoded_images"]),
+        "load_average": round(load, 2),
     }
 
 
@@ -738,12 +757,22 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         probes_file = args.out / "probes.json"
-        key = json.dumps([methods, algorithm, args.prompts_per_iteration, model_sha, settings[0], "timed alone"])
+        # The probes of methods already measured under the same settings are kept; only new methods are probed.
+        same = [algorithm, args.prompts_per_iteration, model_sha, settings[0], "timed alone"]
         probes = json.loads(probes_file.read_text()) if probes_file.is_file() else {}
-        if probes.get("key") != key:
+        stored = json.loads(probes["key"]) if "key" in probes else None
+        kept = probes["cost"] if stored is not None and stored[1:] == json.loads(json.dumps(same)) else {}
+        missing = [m for m in methods if m not in kept]
+        if missing or set(kept) != set(methods):
             with ProcessPoolExecutor(max_workers=1) as pool:  # one at a time: the wall-time view reads these
-                costs = pool.map(cost_per_iteration, [spec(m, settings[0], 0, lrs[0], "probe") for m in methods])
-                probes = {"key": key, "cost": dict(zip(methods, costs))}
+                costs = dict(
+                    zip(
+                        missing,
+                        pool.map(cost_per_iteration, [spec(m, settings[0], 0, lrs[0], "probe") for m in missing]),
+                    )
+                )
+            cost = {m: kept[m] if m in kept else costs[m] for m in methods}
+            probes = {"key": json.dumps([methods, *same]), "cost": cost}
             probes_file.write_text(json.dumps(probes, indent=1) + "\n")
         budget = args.budget or max(p["compute"] for p in probes["cost"].values()) * args.iterations
         print(f"compute per iteration: { {m: p['compute'] for m, p in probes['cost'].items()} }; budget {budget}")
@@ -804,7 +833,9 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {
             **{k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "algorithm": algorithm,
-            "methods": {m: METHODS[m] for m in methods},
+            "methods": {
+                m: {**METHODS[m], **({"train": METHOD_TRAIN[m]} if m in METHOD_TRAIN else {})} for m in methods
+            },
             "swept_learning_rates": method_lrs,
             "reward_settings": {s: REWARD_SETTINGS[s] for s in settings},
             "compute_unit": "one transformer forward of one row; a backward counts 2",
