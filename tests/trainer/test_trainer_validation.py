@@ -188,4 +188,4 @@ def test_a_checkpoints_mis_shaped_validation_history_is_named_on_resume(tiny_mod
         match=r"iter-000002/validation\.json' is not a valid ValidationFile \(history\.1\.objective: Field required\): "
         r"resume from another checkpoint",
     ):
-        Trainer(_config(tiny_model, out, iterations=2)).setup()  # was a KeyError
+        Trainer(_config(tiny_model, out, iterations=2)).setup()  # was a TypeError
