@@ -24,7 +24,11 @@ manifest last, so a reader sees all of it or nothing)::
 
 :func:`load_evaluation` reads it back as a :class:`g2rpo.evaluation.sampling.EvalResult` (images
 as stored, so 8-bit quantised), e.g. to draw a before | after grid of two evaluations with
-:func:`g2rpo.evaluation.sampling.save_before_after_grid`.
+:func:`g2rpo.evaluation.sampling.save_before_after_grid`. Its JSON files are read back through
+:mod:`g2rpo.textfile`'s strict reader as the documents their readers use (:func:`read_document`:
+:class:`PromptsDocument`, :class:`MetricsDocument`, ``scores.jsonl``'s rows, ``grid/index.json``): the
+manifest vouches for the bytes, not their shape, so one published mis-shaped is named with its first
+bad field and the fix.
 """
 
 from __future__ import annotations
