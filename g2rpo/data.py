@@ -47,6 +47,7 @@ from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, mismatches, read_m
 from g2rpo.artifacts.storage import FileStore, sha256_file
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.seeding import split_key
+from g2rpo.textfile import read_json_file
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -469,8 +470,7 @@ class EmbeddingCache:
         self.path = Path(path)
         self.manifest: Manifest = self._check(verify)
         self.metadata: dict[str, Any] = dict(self.manifest.metadata)
-        index = json.loads((self.path / INDEX).read_text(encoding="utf-8"))
-        entries = index["entries"]
+        entries = self._entries()
         if len(entries) != self.metadata["count"]:
             raise G2RPOError(
                 f"embedding cache {str(self.path)!r}: {INDEX} lists {len(entries)} prompts, the manifest "
@@ -480,6 +480,26 @@ class EmbeddingCache:
         self._where: list[tuple[int, int]] = [(int(e[1]), int(e[2])) for e in entries]
         self._position = {p: i for i, p in enumerate(self.prompts)}
         self._handles: dict[int, Any] = {}
+
+    def _entries(self) -> list[list]:
+        """The index's ``[prompt, shard, row]`` entries (its digest was checked against the manifest)."""
+        path = self.path / INDEX
+        index = read_json_file(path, what="embedding cache index", fix=_REBUILD)
+        entries = index.get("entries")
+        if not isinstance(entries, list):
+            raise G2RPOError(f"embedding cache index {str(path)!r} has no 'entries' list; {_REBUILD}")
+        for number, entry in enumerate(entries):
+            if not (
+                isinstance(entry, list)
+                and len(entry) == 3
+                and isinstance(entry[0], str)
+                and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in entry[1:])
+            ):
+                raise G2RPOError(
+                    f"embedding cache index {str(path)!r}: entries[{number}] is {json.dumps(entry)[:80]}, not "
+                    f"[prompt, shard, row]; {_REBUILD}"
+                )
+        return entries
 
     def _check(self, verify: bool) -> Manifest:
         """The cache's manifest, once its files match it (sizes; every sha256 when ``verify``)."""

@@ -47,7 +47,7 @@ from g2rpo.artifacts.storage import (
     validate_key,
 )
 from g2rpo.errors import G2RPOError, problem
-from g2rpo.textfile import RECORD_MAX_BYTES
+from g2rpo.textfile import RECORD_MAX_BYTES, decode_json
 
 __all__ = ["LEASE_S", "pid_alive", "process_start", "publish_dir", "unique_prefix", "unique_uri"]
 
@@ -244,16 +244,17 @@ def _claim(store: Store, producer: str, lease_s: float) -> _Claim:
 
 def _take_over(store: Store, body: bytes) -> str:
     """Replace a claim whose holder is gone (logged); refuse, naming the holder, a claim that may be live."""
+    where = store.uri_for(MARKER_NAME)
     try:
         data, etag = store.get_bytes(MARKER_NAME, max_bytes=RECORD_MAX_BYTES)
-        holder = json.loads(data)
     except ObjectNotFound:  # released between our write and our read: claim it as new
         return store.put_bytes(MARKER_NAME, body, if_none_match=True)
-    except ValueError:
-        holder = None
-    if not isinstance(holder, dict):  # claims are written whole: this one was changed, or is not g2rpo's
-        holder, etag = {}, None  # never taken over: nothing says whose it is
-        who = f"an unknown publisher (its claim {store.uri_for(MARKER_NAME)} is not a JSON object)"
+    try:
+        holder = decode_json(data, where, fix="claims are written whole, so it was changed or is not g2rpo's")
+    except G2RPOError as exc:  # never taken over: nothing says whose it is
+        holder, etag = {}, None
+        detail = str(exc).removeprefix(where).lstrip(": ")
+        who = f"an unknown publisher (its claim {where} is not a JSON object g2rpo can read: {detail})"
     else:
         who = (
             f"{holder.get('producer', '?')} (pid {holder.get('pid', '?')} on {holder.get('host', '?')}, "

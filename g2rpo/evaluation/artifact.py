@@ -24,7 +24,11 @@ manifest last, so a reader sees all of it or nothing)::
 
 :func:`load_evaluation` reads it back as a :class:`g2rpo.evaluation.sampling.EvalResult` (images
 as stored, so 8-bit quantised), e.g. to draw a before | after grid of two evaluations with
-:func:`g2rpo.evaluation.sampling.save_before_after_grid`.
+:func:`g2rpo.evaluation.sampling.save_before_after_grid`. Its JSON files are read back through
+:mod:`g2rpo.textfile`'s strict reader as the documents their readers use (:func:`read_document`:
+:class:`PromptsDocument`, :class:`MetricsDocument`, ``scores.jsonl``'s rows, ``grid/index.json``): the
+manifest vouches for the bytes, not their shape, so one published mis-shaped is named with its first
+bad field and the fix.
 """
 
 from __future__ import annotations
@@ -39,20 +43,21 @@ import textwrap
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TypeVar
 
 import numpy as np
 import torch
 from PIL import Image
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from g2rpo.artifacts.cache import fetch_to_cache
-from g2rpo.artifacts.manifest import has_manifest
+from g2rpo.artifacts.manifest import has_manifest, read_manifest
 from g2rpo.artifacts.scores import EvalScores, ScoreItem
-from g2rpo.artifacts.storage import S3Settings, Store, locate, open_store
+from g2rpo.artifacts.storage import FileStore, S3Settings, Store, locate, open_store
 from g2rpo.data import dedupe_prompts, read_prompt_file
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.sampling import EvalResult
+from g2rpo.textfile import JSON_MAX_BYTES, decode_record, read_regular_file
 
 __all__ = [
     "PromptSet",
@@ -72,6 +77,10 @@ __all__ = [
     "score_grid_figure",
     "load_evaluation",
     "eval_result_from",
+    "PromptsDocument",
+    "MetricsDocument",
+    "read_document",
+    "read_scores",
 ]
 
 
@@ -96,6 +105,84 @@ GRID_INDEX = f"{GRID_DIR}/index.json"
 GRID_FIRST_PAGE = "grid.png"  # the first page again, under the name of the one-picture grid of earlier versions
 
 BUILTIN_PREFIX = "builtin:"
+
+# A prompt's id in every file of the artifact: its index in prompts.json (image names are built from it).
+_PROMPT_ID = r"^p[0-9]+$"
+
+
+class ArtifactDocument(BaseModel):
+    """One of an evaluation's JSON files as read back: the keys a reader uses are checked (type and
+    presence), any others let through (a later g2rpo may write more)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class PromptEntry(ArtifactDocument):
+    prompt_id: str = Field(pattern=_PROMPT_ID)
+    prompt: str
+
+
+class PromptsDocument(ArtifactDocument):
+    """``prompts.json``: each prompt_id's text."""
+
+    prompts: list[PromptEntry]
+
+
+class StepSummary(ArtifactDocument):
+    """One metric at one step count (``metrics.json``'s ``by_steps``: g2rpo.evaluation.report.summaries)."""
+
+    mean: float
+    std: float
+    n: int
+    ci_low: float
+    ci_high: float
+
+
+class PairedSummary(ArtifactDocument):
+    """One metric against the baseline (g2rpo.evaluation.report.paired_summaries)."""
+
+    mean: float
+    baseline_mean: float
+    delta: float
+    ci_low: float
+    ci_high: float
+    n: int
+
+
+class PairedSection(ArtifactDocument):
+    uri: str
+    paired: dict[int, dict[str, PairedSummary]]  # step count -> metric -> vs the baseline
+
+
+class MetricsDocument(ArtifactDocument):
+    """``metrics.json``: per step count and metric its summary; with a baseline, the paired differences."""
+
+    num_steps: int = Field(description="the gated step count")
+    by_steps: dict[int, dict[str, StepSummary]]
+    baseline: PairedSection | None = None
+
+
+class ScoresLine(ArtifactDocument):
+    """One line of ``scores.jsonl``: an image of one step count and its scores."""
+
+    steps: int
+    prompt_id: str = Field(pattern=_PROMPT_ID)
+    seed: int
+    image: str
+    scores: dict[str, float]
+
+
+class GridIndexPage(ArtifactDocument):
+    file: str
+
+
+class GridIndex(ArtifactDocument):
+    """``grid/index.json``: the grid's pages, in order."""
+
+    pages: list[GridIndexPage]
+
+
+D = TypeVar("D", bound=BaseModel)
 
 
 def builtin_prompt_sets() -> dict[str, Path]:
@@ -165,21 +252,15 @@ def load_baseline(uri: str, settings: S3Settings | None = None, cache_dir: str |
             problem("baseline", uri, "holds no published evaluation (no manifest.json); evaluate the baseline first")
         )
     root = fetch_to_cache(uri, cache_dir=cache_dir, settings=settings)
-    listed = _read_json(root / "prompts.json", uri)
-    prompts = [entry["prompt"] for entry in listed["prompts"]]
-    scores = _read_scores(root / "scores.json", uri)
+    prompts = [entry.prompt for entry in read_document(root, "prompts.json", uri, PromptsDocument).prompts]
+    scores = read_scores(root, uri)
     by_steps: dict[int, list[ScoreItem]] = {}
     images: dict[tuple[int, int, int], str] = {}
-    for line in (
-        (root / "scores.jsonl").read_text(encoding="utf-8").splitlines() if (root / "scores.jsonl").is_file() else []
-    ):
-        row = json.loads(line)
-        by_steps.setdefault(row["steps"], []).append(
-            ScoreItem(prompt_id=row["prompt_id"], seed=row["seed"], scores=row["scores"])
-        )
-        images[(row["steps"], int(row["prompt_id"][1:]), row["seed"])] = row["image"]
+    for row in _read_scores_lines(root, uri):
+        by_steps.setdefault(row.steps, []).append(ScoreItem(prompt_id=row.prompt_id, seed=row.seed, scores=row.scores))
+        images[(row.steps, int(row.prompt_id[1:]), row.seed)] = row.image
     if not by_steps:  # an evaluation from before scores.jsonl: scores.json at its num_steps
-        steps = int(json.loads((root / "manifest.json").read_text(encoding="utf-8"))["metadata"]["config"]["num_steps"])
+        steps = _manifest_num_steps(root, uri)
         by_steps[steps] = list(scores.items)
         images.update(
             {(steps, int(i.prompt_id[1:]), i.seed): image_name(int(i.prompt_id[1:]), i.seed) for i in scores.items}
@@ -304,7 +385,9 @@ def grid_page_files(store: Store) -> list[str]:
     """The grid's page files of the evaluation in ``store``, in order: from ``grid/index.json``, or
     ``grid.png`` alone for an evaluation written before the grid had pages; none when neither is there."""
     if store.exists(GRID_INDEX):
-        return [page["file"] for page in json.loads(store.get_bytes(GRID_INDEX)[0])["pages"]]
+        data = store.get_bytes(GRID_INDEX, max_bytes=JSON_MAX_BYTES)[0]
+        fix = f"the evaluation {store.uri} was published with it: evaluate again into a new output_uri"
+        return [page.file for page in decode_record(GridIndex, data, store.uri_for(GRID_INDEX), fix=fix).pages]
     return [GRID_FIRST_PAGE] if store.exists(GRID_FIRST_PAGE) else []
 
 
@@ -370,10 +453,10 @@ def load_evaluation(output_uri: str, settings: S3Settings | None = None, cache_d
     """The evaluation published at ``output_uri`` (every file checked against its manifest):
     its prompts, seeds, images ``[P, S, 3, H, W]`` (8-bit, as stored) and scores ``[P, S]`` per metric."""
     root = fetch_to_cache(output_uri, cache_dir=cache_dir, settings=settings)
-    scores = _read_scores(root / "scores.json", output_uri)
-    listed = _read_json(root / "prompts.json", output_uri)["prompts"]
-    prompts = [entry["prompt"] for entry in listed]
-    ids = {entry["prompt_id"]: i for i, entry in enumerate(listed)}
+    scores = read_scores(root, output_uri)
+    listed = read_document(root, "prompts.json", output_uri, PromptsDocument).prompts
+    prompts = [entry.prompt for entry in listed]
+    ids = {entry.prompt_id: i for i, entry in enumerate(listed)}
     metrics = scores.metric_names()
     table = {name: torch.full((len(prompts), len(scores.seeds)), math.nan) for name in metrics}
     column = {seed: s for s, seed in enumerate(scores.seeds)}
@@ -414,17 +497,57 @@ def eval_result_from(root: Path, prompts: list[str], seeds: list[int], scores: E
     return EvalResult(prompts=list(prompts), seeds=list(seeds), images=images, scores=table)
 
 
-def _read_json(path: Path, uri: str) -> Any:
-    if not path.is_file():
-        raise G2RPOError(problem("output_uri", uri, f"has no {path.name}: it is not an evaluation artifact"))
-    return json.loads(path.read_text(encoding="utf-8"))
+def _fix(uri: str) -> str:
+    # The files are read after fetch_to_cache matched every byte to the manifest: a bad one was published so.
+    return f"the evaluation {uri} was published with it: evaluate again into a new output_uri"
 
 
-def _read_scores(path: Path, uri: str) -> EvalScores:
-    try:
-        return EvalScores.model_validate(_read_json(path, uri))
-    except ValidationError as exc:
-        raise G2RPOError(f"{uri}/scores.json is not a valid score record: {exc.errors()[0]['msg']}") from None
+def _read_bytes(root: Path, name: str, uri: str) -> bytes:
+    path = root / name
+    if not path.exists():
+        raise G2RPOError(problem("output_uri", uri, f"has no {name}: it is not an evaluation artifact"))
+    return read_regular_file(path, what="evaluation file", max_bytes=JSON_MAX_BYTES, fix=_fix(uri))
+
+
+def read_document(root: Path, name: str, uri: str, cls: type[D]) -> D:
+    """The JSON file ``name`` of the evaluation published at ``uri`` (its verified copy under ``root``)
+    as ``cls``; a missing, damaged or mis-shaped one is a G2RPOError naming the file, what is wrong
+    (the first bad field) and the fix."""
+    return decode_record(cls, _read_bytes(root, name, uri), f"evaluation file {str(root / name)!r}", fix=_fix(uri))
+
+
+def read_scores(root: Path, uri: str) -> EvalScores:
+    """``scores.json`` of the evaluation at ``uri`` (see :func:`read_document`)."""
+    return read_document(root, "scores.json", uri, EvalScores)
+
+
+def _read_scores_lines(root: Path, uri: str) -> list[ScoresLine]:
+    """``scores.jsonl``'s rows (none for an evaluation written before it), each checked as a ScoresLine."""
+    if not (root / "scores.jsonl").exists():
+        return []
+    lines = _read_bytes(root, "scores.jsonl", uri).split(b"\n")
+    where = f"evaluation file {str(root / 'scores.jsonl')!r}"
+    return [
+        decode_record(ScoresLine, line, f"line {number} of {where}", fix=_fix(uri))
+        for number, line in enumerate(lines, start=1)
+        if line.strip() or number < len(lines)  # the file's final newline ends the last line
+    ]
+
+
+def _manifest_num_steps(root: Path, uri: str) -> int:
+    """The gated step count an evaluation's manifest records (``metadata.config.num_steps``)."""
+    config = read_manifest(FileStore(root)).metadata.get("config")
+    steps = config.get("num_steps") if isinstance(config, dict) else None
+    if not isinstance(steps, int) or isinstance(steps, bool):
+        raise G2RPOError(
+            problem(
+                "baseline",
+                uri,
+                f"has no scores.jsonl and its manifest records no metadata.config.num_steps (found {steps!r}): "
+                "it is not an evaluation g2rpo published; evaluate the baseline again",
+            )
+        )
+    return steps
 
 
 def load_png(path: Path, uri: str) -> torch.Tensor:

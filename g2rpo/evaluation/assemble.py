@@ -174,7 +174,7 @@ def assemble(
     return {
         "kind": "evaluation",
         "model_uri": model_uri,
-        **json.loads(store.get_bytes(f"{resume.PARTIAL}/policy.json")[0]),
+        **resume.read_policy(store).model_dump(),
         "baseline_uri": baseline.uri if baseline is not None else None,
         "config": config.model_dump(mode="json"),
     }

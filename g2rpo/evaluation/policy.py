@@ -18,7 +18,6 @@ here gives what sampling the live trainer's policy gives.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -32,6 +31,7 @@ from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.config import EvaluationConfig
 from g2rpo.models.flux import FluxTextEncoder, FluxVelocity, vae_scale_factor_of
 from g2rpo.models.loading import TEXT_COMPONENTS, check_model_dir, load_text_encoder, load_transformer, load_vae
+from g2rpo.textfile import read_json_file
 
 __all__ = ["Policy", "PolicyKind", "load_policy", "resolve_device", "sigma_grid", "local_model_dir"]
 
@@ -147,13 +147,7 @@ def load_policy(
 
 
 def _read_base_model_json(path: Path) -> dict[str, Any]:
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise G2RPOError(f"{path}: not valid JSON ({exc}); the export is damaged: export it again") from None
-    if not isinstance(info, dict):
-        raise G2RPOError(f"{path}: not a JSON object; the export is damaged: export it again")
-    return info
+    return read_json_file(path, what="export record (base_model.json)", fix="the export is damaged: export it again")
 
 
 def _recorded_base(model_uri: str, info: dict[str, Any]) -> str:

@@ -5,6 +5,8 @@ Until the artifact is published (its manifest written), an evaluation keeps what
 output (another pod, another rank, a rerun after preemption) can continue it::
 
     _partial/state.json                      what is being evaluated (:class:`PartialState`)
+    _partial/policy.json                     what the model loaded as (:class:`PolicyRecord`), for
+                                             the manifest's metadata
     _partial/images/T{n}/p{i}_s{seed}.png    each image, as soon as its chunk is scored
     _partial/chunks/T{n}_c{k}.json           a chunk's record, written last: its items' scores and
                                              each image's sha256 (the chunk counts as done only then)
@@ -33,7 +35,7 @@ from pydantic import Field
 
 from g2rpo.artifacts.manifest import MANIFEST_NAME, MARKER_NAME
 from g2rpo.artifacts.scores import Record
-from g2rpo.artifacts.storage import Store
+from g2rpo.artifacts.storage import ObjectNotFound, Store
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.textfile import JSON_MAX_BYTES, decode_record
 
@@ -44,6 +46,7 @@ __all__ = [
     "ChunkRecord",
     "ChunkItem",
     "PartialState",
+    "PolicyRecord",
     "plan_chunks",
     "foreign_entries",
     "check_output",
@@ -51,6 +54,8 @@ __all__ = [
     "done_chunks",
     "read_chunk",
     "write_chunk",
+    "read_policy",
+    "write_policy",
     "clear",
     "fail_point",
 ]
@@ -90,6 +95,13 @@ class PartialState(Record):
     step_counts: list[int]
     metrics: list[str]
     sampling: dict = Field(description="every config key that changes an image or a score")
+
+
+class PolicyRecord(Record):
+    """What the model at ``model_uri`` loaded as (g2rpo.evaluation.policy.Policy's kind and base)."""
+
+    policy_kind: str
+    base_model_uri: str
 
 
 class ChunkItem(Record):
@@ -225,6 +237,23 @@ def write_chunk(store: Store, chunk: Chunk, pngs: list[bytes], scores: list[dict
     record = ChunkRecord(chunk=chunk.name, items=items)
     store.put_bytes(f"{PARTIAL}/chunks/{chunk.name}.json", record.model_dump_json().encode())
     return record
+
+
+def write_policy(store: Store, record: PolicyRecord) -> None:
+    """Save what the model loaded as; every rank that samples writes the same record."""
+    store.put_bytes(f"{PARTIAL}/policy.json", record.model_dump_json().encode())
+
+
+def read_policy(store: Store) -> PolicyRecord:
+    """The :class:`PolicyRecord` a sampling rank saved (this run's, or an earlier run's when every chunk was
+    scored before)."""
+    key = f"{PARTIAL}/policy.json"
+    fix = f"delete {store.uri_for(PARTIAL)} to evaluate afresh (each rank writes the record whole, so it was changed since)"
+    try:
+        data = store.get_bytes(key, max_bytes=JSON_MAX_BYTES)[0]
+    except ObjectNotFound:
+        raise G2RPOError(f"{store.uri_for(key)} does not exist, though every chunk is scored: {fix}") from None
+    return decode_record(PolicyRecord, data, store.uri_for(key), fix=fix)
 
 
 def clear(store: Store) -> None:

@@ -11,7 +11,6 @@ interrupted evaluation, rerun with the same arguments, continues from the chunks
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -144,8 +143,7 @@ def _sample_chunks(model_uri, config, base_model_uri, settings, device, prompts,
     """Sample, decode and score this rank's chunks, saving each before the next; the images sampled."""
     policy = load_policy(model_uri, config, base_model_uri=base_model_uri, settings=settings)
     say(f"loaded {policy.kind} {model_uri} (base {policy.base_model_uri})")
-    loaded = {"policy_kind": policy.kind, "base_model_uri": policy.base_model_uri}
-    store.put_bytes(f"{resume.PARTIAL}/policy.json", json.dumps(loaded).encode())  # for the manifest's metadata
+    resume.write_policy(store, resume.PolicyRecord(policy_kind=policy.kind, base_model_uri=policy.base_model_uri))
     cond = FluxConditioning.cat(
         [policy.text_encoder.encode(prompts[i : i + _ENCODE_BATCH]) for i in range(0, len(prompts), _ENCODE_BATCH)]
     ).to("cpu")

@@ -40,6 +40,7 @@ from typing import Any
 
 from g2rpo.artifacts.storage import check_writable
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.textfile import RECORD_MAX_BYTES, read_json_file
 
 __all__ = [
     "TINY_IMAGE_SIZE",
@@ -74,12 +75,13 @@ MODEL_ENTRIES = (
 def g2rpo_model_marker_problem(folder: Path) -> str | None:
     """None when ``folder`` carries a g2rpo model marker (tiny or shapes), else what is wrong with it."""
     marker = folder / TINY_MARKER
-    if not marker.is_file():
+    if not marker.exists():
         return f"no {TINY_MARKER}, the marker g2rpo writes in every model folder it makes"
     try:
-        producer = json.loads(marker.read_text(encoding="utf-8")).get("producer", "")
-    except (OSError, ValueError, AttributeError):
-        return f"its {TINY_MARKER} is not readable JSON"
+        fix = "g2rpo writes it whole, so it is not g2rpo's or was changed since"
+        producer = read_json_file(marker, what="model marker", fix=fix, max_bytes=RECORD_MAX_BYTES).get("producer", "")
+    except G2RPOError as exc:
+        return str(exc)
     if not str(producer).startswith("g2rpo.models."):
         return f"its {TINY_MARKER} names producer {producer!r}, not a g2rpo model"
     return None

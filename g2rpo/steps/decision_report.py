@@ -16,12 +16,12 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 from pathlib import Path
 
 from g2rpo.artifacts.cache import fetch_to_cache
 from g2rpo.artifacts.promotion import Decision
 from g2rpo.artifacts.storage import S3Settings
+from g2rpo.evaluation.artifact import MetricsDocument, PromptsDocument, read_document, read_scores
 from g2rpo.steps.records import CandidatesRecord
 from g2rpo.training.metrics import read_iteration_records
 
@@ -129,18 +129,19 @@ def write_decision_report(
     """Write the decision report of ``decision`` on the challenger that ``candidates`` describes; with
     ``train_dir`` holding the train task's ``metrics.jsonl``, its reward curves too."""
     e = html.escape
-    root = Path(fetch_to_cache(candidates.challenger_eval_uri, settings=settings))
-    metrics = json.loads((root / "metrics.json").read_text(encoding="utf-8"))
-    steps = str(metrics["num_steps"])  # the gated step count
-    paired = metrics.get("baseline", {}).get("paired", {}).get(steps, {})
-    prompts = [p["prompt"] for p in json.loads((root / "prompts.json").read_text(encoding="utf-8"))["prompts"]]
-    scores = json.loads((root / "scores.json").read_text(encoding="utf-8"))
-    by_item = {(item["prompt_id"], item["seed"]): item["scores"] for item in scores["items"]}
+    uri = candidates.challenger_eval_uri
+    root = Path(fetch_to_cache(uri, settings=settings))
+    metrics = read_document(root, "metrics.json", uri, MetricsDocument)
+    steps = metrics.num_steps  # the gated step count
+    paired = metrics.baseline.paired.get(steps, {}) if metrics.baseline is not None else {}
+    prompts = [p.prompt for p in read_document(root, "prompts.json", uri, PromptsDocument).prompts]
+    scores = read_scores(root, uri)
+    by_item = {(item.prompt_id, item.seed): item.scores for item in scores.items}
     baseline_items: dict[tuple[str, int], dict[str, float]] = {}
     if candidates.baseline_eval_uri:
         theirs = Path(fetch_to_cache(candidates.baseline_eval_uri, settings=settings))
-        document = json.loads((theirs / "scores.json").read_text(encoding="utf-8"))
-        baseline_items = {(item["prompt_id"], item["seed"]): item["scores"] for item in document["items"]}
+        document = read_scores(theirs, candidates.baseline_eval_uri)
+        baseline_items = {(item.prompt_id, item.seed): item.scores for item in document.items}
     trained = set(candidates.trained_metrics)
     baseline = candidates.baseline_label or "baseline"
     against = "absolute floors (no champion yet)" if decision.champion is None else f"champion v{decision.champion}"
@@ -165,7 +166,7 @@ def write_decision_report(
         f"<tr><th>trained on</th><td class='text'>{e(', '.join(sorted(trained)) or 'unknown')}</td></tr>",
         f"<tr><th>challenger's evaluation</th><td class='text'>{e(candidates.challenger_eval_uri)} "
         f"(report.html there: every image and plot)</td></tr>",
-        f"<tr><th>items</th><td class='text'>{len(prompts)} held-out prompts × seeds {e(str(scores['seeds']))}, "
+        f"<tr><th>items</th><td class='text'>{len(prompts)} held-out prompts × seeds {e(str(scores.seeds))}, "
         f"T={steps}</td></tr>",
         "</table>",
         "<h2>Gates</h2>",
@@ -178,9 +179,9 @@ def write_decision_report(
     ]
     for r in decision.results:
         pair = paired.get(r.metric)
-        delta = "—" if pair is None else f"{pair['delta']:+.4f}"
-        ci = "—" if pair is None else f"[{pair['ci_low']:+.4f}, {pair['ci_high']:+.4f}]"
-        base_mean = None if pair is None else pair["baseline_mean"]
+        delta = "—" if pair is None else f"{pair.delta:+.4f}"
+        ci = "—" if pair is None else f"[{pair.ci_low:+.4f}, {pair.ci_high:+.4f}]"
+        base_mean = None if pair is None else pair.baseline_mean
         role = "trained" if r.metric in trained else "held-out"
         parts.append(
             f"<tr><td class='text'>{e(r.metric)}</td><td class='text'>{role}</td><td class='text'>{e(r.kind)}</td>"
@@ -203,7 +204,7 @@ def write_decision_report(
                 f"<img id='curves' alt='reward curves' src='data:image/png;base64,{png}'>",
             ]
 
-    keys = [(f"p{p}", seed) for p in range(len(prompts)) for seed in scores["seeds"]]
+    keys = [(f"p{p}", seed) for p in range(len(prompts)) for seed in scores.seeds]
     paired_items = bool(baseline_items) and by_item.keys() == set(keys) and set(keys) <= baseline_items.keys()
     for check in binary_checks(by_item, baseline_items) if paired_items else []:
         sides = [(baseline, root / "baseline" / "images", baseline_items), ("challenger", root / "images", by_item)]
@@ -215,7 +216,7 @@ def write_decision_report(
         f"<table id='pairs'><tr><th>prompt</th><th>seed</th><th>{e(baseline)}</th><th>challenger</th></tr>",
     ]
     for p, prompt in enumerate(prompts):
-        for seed in scores["seeds"]:
+        for seed in scores.seeds:
             ours = by_item.get((f"p{p}", seed), {})
             theirs_path = root / "baseline" / "images" / f"p{p}_s{seed}.png"
             cells = []

@@ -172,6 +172,8 @@ def _result(output_uri: str, config: EvaluationConfig, generated: int, settings:
     store = open_store(output_uri, settings)
     manifest = read_manifest(store)
     root = fetch_to_cache(output_uri, cache_dir=config.cache_dir, settings=settings)
+    # Read without the strict reader on purpose: this call's rank 0 assembled and published these files
+    # moments ago (an output already published is refused above), and fetch_to_cache matched their bytes.
     scores = EvalScores.model_validate_json((root / "scores.json").read_text(encoding="utf-8"))
     document = json.loads((root / "metrics.json").read_text(encoding="utf-8"))
     prompts = [entry["prompt"] for entry in json.loads((root / "prompts.json").read_text(encoding="utf-8"))["prompts"]]

@@ -32,13 +32,16 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
+from pydantic import BaseModel, ConfigDict
+
 import g2rpo
-from g2rpo.artifacts.storage import open_store
+from g2rpo.artifacts.storage import ObjectNotFound, open_store
 from g2rpo.config import load_config, parse_overrides, to_yaml
 from g2rpo.errors import G2RPOError, did_you_mean, problem
 from g2rpo.launch.trainjob import DEFAULT_DEADLINE_S, Placement, TrainJobLaunch
 from g2rpo.steps.records import TrainRecord, write_record
 from g2rpo.steps.train import publish_export, train
+from g2rpo.textfile import JSON_MAX_BYTES, decode_record
 from g2rpo.training.run_config import RunConfig, resume_hash
 from g2rpo.training.run_dir import RunDir
 
@@ -303,7 +306,7 @@ def train_task(
         export_uri = result.export_uri
         published = result.published.manifest.metadata if result.published is not None else {}
         summary = {"iterations": published.get("iterations", 0)}
-        base_model = json.loads(open_store(export_uri).get_bytes("base_model.json")[0])
+        base_model = _published_base_model(export_uri)
     else:
         if gpus_per_node > 1:
             summary = _torchrun(record_dir / RUN_CONFIG_FILE, Path(work_dir), gpus_per_node, checkpoint_uri)
@@ -311,6 +314,7 @@ def train_task(
         else:
             result = train(config, publish_uri=publish_uri, producer=PRODUCER, checkpoint_uri=checkpoint_uri)
             summary, export_uri = result.summary, result.export_uri
+        # Read as is: this task's trainer (in this process, or the torchrun it just ran) wrote it.
         base_model = json.loads((Path(summary["export"]) / "base_model.json").read_text(encoding="utf-8"))
     record = TrainRecord(
         export_uri=export_uri,
@@ -330,6 +334,36 @@ def train_task(
     if metrics.is_file():
         shutil.copyfile(metrics, record_dir / METRICS_FILE)
     return record
+
+
+class _Licence(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: str | None
+
+
+class ExportInfo(BaseModel):
+    """An export's ``base_model.json`` (g2rpo.training.checkpoint.export_model), the keys the record takes
+    from it; the others pass through."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    license: _Licence
+    selected_iteration: int | None = None
+    selection_reason: str | None = None
+
+
+def _published_base_model(export_uri: str) -> dict[str, Any]:
+    """``base_model.json`` of the export a TrainJob published at ``export_uri`` (its pods wrote it, not
+    this task): an object naming the base model's licence, else a G2RPOError naming it and the fix."""
+    store = open_store(export_uri)
+    where = store.uri_for("base_model.json")
+    fix = "the TrainJob published the export without a sound one: run the pipeline again to train and publish anew"
+    try:
+        data = store.get_bytes("base_model.json", max_bytes=JSON_MAX_BYTES)[0]
+    except ObjectNotFound:
+        raise G2RPOError(f"{where} does not exist: {fix}") from None
+    return decode_record(ExportInfo, data, where, fix=fix).model_dump()
 
 
 def _validation_fields(validation: dict[str, Any] | None, base_model: dict[str, Any]) -> dict[str, Any]:
@@ -359,4 +393,4 @@ def _torchrun(config_file: Path, work_dir: Path, gpus: int, checkpoint_uri: str 
     done = subprocess.run(command, env=os.environ.copy(), check=False)
     if done.returncode != 0:
         raise G2RPOError(f"torchrun with {gpus} processes exited with status {done.returncode}; see the task log")
-    return json.loads(summary_file.read_text(encoding="utf-8"))
+    return json.loads(summary_file.read_text(encoding="utf-8"))  # as is: the run just ended wrote it, exit status 0

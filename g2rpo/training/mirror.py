@@ -26,7 +26,6 @@ rank sit in one checkpoint directory).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -39,7 +38,7 @@ from g2rpo.artifacts.storage import S3Settings, open_store
 from g2rpo.errors import G2RPOError
 from g2rpo.training.checkpoint import CheckpointManager, is_complete, manifest_metadata
 from g2rpo.training.trainer import Trainer, TrainerCallback
-from g2rpo.training.validation import VALIDATION_FILE, ValidationRecord, select_best
+from g2rpo.training.validation import VALIDATION_FILE, read_validation_file, select_best
 
 __all__ = ["CheckpointMirror"]
 
@@ -109,7 +108,9 @@ class CheckpointMirror(TrainerCallback):
     def publish(self, path: Path, iteration: int) -> None:
         """Publish the complete local checkpoint ``path`` as ``iter-N``, then prune the mirror."""
         prefix = CheckpointManager.name(iteration)
-        best = _best_validated(path)
+        best = _best_validated(
+            path, f"delete {path} to resume from the checkpoint before it, or restore it from a copy"
+        )
         if best is not None:
             self.protected = {best}
         if not has_manifest(self.store, prefix):
@@ -175,7 +176,11 @@ class CheckpointMirror(TrainerCallback):
                 "a fresh checkpoint URI"
             )
         self._download(checkpoints, remote)
-        best = _best_validated(checkpoints / CheckpointManager.name(remote))
+        fix = (
+            f"it was mirrored so (its manifest pins these bytes): delete {self.uri_of(remote)} from the mirror to "
+            "resume from the checkpoint before it, or give this run a fresh checkpoint URI"
+        )
+        best = _best_validated(checkpoints / CheckpointManager.name(remote), fix)
         if best is not None and best != remote and best not in _local_complete(checkpoints):
             self._download(checkpoints, best)
         return remote
@@ -187,12 +192,13 @@ class CheckpointMirror(TrainerCallback):
         download_dir(self.uri_of(iteration), target, self.settings)
 
 
-def _best_validated(checkpoint: Path) -> int | None:
-    """The best validated iteration a checkpoint's validation history names (None without validation)."""
+def _best_validated(checkpoint: Path, fix: str) -> int | None:
+    """The best validated iteration a checkpoint's validation history names (None without validation);
+    ``fix`` is what to do about a damaged one."""
     path = checkpoint / VALIDATION_FILE
-    if not path.is_file():
+    if not path.exists():
         return None
-    history = [ValidationRecord.from_json(r) for r in json.loads(path.read_text(encoding="utf-8"))["history"]]
+    _, history = read_validation_file(path, fix)
     selection = select_best(history)
     return None if selection is None else selection.iteration
 

@@ -39,7 +39,6 @@ TRL and torchtune evaluate on a schedule but do not select.
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
@@ -50,7 +49,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import torch
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
 from g2rpo import core
@@ -61,6 +60,7 @@ from g2rpo.models.flux import FluxConditioning, FluxVelocity
 from g2rpo.rewards.base import RewardModel
 from g2rpo.rewards.scoring import score_rewards
 from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.textfile import JSON_MAX_BYTES, decode_record, read_regular_file
 from g2rpo.training.checkpoint import CheckpointManager
 from g2rpo.training.distributed import DistContext
 
@@ -68,6 +68,7 @@ __all__ = [
     "ValidationSection",
     "MetricSummary",
     "ValidationRecord",
+    "read_validation_file",
     "Selection",
     "summarize_metric",
     "objective",
@@ -265,6 +266,46 @@ class ValidationRecord:
     def from_json(cls, data: dict[str, Any]) -> ValidationRecord:
         metrics = {k: MetricSummary(**v) for k, v in data["metrics"].items()}
         return cls(**{**data, "metrics": metrics})
+
+
+class _StoredMetric(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mean: float
+    ci_low: float
+    ci_high: float
+    n: int
+
+
+class _StoredValidation(BaseModel):
+    """A :class:`ValidationRecord` as :data:`VALIDATION_FILE` holds it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    iteration: int
+    metrics: dict[str, _StoredMetric]
+    objective: float
+    breached: list[str]
+    forwards: int
+    seconds: float
+    changes: dict[str, float] = {}
+
+
+class ValidationFile(BaseModel):
+    """:data:`VALIDATION_FILE` as a checkpoint holds it (:meth:`Validator.checkpoint_files`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    identity: dict[str, Any]
+    history: list[_StoredValidation]
+
+
+def read_validation_file(path: Path, fix: str) -> tuple[dict[str, Any], list[ValidationRecord]]:
+    """A checkpoint's :data:`VALIDATION_FILE`: the identity its history was recorded under, and the
+    history; a damaged or mis-shaped one is a G2RPOError naming the file, the first bad field and ``fix``."""
+    data = read_regular_file(path, what="validation history", max_bytes=JSON_MAX_BYTES, fix=fix)
+    stored = decode_record(ValidationFile, data, f"validation history {str(path)!r}", fix=fix)
+    return stored.identity, [ValidationRecord.from_json(r.model_dump()) for r in stored.history]
 
 
 @dataclass(frozen=True)
@@ -466,17 +507,18 @@ class Validator:
                     "iteration 0: resume with train.validation.enabled=false, or start a new output.dir",
                 )
             )
-        stored = json.loads(stored_path.read_text(encoding="utf-8"))
-        if stored["identity"] != self.identity():
+        fix = "resume from another checkpoint (train.resume=PATH of an earlier one) or restore it from a copy"
+        identity, history = read_validation_file(stored_path, fix)
+        if identity != self.identity():
             raise G2RPOError(
                 problem(
                     "train.validation",
                     self.identity(),
-                    f"differs from the validation set and tolerance of the run's history ({stored['identity']}): "
+                    f"differs from the validation set and tolerance of the run's history ({identity}): "
                     "resume with the validation settings in the run's config.yaml, or start a new output.dir",
                 )
             )
-        self.history = [ValidationRecord.from_json(r) for r in stored["history"]]
+        self.history = history
         self._protect_best()
         self.stop_reason = early_stop_reason(self.history, self.settings.stop_after_breaches, self.settings.patience)
 

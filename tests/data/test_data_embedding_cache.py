@@ -8,7 +8,7 @@ import pickle
 import pytest
 import torch
 
-from g2rpo.artifacts.manifest import SCHEMA_VERSION, read_manifest
+from g2rpo.artifacts.manifest import SCHEMA_VERSION, read_manifest, write_dir_manifest
 from g2rpo.artifacts.storage import FileStore, sha256_file
 from g2rpo.cli import main
 from g2rpo.data import EmbeddingCache, PromptEmbeddingDataset, write_embedding_cache
@@ -194,3 +194,30 @@ def test_data_prep_cli_with_a_partial_model_writes_nothing(tiny_flux_dir, tmp_pa
     assert main(args) == 2
     assert f"{model}/text_encoder_2: component folder missing" in capsys.readouterr().err
     assert not out.exists()
+
+
+def _resealed_index(cache_dir, data: bytes) -> None:
+    """``index.json`` replaced by ``data`` and the cache sealed again: a cache written so (its digest matches)."""
+    manifest = read_manifest(FileStore(cache_dir))
+    (cache_dir / "index.json").write_bytes(data)
+    (cache_dir / "manifest.json").unlink()
+    write_dir_manifest(
+        cache_dir, producer=manifest.producer, metadata=manifest.metadata, names=[f.path for f in manifest.files]
+    )
+
+
+def test_data_cache_index_sealed_cut_or_mis_shaped_is_refused_with_the_fix(cache_dir):
+    fix = r"rebuild it with `g2rpo data prep --model \.\.\. --overwrite`"
+    text = (cache_dir / "index.json").read_bytes()
+    _resealed_index(cache_dir, text[: len(text) // 2])
+    with pytest.raises(
+        G2RPOError,
+        match=rf"embedding cache index '.*index\.json': line \d+, column \d+: not valid JSON .*ends early.*{fix}",
+    ):
+        EmbeddingCache(cache_dir)  # was a JSONDecodeError
+    entries = [[p] for p in PROMPTS]  # no shard and row
+    _resealed_index(cache_dir, json.dumps({"shard_rows": 3, "entries": entries}).encode())
+    with pytest.raises(
+        G2RPOError, match=rf"entries\[0\] is \[\"a photo of a cat\"\], not \[prompt, shard, row\]; {fix}"
+    ):
+        EmbeddingCache(cache_dir)  # was an IndexError

@@ -4,6 +4,8 @@ before any work, naming what the folder holds."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from g2rpo.cli import main
@@ -94,3 +96,21 @@ def test_embedding_cache_and_export_overwrite_refuse_a_stranger(tmp_path):
     with pytest.raises(G2RPOError, match=r"holds results\.csv, which a model export does not"):
         export_model(torch.nn.Linear(1, 1), export, base_model="x", config_hash="0", lora=False)
     assert (export / "results.csv").is_file()
+
+
+def test_a_model_folder_whose_marker_is_not_g2rpos_json_is_not_replaced_and_says_why(tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "model_index.json").write_text("{}")
+    (model / TINY_MARKER).write_bytes('{"producer": "g2rpo.models.tiny"}'.encode("utf-16"))
+    with pytest.raises(
+        G2RPOError,
+        match=rf"is not recognisably a g2rpo model folder \(model marker '.*{TINY_MARKER}' is UTF-16 .*not UTF-8: "
+        r"g2rpo writes it whole, so it is not g2rpo's or was changed since\); --overwrite replaces only",
+    ):
+        save_tiny_flux(model, overwrite=True)  # was "is not readable JSON", the cause unnamed
+    (model / TINY_MARKER).unlink()
+    os.mkfifo(model / TINY_MARKER)
+    with pytest.raises(G2RPOError, match=rf"model marker '.*{TINY_MARKER}' is a FIFO \(named pipe\), not a regular"):
+        save_tiny_flux(model, overwrite=True)  # never opened: it would block; was "no g2rpo_tiny.json"
+    assert sorted(p.name for p in model.iterdir()) == [TINY_MARKER, "model_index.json"]

@@ -7,13 +7,17 @@ from __future__ import annotations
 import os
 
 import pytest
-from steps_helpers import make_scores
+from steps_helpers import PROMPTS, REPO, make_scores
 
+from g2rpo.artifacts.manifest import read_manifest
+from g2rpo.artifacts.publish import publish_dir
 from g2rpo.artifacts.storage import open_store
 from g2rpo.errors import G2RPOError
 from g2rpo.evaluation import resume
 from g2rpo.steps.records import CandidatesRecord, read_record
 from g2rpo.steps.register import read_scores
+from g2rpo.steps.train import PublishedExport, TrainResult
+from g2rpo.steps.train_task import train_task
 
 
 def test_a_scores_path_that_is_not_a_utf8_file_is_named(tmp_path):
@@ -70,3 +74,41 @@ def test_a_partial_evaluation_changed_on_disk_is_named_with_the_fix(tmp_path):
         G2RPOError, match=r"T4_c0\.json is not a valid ChunkRecord \(items\.0\..*delete it to have that"
     ):
         resume.read_chunk(store, "T4_c0")
+
+
+@pytest.mark.parametrize(
+    ("base_model_json", "problem"),
+    [
+        (b'{"base_model": "tiny", "license": {"na', r"line 1, column \d+: not valid JSON .* it ends early"),
+        (b'{"base_model": "tiny"}', r"is not a valid ExportInfo \(license: Field required\)"),
+    ],
+)
+def test_a_trainjobs_export_without_a_sound_base_model_json_is_named(tmp_path, monkeypatch, base_model_json, problem):
+    # What a TrainJob published (its pods wrote the export; this task only reads it back): the launch is
+    # replaced, since no Kubernetes runs here; the task's reading of the export is the real one.
+    export = tmp_path / "export"
+    (export / "transformer").mkdir(parents=True)
+    (export / "transformer" / "diffusion_pytorch_model.safetensors").write_bytes(os.urandom(64))
+    (export / "base_model.json").write_bytes(base_model_json)
+    uri = (tmp_path / "store" / "exports" / "model-1").as_uri()
+    publish_dir(export, uri, producer="g2rpo train", config_hash="h")
+    published = PublishedExport(uri=uri, manifest=read_manifest(open_store(uri)))
+
+    def trainjob(config, **kwargs) -> TrainResult:
+        work = tmp_path / "work"
+        return TrainResult({}, work, work / "metrics.jsonl", work / "checkpoints", None, "h", published, "job-1")
+
+    monkeypatch.setattr("g2rpo.steps.train_task.train", trainjob)
+    with pytest.raises(G2RPOError, match=rf"model-1/base_model\.json:? {problem}.*run the pipeline again"):
+        train_task(
+            str(REPO / "configs" / "tiny-cpu.yaml"),
+            {"iterations": 1},
+            prompts=str(PROMPTS),
+            base_model_uri=str(tmp_path / "tiny-flux"),
+            publish_uri=(tmp_path / "store" / "exports").as_uri(),
+            record_dir=tmp_path / "record",
+            work_dir=tmp_path / "work",
+            nodes=2,
+            checkpoint_uri="s3://b/c",
+        )  # was a JSONDecodeError / KeyError
+    assert not (tmp_path / "record" / "record.json").exists()

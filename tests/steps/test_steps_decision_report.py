@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from g2rpo.artifacts.manifest import write_dir_manifest
 from g2rpo.artifacts.promotion import decide, load_gates
 from g2rpo.config import load_config
+from g2rpo.errors import G2RPOError
 from g2rpo.evaluation.config import EvaluationConfig
 from g2rpo.steps.decision_report import binary_checks, write_decision_report
 from g2rpo.steps.evaluate import evaluate
@@ -205,3 +207,34 @@ def test_a_check_scored_0_or_1_is_shown_at_a_glance_on_every_item(tiny_flux_dir,
         held = sum(items.values())
         expected_text.append(f"{side}: {held:.0f} of 6 ({held / 6:.1%})")
     assert "; ".join(expected_text) in check["text"]
+
+
+def test_a_challenger_evaluation_whose_metrics_lack_a_paired_number_is_named(tiny_flux_dir, tmp_path):
+    base = evaluate(str(tiny_flux_dir), _config(num_prompts=1), str(tmp_path / "base-model"))
+    challenger = evaluate(
+        str(tiny_flux_dir), _config(num_prompts=1), str(tmp_path / "challenger"), baseline_uri=base.output_uri
+    )
+    # The same evaluation with one paired number left out of its metrics.json, sealed again: an artifact
+    # published so (or by another tool), which its manifest cannot tell apart.
+    folder = tmp_path / "challenger-copy"
+    shutil.copytree(tmp_path / "challenger", folder)
+    metrics = json.loads((folder / "metrics.json").read_text())
+    del metrics["baseline"]["paired"]["3"]["sharpness"]["delta"]
+    (folder / "metrics.json").write_text(json.dumps(metrics))
+    manifest = json.loads((folder / "manifest.json").read_text())
+    (folder / "manifest.json").unlink()
+    write_dir_manifest(folder, producer=manifest["producer"], metadata=manifest["metadata"])
+    gates_yaml = (
+        "metrics:\n  jpeg_compressibility: {direction: higher, domain: in, min_improvement: 0, floor: -1000}\n"
+        "  sharpness: {direction: higher, domain: out, max_regression: 1, floor: -1000}\n"
+    )
+    decision, candidates = _decided(base, challenger, gates_yaml, "jpeg_compressibility", "base model", tmp_path)
+    write_decision_report(tmp_path / "decision.html", decision, candidates)  # the evaluation as published
+    damaged = candidates.model_copy(update={"challenger_eval_uri": str(folder)})
+    with pytest.raises(
+        G2RPOError,
+        match=r"challenger-copy/metrics\.json' is not a valid MetricsDocument \(baseline\.paired\.3\.sharpness\.delta: "
+        r"Field required\): the evaluation .*challenger-copy was published with it: evaluate again",
+    ):
+        write_decision_report(tmp_path / "damaged.html", decision, damaged)  # was a KeyError
+    assert not (tmp_path / "damaged.html").exists()

@@ -154,3 +154,22 @@ def test_a_claim_over_the_record_limit_is_refused_unread(root_uri, tmp_path):
     open_store(uri).put_bytes(MARKER_NAME, b" " * 70_000 + b"{}", if_none_match=True)
     with pytest.raises(G2RPOError, match=r"_publishing\.json is 70,002 bytes, over the 65,536-byte limit"):
         publish_dir(_artifact(tmp_path), uri)
+
+
+def test_a_claim_that_is_not_utf8_json_is_named_with_its_cause_and_never_taken_over(tmp_path):
+    uri = str(tmp_path / "store" / "utf16")
+    renewed = _iso(_now() - timedelta(hours=1))
+    stale = {"producer": "g2rpo train", "renewed_at": renewed, "lease_s": 1.0, "host": "another-machine", "pid": 4242}
+    claim = json.dumps(stale).encode("utf-16")  # a lapsed lease, in an encoding g2rpo never writes
+    open_store(uri).put_bytes(MARKER_NAME, claim, if_none_match=True)
+    with pytest.raises(
+        G2RPOError,
+        match=r"unknown publisher \(its claim .*_publishing\.json is not a JSON object g2rpo can read: is UTF-16 "
+        r"\(it starts with a UTF-16 byte-order mark\), not UTF-8: claims are written whole",
+    ):
+        publish_dir(_artifact(tmp_path), uri)  # was read as UTF-16 and taken over
+    assert open_store(uri).get_bytes(MARKER_NAME)[0] == claim
+    cut = str(tmp_path / "store" / "cut")
+    open_store(cut).put_bytes(MARKER_NAME, b'{"producer": "g2rpo tr', if_none_match=True)
+    with pytest.raises(G2RPOError, match=r"g2rpo can read: line 1, column 14: not valid JSON .* it ends early"):
+        publish_dir(_artifact(tmp_path, "other"), cut)

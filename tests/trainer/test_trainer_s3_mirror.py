@@ -14,7 +14,7 @@ import pytest
 import torch
 from trainer_testlib import REPO, as_cli, export_weights, run_train, subprocess_env, tiny_overrides
 
-from g2rpo.artifacts.manifest import MANIFEST_NAME, MARKER_NAME
+from g2rpo.artifacts.manifest import MANIFEST_NAME, MARKER_NAME, write_dir_manifest
 from g2rpo.artifacts.storage import open_store
 from g2rpo.errors import G2RPOError
 from g2rpo.training.checkpoint import CheckpointManager, TrainerState, is_complete
@@ -160,3 +160,33 @@ def test_mirror_keeps_the_best_validated_checkpoint_and_a_fresh_pod_gets_it_back
     assert mirror.restore(fresh, "abc") == 8
     assert is_complete(fresh / "iter-000008") and is_complete(fresh / "iter-000002")
     assert (fresh / "iter-000002" / "torch" / "model.pt").read_bytes() == b"ww"
+
+
+def test_a_mis_shaped_validation_history_is_named_locally_and_in_the_mirror(tmp_path):
+    mirror = CheckpointMirror((tmp_path / "mirror").as_uri(), keep_last=2)
+    local = tmp_path / "run" / "checkpoints"
+    mirror.publish(_validated_checkpoint(local, 2, {0: 0.5, 2: 0.9}), 2)
+    # A local checkpoint whose history lacks a field (sealed so: its manifest cannot tell)
+    broken = CheckpointManager(local, config_hash="abc", keep_last=10).save(
+        TrainerState(4, 8, "abc", 1, "torch"),
+        _FileDriver(b"wwww"),
+        json_files={VALIDATION_FILE: {"identity": {}, "history": [{"iteration": 4}]}},
+    )
+    with pytest.raises(
+        G2RPOError,
+        match=r"iter-000004/validation\.json' is not a valid ValidationFile \(history\.0\.metrics: Field required\): "
+        r"delete .*iter-000004 to resume from the checkpoint before it",
+    ):
+        mirror.publish(broken, 4)  # was a KeyError
+    # The mirror's copy of checkpoint 2 with a history that is not a list, published so
+    mirrored = tmp_path / "mirror" / "iter-000002"
+    (mirrored / VALIDATION_FILE).write_text('{"identity": {}, "history": {"0": 0.5}}')
+    manifest = json.loads((mirrored / MANIFEST_NAME).read_text())
+    (mirrored / MANIFEST_NAME).unlink()
+    write_dir_manifest(mirrored, producer=manifest["producer"], config_hash="abc", metadata=manifest["metadata"])
+    with pytest.raises(
+        G2RPOError,
+        match=r"validation\.json' is not a valid ValidationFile \(history: Input should be a valid array\): it was "
+        r"mirrored so .*: delete .*mirror/iter-000002 from the mirror",
+    ):
+        mirror.restore(tmp_path / "fresh" / "checkpoints", "abc")  # was a TypeError

@@ -14,8 +14,11 @@ import pytest
 import torch
 from trainer_testlib import REPO, export_weights, subprocess_env, tiny_overrides
 
+from g2rpo.artifacts.manifest import MANIFEST_NAME, read_manifest, write_dir_manifest
+from g2rpo.artifacts.storage import FileStore
+from g2rpo.errors import G2RPOError
 from g2rpo.training.run_config import RunConfig
-from g2rpo.training.trainer import Trainer, train_from_config
+from g2rpo.training.trainer import VALIDATION_FILE, Trainer, train_from_config
 from g2rpo.training.validation import ValidationRecord, select_best
 from tests.tiny_flux_fixture import make_tiny_flux
 
@@ -165,3 +168,24 @@ def test_two_ranks_share_the_validation_and_get_one_processs_record(tiny_model, 
     one = Trainer(RunConfig.model_validate(raw)).setup().validate().as_json()
     for key in ("metrics", "objective", "breached", "forwards", "changes"):
         assert shared["record"][key] == one[key], key
+
+
+def test_a_checkpoints_mis_shaped_validation_history_is_named_on_resume(tiny_model, tmp_path):
+    out = tmp_path / "run"
+    train_from_config(_config(tiny_model, out, iterations=2))
+    checkpoint = out / "checkpoints" / "iter-000002"
+    stored = json.loads((checkpoint / VALIDATION_FILE).read_text())
+    del stored["history"][-1]["objective"]
+    (checkpoint / VALIDATION_FILE).write_text(json.dumps(stored))
+    # sealed again, as a checkpoint written so would be: the manifest's digests cannot tell it apart
+    manifest = read_manifest(FileStore(checkpoint))
+    (checkpoint / MANIFEST_NAME).unlink()
+    write_dir_manifest(
+        checkpoint, producer=manifest.producer, config_hash=manifest.config_hash, metadata=manifest.metadata
+    )
+    with pytest.raises(
+        G2RPOError,
+        match=r"iter-000002/validation\.json' is not a valid ValidationFile \(history\.1\.objective: Field required\): "
+        r"resume from another checkpoint",
+    ):
+        Trainer(_config(tiny_model, out, iterations=2)).setup()  # was a TypeError
