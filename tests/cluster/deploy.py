@@ -30,13 +30,15 @@ from botocore.config import Config
 from components.images import G2RPO_IMAGE, TRAINER_IMAGE
 from g2rpo.rewards.shapes import IN_DOMAIN, IN_DOMAIN_CHECKS, OUT_OF_DOMAIN
 from g2rpo.tasks.shapes import write_prompts
+from pipelines.local import LEARNED_REWARDS
 from tests.cluster.kfp_tasks import Run
 from tests.cluster.kube import Cluster, host_snapshot, leftovers, processes_naming
 from tests.s3server import REGION, SeaweedServer
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "g2rpo"
-IMAGE_SHAPES_MODEL = "/opt/venv/lib/python3.11/site-packages/g2rpo/models/shapes_flux"  # where the image installs it
+IMAGE_MODELS = "/opt/venv/lib/python3.11/site-packages/g2rpo/models"  # where the image installs the shipped models
+IMAGE_SHAPES_MODEL = f"{IMAGE_MODELS}/shapes_flux"
 NAMESPACE = "team-a"
 RELEASE = "g2rpo"
 SERVICE_ACCOUNT = "g2rpo"  # the profile's service_account (pipelines/profiles/h200.yaml), created by the chart
@@ -227,9 +229,15 @@ def advertise_gpus(cluster: Cluster, count: int) -> None:
 
 
 def run_arguments(bucket: str) -> dict:
-    """The smallest shapes run: 2 iterations of G²RPO from the shipped model, 4 held-out prompts × 1 seed."""
-    rewards = [{"name": name, "weight": 1.0} for name in IN_DOMAIN]
-    rewards += [{"name": name, "weight": 0.0} for name in (*IN_DOMAIN_CHECKS, *OUT_OF_DOMAIN)]
+    """The smallest shapes run: 2 iterations of G²RPO from the shipped model, 4 held-out prompts × 1 seed.
+
+    Trained on the learned rewards the demo trains on (``pipelines.local.LEARNED_REWARDS``: hps_v21, clip; the
+    image's copies), the exact shapes scores at weight 0, as ``configs/shapes-gates.yaml`` gates them."""
+    rewards = [
+        {"name": name, "weight": 1.0, "weights": f"{IMAGE_MODELS}/{path.name}"}
+        for name, path in LEARNED_REWARDS.items()
+    ]
+    rewards += [{"name": name, "weight": 0.0} for name in (*IN_DOMAIN, *IN_DOMAIN_CHECKS, *OUT_OF_DOMAIN)]
     return {
         "config_uri": "configs/shapes-cpu.yaml",
         # The shipped model inside the image. An s3:// base model is what production passes, and training cannot
