@@ -78,6 +78,7 @@ def train(
         choices,
         overrides,
         prompts=os.path.join(data.path, "train.jsonl"),
+        prompts_uri=data.uri.rstrip("/") + "/train.jsonl",  # what a TrainJob's pods read (nodes > 1)
         base_model_uri=base_model_uri,
         publish_uri=f"{store_uri.rstrip('/')}/exports/{model_name}",
         record_dir=model.path,

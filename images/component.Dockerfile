@@ -18,8 +18,10 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN python3 -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
-COPY pyproject.toml constraints.txt README.md ./
+COPY pyproject.toml constraints.txt ./
 RUN pip install -c constraints.txt torch==2.14.1 torchvision==0.29.1
+# README.md (the package's long description) only now: an edit of it must not re-install torch.
+COPY README.md ./
 COPY g2rpo ./g2rpo
 RUN pip install -c constraints.txt . \
     && pip check \

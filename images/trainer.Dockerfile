@@ -27,7 +27,7 @@ RUN uv python install ${PYTHON_VERSION} \
     && "$(uv python find ${PYTHON_VERSION})" -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
-COPY pyproject.toml constraints.txt README.md ./
+COPY pyproject.toml constraints.txt ./
 COPY images/trainer/ /opt/g2rpo-build/
 # torch first (DeepSpeed's build imports it) and the build's own tools, at the versions pyproject.toml
 # and constraints.txt pin (--no-build-isolation: nothing unpinned is fetched for the build).
@@ -50,6 +50,8 @@ RUN mkdir -p /opt/portable-cc \
     && CC=/opt/portable-cc/gcc CXX=/opt/portable-cc/g++ \
        pip install -c constraints.txt --no-build-isolation deepspeed==0.19.8 \
     && python /opt/g2rpo-build/check_deepspeed_ops.py fused_adam cpu_adam
+# README.md (the package's long description) only now: an edit of it must not re-install torch.
+COPY README.md ./
 COPY g2rpo ./g2rpo
 RUN pip install -c constraints.txt . \
     && pip check \

@@ -65,6 +65,7 @@ __all__ = [
     "train_pod_problems",
     "CONFIG_ENV",
     "MAX_GPUS_PER_NODE",
+    "RUNS_DIR_ENV",
     "S3_SECRET_KEYS",
     "TRAINING_RUNTIME",
     "Placement",
@@ -84,6 +85,9 @@ TRAINING_RUNTIME = "g2rpo-torch-distributed"
 NODE_JOB = "node"  # the runtime's replicated job and container that train (the Trainer's convention)
 CONFIG_ENV = "G2RPO_RUN_CONFIG"  # the resolved run config (YAML) the job's pods train from
 CONFIG_PATH = "/tmp/g2rpo-run-config.yaml"
+# The runtime's node container names the folder every node shares in this variable (the chart's
+# trainingRuntime.sharedVolume); a multi-node job's output.dir is <that folder>/<job name>.
+RUNS_DIR_ENV = "G2RPO_RUNS_DIR"
 # Keys of the Kubernetes Secret named by TrainJobLaunch.s3_secret, exported under the same names
 # unless TrainJobLaunch.s3_secret_keys maps them (the pipeline passes its profile's mapping).
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
@@ -199,11 +203,20 @@ def job_name(run_id: str, task: str) -> str:
     return f"g2rpo-{slug}-{digest}"
 
 
-def train_command(args: list[str]) -> list[str]:
+def train_command(args: list[str], processes_per_node: int = 1) -> list[str]:
     """The trainer container's command: write the run config from :data:`CONFIG_ENV`, then
-    ``torchrun -m g2rpo train`` on it (torchrun takes nodes, rank and rendezvous from the
-    ``PET_*`` variables the Trainer's torch plugin sets)."""
-    script = f'printf "%s" "${CONFIG_ENV}" > {CONFIG_PATH} && exec torchrun -m g2rpo train --config {CONFIG_PATH} "$@"'
+    ``torchrun -m g2rpo train`` on it, one process per GPU of the node (``processes_per_node``).
+
+    torchrun takes nodes, rank and rendezvous from the ``PET_*`` variables the Trainer's torch plugin
+    sets; the process count is given explicitly because the plugin's default, ``auto``, means one per
+    CPU core on a node without a GPU visible to the container (seen on a real Trainer v2.3: 2 ranks
+    per node on a 2-core node), not the one per node the job asked for."""
+    if processes_per_node < 1:
+        raise G2RPOError(problem("processes_per_node", processes_per_node, "give 1 or more (one per GPU)"))
+    script = (
+        f'printf "%s" "${CONFIG_ENV}" > {CONFIG_PATH} && '
+        f'exec torchrun --nproc-per-node={processes_per_node} -m g2rpo train --config {CONFIG_PATH} "$@"'
+    )
     return ["bash", "-c", script, "g2rpo-train", *args]
 
 
@@ -285,8 +298,13 @@ def launch_trainjob(
         _check_same_run(existing, launch, namespace, name)
         echo(f"following TrainJob {namespace}/{name} (started by an earlier attempt of this task)")
     else:
-        if launch.s3_secret:
-            _check_runtime_reads_the_secret(api, launch, namespace)
+        runtime = _read_runtime(api, launch, namespace)
+        if launch.s3_secret and runtime is not None:
+            _check_runtime_reads_the_secret(runtime, launch)
+        if nodes > 1 and runtime is not None:
+            # Every rank writes its part of each checkpoint into output.dir: on several nodes it must be
+            # the runtime's shared volume, one folder per job (a restarted pod resumes from it).
+            args = [*args, f"output.dir={_shared_runs_dir(runtime, launch)}/{name}"]
         container = CustomTrainerContainer(
             image=launch.image,
             num_nodes=nodes,
@@ -297,7 +315,7 @@ def launch_trainjob(
             trainer.train(
                 runtime=launch.runtime,
                 trainer=container,
-                options=trainjob_options(launch, name, train_command(args)),
+                options=trainjob_options(launch, name, train_command(args, max(launch.placement.gpus_per_node, 1))),
             )
             echo(f"started TrainJob {namespace}/{name}: {nodes} node(s) × {launch.placement.gpus_per_node} GPU(s)")
         except RuntimeError as exc:
@@ -353,21 +371,42 @@ def _read_runtime(api: k8s.CustomObjectsApi, launch: TrainJobLaunch, namespace: 
     return None
 
 
-def _check_runtime_reads_the_secret(api: k8s.CustomObjectsApi, launch: TrainJobLaunch, namespace: str) -> None:
-    """Refuse to start a job whose pods would not get the S3 credentials: every variable of
-    ``launch.s3_secret_keys`` must be set on the runtime's ``node`` container, from ``launch.s3_secret``
-    when it comes from a Secret (a plain value, e.g. the chart's ``s3.endpoint``, is fine)."""
-    runtime = _read_runtime(api, launch, namespace)
-    if runtime is None:
-        return
+def _node_containers(runtime: dict[str, Any]) -> list[dict[str, Any]]:
+    """The runtime's container ``node`` of its replicated job ``node`` (the one that trains)."""
     jobs = (((runtime.get("spec") or {}).get("template") or {}).get("spec") or {}).get("replicatedJobs") or []
     pods = [
         ((j.get("template") or {}).get("spec") or {}).get("template") or {} for j in jobs if j.get("name") == NODE_JOB
     ]
-    containers = [
-        c for pod in pods for c in (pod.get("spec") or {}).get("containers") or [] if c.get("name") == NODE_JOB
-    ]
-    env = {e.get("name"): e for c in containers for e in c.get("env") or []}
+    return [c for pod in pods for c in (pod.get("spec") or {}).get("containers") or [] if c.get("name") == NODE_JOB]
+
+
+def _shared_runs_dir(runtime: dict[str, Any], launch: TrainJobLaunch) -> str:
+    """The folder all nodes share (:data:`RUNS_DIR_ENV` on the runtime's ``node`` container, a volume mounted
+    there); refuses, naming the chart's setting, when the runtime has none."""
+    containers = _node_containers(runtime)
+    env = {e.get("name"): e.get("value") for c in containers for e in c.get("env") or []}
+    mounts = {m.get("mountPath") for c in containers for m in c.get("volumeMounts") or []}
+    runs_dir = env.get(RUNS_DIR_ENV)
+    if runs_dir and runs_dir.rstrip("/") in mounts:
+        return runs_dir.rstrip("/")
+    why = f"{RUNS_DIR_ENV} names {runs_dir!r}, where no volume is mounted" if runs_dir else f"no {RUNS_DIR_ENV}"
+    raise G2RPOError(
+        problem(
+            "runtime",
+            launch.runtime,
+            f"has no folder its nodes share ({why}): every rank writes its part of each checkpoint into "
+            "output.dir, so a multi-node run needs one. Install the Helm chart with "
+            "trainingRuntime.sharedVolume.claimName=<a ReadWriteMany PersistentVolumeClaim in this namespace>, "
+            "or train on one node",
+        )
+    )
+
+
+def _check_runtime_reads_the_secret(runtime: dict[str, Any], launch: TrainJobLaunch) -> None:
+    """Refuse to start a job whose pods would not get the S3 credentials: every variable of
+    ``launch.s3_secret_keys`` must be set on the runtime's ``node`` container, from ``launch.s3_secret``
+    when it comes from a Secret (a plain value, e.g. the chart's ``s3.endpoint``, is fine)."""
+    env = {e.get("name"): e for c in _node_containers(runtime) for e in c.get("env") or []}
     problems = []
     for key, variable in launch.s3_secret_keys.items():
         ref = ((env.get(variable) or {}).get("valueFrom") or {}).get("secretKeyRef")

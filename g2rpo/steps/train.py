@@ -27,19 +27,20 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, publish_dir, read_manifest, unique_prefix
 from g2rpo.artifacts.storage import S3Settings, open_store
 from g2rpo.config import to_yaml
-from g2rpo.errors import G2RPOError, problem
+from g2rpo.errors import ConfigError, G2RPOError, problem
 from g2rpo.evaluation.config import EvaluationConfig
 from g2rpo.launch.trainjob import TrainJobLaunch, job_name, launch_trainjob
 from g2rpo.observability import TrainingExporter
 from g2rpo.training.checkpoint import manifest_metadata
 from g2rpo.training.metrics import read_iteration_records
 from g2rpo.training.mirror import CheckpointMirror
-from g2rpo.training.run_config import RunConfig, resume_hash
+from g2rpo.training.run_config import RunConfig, resume_hash, run_problems
 from g2rpo.training.run_dir import RunDir
 from g2rpo.training.trainer import TrainerCallback, train_from_config
 
@@ -205,6 +206,12 @@ def _train_as_trainjob(
                 "a multi-node run mirrors its checkpoints to S3 so that a lost pod resumes: give an s3:// URI for this run",
             )
         )
+    # What the job's world size asks of the config (the rank split, DeepSpeed), checked here: found in the
+    # job's pods, it would fail every restart the JobSet makes. Files are the pods' to check (their image).
+    ranks = nodes * max(trainjob.placement.gpus_per_node, 1)
+    problems = run_problems(SimpleNamespace(train=config.train, deepspeed=config.deepspeed), ranks)
+    if problems:
+        raise ConfigError(problems, source=f"run config for {nodes} nodes ({ranks} ranks)")
     name = job_name(trainjob.run_id, trainjob.task)
     args = ["--checkpoint-uri", checkpoint_uri]
     export_base = None if publish_uri is None else f"{publish_uri.rstrip('/')}/{name}"

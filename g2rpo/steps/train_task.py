@@ -272,6 +272,7 @@ def train_task(
     work_dir: str | Path | None = None,
     checkpoint_uri: str | None = None,
     trainjob: TrainJobLaunch | None = None,
+    prompts_uri: str | None = None,
 ) -> TrainRecord:
     """Train on ``prompts`` from ``base_model_uri``; publish the export under ``publish_uri``; write the
     record (and the resolved run config) into ``record_dir``. ``work_dir`` (default a fresh folder under the temp
@@ -279,12 +280,28 @@ def train_task(
 
     ``checkpoint_uri``: mirror checkpoints there and resume from it (:func:`checkpoint_uri_for`).
     ``trainjob``: how to launch when ``nodes > 1`` (:func:`trainjob_for`); it needs ``checkpoint_uri``.
+    ``prompts_uri``: where the TrainJob's pods read the prompts when ``nodes > 1`` (the data artifact's ``s3://``
+    URI: ``prompts`` is this pod's local copy, which no other pod has).
     """
     work_dir = Path(tempfile.mkdtemp(prefix="g2rpo-train-")) if work_dir is None else Path(work_dir)
     if nodes < 1 or gpus_per_node < 1:
         raise G2RPOError(problem("nodes/gpus_per_node", (nodes, gpus_per_node), "both must be at least 1"))
+    if nodes > 1 and not str(prompts_uri or "").startswith("s3://"):
+        raise G2RPOError(
+            problem(
+                "prompts_uri",
+                prompts_uri,
+                f"with nodes={nodes} the TrainJob's pods read the prompts, not this pod: give the prompts' s3:// URI "
+                "(the pipeline passes its data artifact's)",
+            )
+        )
     config = run_config_for(
-        config_uri, choices, overrides, base_model_uri=base_model_uri, prompts=prompts, output_dir=work_dir
+        config_uri,
+        choices,
+        overrides,
+        base_model_uri=base_model_uri,
+        prompts=prompts if nodes == 1 else str(prompts_uri),
+        output_dir=work_dir,
     )
     if not config.output.export:
         raise G2RPOError(problem("output.export", False, "the pipeline publishes the export: leave it true"))

@@ -105,6 +105,30 @@ class TorchDriver:
         return None  # the module holds the full weights
 
 
+# DeepSpeed's CPU backend builds this op (a shared-memory all-reduce between the ranks of one machine) with
+# the C++ compiler at start-up, on every Linux host, and fails outright where there is none.
+SHM_COMM_OP = "deepspeed_shm_comm"
+
+
+def _cpu_comm_without_compiler(deepspeed: Any, ctx: DistContext) -> None:
+    """Without a C++ compiler (``$CXX``, else ``c++``: what torch's extension builder runs), mark DeepSpeed's
+    shared-memory op not compatible — DeepSpeed's own switch for leaving it out — so its CPU backend
+    communicates through gloo instead of failing in ``init_distributed`` (``c++: not found``; seen in the
+    cluster tier's TrainJob pods, whose image has no compiler). Rank 0 says so once."""
+    if shutil.which(os.environ.get("CXX", "c++")) is not None:
+        return
+    compatible = deepspeed.ops.__compatible_ops__
+    if compatible.get(SHM_COMM_OP, False):
+        compatible[SHM_COMM_OP] = False
+        if ctx.is_main:
+            print(
+                f"g2rpo: no C++ compiler ({os.environ.get('CXX', 'c++')}) to build DeepSpeed's {SHM_COMM_OP} op: "
+                "its CPU ranks communicate through gloo",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
 class DeepSpeedDriver:
     """A DeepSpeed engine around the policy (ZeRO 0–3), driven through ``backward`` / ``step``."""
 
@@ -138,6 +162,8 @@ class DeepSpeedDriver:
             os.environ.setdefault("RANK", "0")
             os.environ.setdefault("LOCAL_RANK", "0")
             os.environ.setdefault("WORLD_SIZE", "1")
+        if ctx.device.type != "cuda":
+            _cpu_comm_without_compiler(deepspeed, ctx)
         deepspeed.init_distributed(dist_backend="nccl" if ctx.device.type == "cuda" else "gloo", verbose=False)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=module, optimizer=optimizer, config=self.ds_config, dist_init_required=False

@@ -30,7 +30,7 @@ RULES_FILE = "rules/g2rpo-rules.yaml"
 DASHBOARD_FILE = "dashboards/g2rpo.json"
 
 EVERYTHING_ON: dict[str, Any] = {
-    "trainingRuntime": {"enabled": True, "rdma": {"enabled": True}},
+    "trainingRuntime": {"enabled": True, "rdma": {"enabled": True}, "sharedVolume": {"claimName": "g2rpo-runs"}},
     "retraining": {"enabled": True, "kfpTokenAudience": "pipelines.kubeflow.org", "args": ["--experiment", "g2rpo"]},
     "monitoring": {
         "podMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
@@ -51,7 +51,10 @@ EVERYTHING_OFF: dict[str, Any] = {
 }
 MULTI_NODE: dict[str, Any] = {
     "placement": {"numNodes": 4, "gpusPerNode": 8, "shmSize": "512Gi"},
-    "trainingRuntime": {"rdma": {"enabled": True, "resource": "rdma/hca_shared_devices_a"}},
+    "trainingRuntime": {
+        "rdma": {"enabled": True, "resource": "rdma/hca_shared_devices_a"},
+        "sharedVolume": {"claimName": "lustre-runs", "mountPath": "/mnt/runs"},
+    },
     "retraining": {"enabled": True},
 }
 VALUE_SETS: dict[str, dict[str, Any]] = {

@@ -261,6 +261,10 @@ def test_monitors_select_the_training_pods_and_the_pushgateway(rendered):
     assert monitor["spec"]["selector"]["matchLabels"].items() <= pod_labels.items()
     assert monitor["spec"]["selector"]["matchExpressions"][0]["key"] == "jobset.sigs.k8s.io/jobset-name"
     assert monitor["spec"]["podMetricsEndpoints"][0]["port"] in {p["name"] for p in pod["containers"][0]["ports"]}
+    # Only node 0's pod (rank 0 serves /metrics; the cluster tier saw the other pods' targets down).
+    (keep,) = [r for r in monitor["spec"]["podMetricsEndpoints"][0]["relabelings"] if r.get("action") == "keep"]
+    assert keep["sourceLabels"] == ["__meta_kubernetes_pod_label_batch_kubernetes_io_job_completion_index"]
+    assert keep["regex"] == "0"
     service_monitor = _one(docs, "ServiceMonitor")
     assert service_monitor["spec"]["endpoints"][0]["honorLabels"] is True
     assert service_monitor["spec"]["namespaceSelector"] == {"matchNames": ["monitoring"]}

@@ -17,6 +17,7 @@ import pytest
 
 from components.images import G2RPO_IMAGE
 from tests.cluster.build import build
+from tests.cluster.deploy import deployed
 from tests.shared_checkout import shared_path
 
 CLUSTER = shared_path("tools/cluster")
@@ -109,3 +110,10 @@ def component_image(image_workdir) -> dict:
     subprocess.run(["podman", "tag", COMPONENT_TAG, G2RPO_IMAGE], check=True)
     print(f"\ncomponent image {COMPONENT_TAG}: built in {result['seconds']} s, {result['bytes'] / 1e9:.2f} GB")
     return {"tag": COMPONENT_TAG, **result}
+
+
+@pytest.fixture(scope="session")
+def deployment(component_image, tmp_path_factory):
+    """One cluster for the session with the chart installed (:func:`tests.cluster.deploy.deployed`); down at the end."""
+    workdir = Path(os.environ.get("G2RPO_CLUSTER_WORKDIR") or tmp_path_factory.mktemp("k8s")) / "k"
+    yield from deployed(workdir)

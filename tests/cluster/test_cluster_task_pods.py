@@ -13,8 +13,8 @@ import subprocess
 
 import pytest
 
+from tests.cluster.deploy import run_arguments
 from tests.cluster.kfp_tasks import COMPILED, CompiledPipeline, Run
-from tests.cluster.test_cluster_pipeline import run_arguments
 from tests.shared_checkout import require_shared
 
 TASKS = ("train", "evaluate", "decide")  # the tasks whose patch the tool resolves without ML Metadata

@@ -51,7 +51,13 @@ def torch_runtime(name: str, image: str = "ghcr.io/g2rpo/g2rpo:test", s3_secret:
                                                 {
                                                     "name": "node",
                                                     "image": image,
-                                                    "env": s3_env,
+                                                    # the chart's trainingRuntime.sharedVolume: output.dir of
+                                                    # multi-node runs
+                                                    "env": [
+                                                        *s3_env,
+                                                        {"name": "G2RPO_RUNS_DIR", "value": "/g2rpo-runs"},
+                                                    ],
+                                                    "volumeMounts": [{"name": "runs", "mountPath": "/g2rpo-runs"}],
                                                     "resources": {"limits": {"nvidia.com/gpu": "8"}},
                                                 }
                                             ]

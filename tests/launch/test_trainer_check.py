@@ -64,7 +64,7 @@ PLACEMENTS = {
 }
 # (chart value set, placement, nodes): every value set that installs the runtime, each placement.
 CASES = [
-    ("defaults", "h200-profile", 2),
+    ("defaults", "h200-profile", 1),  # the defaults give no shared volume: one node only (test below)
     ("everything_on", "h200-trainer-account", 4),
     ("multi_node", "b200-4-gpus", 2),
     ("multi_node", "h200-profile", 4),
@@ -151,7 +151,16 @@ def test_the_launchers_trainjob_is_admitted_and_its_pods_get_the_runs_placement(
     assert env["PET_NNODES"]["value"] == str(nodes)
     assert env["PET_MASTER_PORT"]["value"] == "29500"
     assert "job-completion-index" in env["PET_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
-    assert "exec torchrun -m g2rpo train" in container["command"][2]
+    assert f"exec torchrun --nproc-per-node={gpus} -m g2rpo train" in container["command"][2]
+    # Restarts: a lost pod fails its Job (backoffLimit 0) and the JobSet restarts the group, resuming.
+    assert node["template"]["spec"]["backoffLimit"] == 0 and jobset["spec"]["failurePolicy"]["maxRestarts"] == 3
+    if nodes > 1:  # output.dir on the volume every node mounts, one folder per job
+        shared = VALUE_SETS[values]["trainingRuntime"]["sharedVolume"]
+        mount = shared.get("mountPath", "/g2rpo-runs")
+        assert container["command"][-1] == f"output.dir={mount}/{job['metadata']['name']}"
+        assert {"name": "runs", "mountPath": mount} in container["volumeMounts"]
+        assert {"name": "runs", "persistentVolumeClaim": {"claimName": shared["claimName"]}} in pod["volumes"]
+        assert env["G2RPO_RUNS_DIR"] == {"name": "G2RPO_RUNS_DIR", "value": mount}
     # The run's identity reaches the JobSet, its Job template and every pod (the TrainJob's own labels do not).
     identity = job["metadata"]["labels"]
     assert identity[LABEL_RUN] and identity["app.kubernetes.io/part-of"] == "g2rpo"
@@ -193,3 +202,22 @@ def test_a_runtime_that_reads_another_secret_is_refused_before_any_job():
     assert "AWS_ACCESS_KEY_ID: read from Secret 'team-s3', not 'g2rpo-s3'" in message
     assert "s3.existingSecret=g2rpo-s3" in message
     assert not [c for c in api.calls if c["method"] == "POST"]
+
+
+def test_a_runtime_without_a_shared_volume_is_refused_for_several_nodes_before_any_job():
+    # Two pods have two file systems: rank 1 could not write its part of a checkpoint into rank 0's
+    # output.dir (seen on the cluster tier: each TrainJob pod has its own /tmp). One node needs no volume.
+    runtime = training_runtime({})
+    for mounted_elsewhere in (False, True):
+        if mounted_elsewhere:  # the variable names a folder where no volume is mounted
+            (container,) = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"][
+                "spec"
+            ]["containers"]
+            container["env"].append({"name": "G2RPO_RUNS_DIR", "value": "/runs"})
+        with KubeAPI(TRAINING_RUNTIME, runtime=runtime) as api:
+            with pytest.raises(G2RPOError) as info:
+                launch_trainjob(_launch(api, PLACEMENTS["h200-profile"]), [], config_yaml="{}", nodes=2, echo=print)
+        message = str(info.value)
+        assert "has no folder its nodes share" in message and "trainingRuntime.sharedVolume.claimName" in message
+        assert ("'/runs', where no volume is mounted" in message) == mounted_elsewhere
+        assert not [c for c in api.calls if c["method"] == "POST"]

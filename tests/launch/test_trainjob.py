@@ -15,7 +15,7 @@ import yaml
 from kubeapi import KubeAPI, condition, rbac_calls
 from kubeflow_trainer_api import models
 
-from g2rpo.errors import G2RPOError
+from g2rpo.errors import ConfigError, G2RPOError
 from g2rpo.launch.trainjob import (
     CONFIG_ENV,
     TRAINING_RUNTIME,
@@ -136,8 +136,12 @@ def test_launch_creates_a_valid_trainjob_waits_and_streams_node0():
     trainer = spec["trainer"]
     assert trainer["numNodes"] == 4 and trainer["image"] == "ghcr.io/g2rpo/g2rpo:0.1.0"
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
-    assert trainer["command"][:2] == ["bash", "-c"] and "exec torchrun -m g2rpo train" in trainer["command"][2]
-    assert trainer["command"][4:] == ["--checkpoint-uri", "s3://b/runs/r1/checkpoints"]
+    # one process per GPU, whatever the Trainer's "auto" would make of the node's cores
+    assert trainer["command"][:2] == ["bash", "-c"]
+    assert "exec torchrun --nproc-per-node=8 -m g2rpo train" in trainer["command"][2]
+    # output.dir on the runtime's shared volume, one folder per job (every rank writes into it)
+    shared_dir = f"output.dir=/g2rpo-runs/{outcome.name}"
+    assert trainer["command"][4:] == ["--checkpoint-uri", "s3://b/runs/r1/checkpoints", shared_dir]
     env = {e["name"]: e["value"] for e in trainer["env"]}
     assert env[CONFIG_ENV] == "train: {}\n" and env["AWS_ENDPOINT_URL"] == "http://seaweedfs.storage:8333"
     (patch,) = spec["runtimePatches"]
@@ -240,17 +244,38 @@ def test_the_train_step_with_several_nodes_launches_the_trainjob(tmp_path):
     from g2rpo.training.run_config import RunConfig
 
     repo = Path(__file__).resolve().parents[2]
-    config = load_config(RunConfig, repo / "configs" / "tiny-cpu.yaml", {"output": {"dir": str(tmp_path / "run")}})
+    # 3 nodes × 8 GPUs: 24 ranks, each with whole prompt groups, under DeepSpeed
+    fits = {"deepspeed": {"enabled": True}, "train": {"prompts_per_iteration": 24}}
+    config = load_config(
+        RunConfig, repo / "configs" / "tiny-cpu.yaml", {"output": {"dir": str(tmp_path / "run")}, **fits}
+    )
     with pytest.raises(G2RPOError, match="nodes=2: more than one node trains as a Kubeflow TrainJob"):
         train(config, nodes=2, checkpoint_uri="s3://b/runs/r1/checkpoints")
     with KubeAPI(TRAINING_RUNTIME, script=_complete_after(1)) as api:
         launch = _launch(api)
         with pytest.raises(G2RPOError, match="checkpoint_uri=None: a multi-node run mirrors its checkpoints"):
             train(config, nodes=2, trainjob=launch)
+        # What the job's world size asks (3 nodes × 8 GPUs = 24 ranks) is checked before any job exists: in the
+        # pods it would fail once per JobSet restart (seen on the cluster tier, DeepSpeed left off).
+        single = load_config(
+            RunConfig,
+            repo / "configs" / "tiny-cpu.yaml",
+            {"output": {"dir": str(tmp_path / "run")}, "deepspeed": {"enabled": False}},
+        )
+        with pytest.raises(ConfigError) as refused:
+            train(single, nodes=3, trainjob=launch, checkpoint_uri="s3://b/runs/r1/checkpoints")
+        assert "run config for 3 nodes (24 ranks)" in str(refused.value)
+        assert "24 ranks need DeepSpeed" in str(refused.value) and "multiple of the world size 24" in str(refused.value)
+        assert not _posted(api)
         result = train(config, nodes=3, trainjob=launch, checkpoint_uri="s3://b/runs/r1/checkpoints")
     assert result.trainjob == job_name(launch.run_id, launch.task) and result.published is None
     (job,) = _posted(api)
     trainer = job["spec"]["trainer"]
-    assert trainer["numNodes"] == 3 and trainer["command"][4:] == ["--checkpoint-uri", "s3://b/runs/r1/checkpoints"]
+    assert trainer["numNodes"] == 3
+    assert trainer["command"][4:] == [
+        "--checkpoint-uri",
+        "s3://b/runs/r1/checkpoints",
+        f"output.dir=/g2rpo-runs/{result.trainjob}",  # the runtime's shared volume
+    ]
     assert {e["name"]: e["value"] for e in trainer["env"]}[CONFIG_ENV] == to_yaml(config)
     assert not (tmp_path / "run").exists()  # nothing trained here

@@ -9,10 +9,11 @@ pod's exact command with its environment: the Trainer's torch variables (``PET_N
 iteration 3 (after checkpoint 2), both start again and resume, and the exported weights equal those of a
 one-node run with the same global batch (2 ranks: ``torchrun --standalone --nproc_per_node 2``).
 
-Departures from a cluster, each for a reason: ``PET_NPROC_PER_NODE`` is ``auto`` in the runtime (one
-process per GPU), which on a GPU-less host means one per CPU core, so it is set to 1 (one rank per
-"node", as one GPU each would give); the Secret's env is left out (the tiny run reads no S3); the two
-hosts share this machine's file system, standing in for the shared volume ``output.dir`` must be.
+Departures from a cluster, each for a reason: the Secret's env is left out (the tiny run reads no S3);
+the two hosts share this machine's file system, standing in for the chart's shared volume
+(``trainingRuntime.sharedVolume``, here mounted at a folder of this machine), where the launcher puts
+``output.dir``. One GPU per node is asked for, so the command runs one rank per "node"
+(``--nproc-per-node=1``; the runtime's ``auto`` would mean one per CPU core here).
 
 Slow (three DeepSpeed runs on the CPU) and root-only (``ip netns add``, which CI's runner allows):
 skipped, saying why, where namespaces cannot be made or the tool is absent.
@@ -26,6 +27,7 @@ import socket
 import subprocess
 import sys
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,7 +39,7 @@ from test_trainer_check import PLACEMENTS, TOOL, trainer_check
 from g2rpo.config import load_config, to_yaml
 from g2rpo.launch.trainjob import TRAINING_RUNTIME, TrainJobLaunch, launch_trainjob
 from g2rpo.training.run_config import RunConfig
-from tests.chart.chart_render import VALUE_SETS, training_runtime
+from tests.chart.chart_render import training_runtime
 from tests.tiny_flux_fixture import make_tiny_flux
 from tests.trainer.trainer_testlib import REPO, export_weights, subprocess_env, tiny_overrides
 
@@ -103,9 +105,12 @@ def _config(tiny_model: Path, out: Path) -> RunConfig:
     return load_config(RunConfig, path)
 
 
-def _node_pod(config: RunConfig, work: Path) -> dict:
-    """The node pods' container, as the Trainer builds the JobSet from the launcher's TrainJob."""
-    runtime = training_runtime(VALUE_SETS["defaults"])
+def _node_pod(config: RunConfig, work: Path) -> tuple[dict, Path]:
+    """The node pods' container, as the Trainer builds the JobSet from the launcher's TrainJob, and the run's
+    output.dir: the chart's shared volume (here a folder of this machine, which both "nodes" see) / the job."""
+    shared = work / "shared-runs"
+    shared.mkdir()
+    runtime = training_runtime({"trainingRuntime": {"sharedVolume": {"claimName": "runs", "mountPath": str(shared)}}})
     done_at_once = {"conditions": [condition("Complete", "all nodes succeeded")]}
     with KubeAPI(TRAINING_RUNTIME, runtime=runtime, script=lambda job, polls: done_at_once) as api:
         launch = TrainJobLaunch(
@@ -113,7 +118,7 @@ def _node_pod(config: RunConfig, work: Path) -> dict:
             run_id="netns-two-nodes",
             task="train",
             namespace="team-a",
-            placement=PLACEMENTS["h200-profile"],
+            placement=replace(PLACEMENTS["h200-profile"], gpus_per_node=1),  # one rank per "node"
             s3_secret="g2rpo-s3",
             wait_timeout_s=30,
             poll_interval_s=1,
@@ -127,7 +132,7 @@ def _node_pod(config: RunConfig, work: Path) -> dict:
     assert checked.returncode == 0, checked.stdout + checked.stderr
     (node,) = jobset["spec"]["replicatedJobs"]
     (container,) = node["template"]["spec"]["template"]["spec"]["containers"]
-    return container
+    return container, shared / job["metadata"]["name"]
 
 
 def _node_env(container: dict, rank: int, fault: str | None) -> dict[str, str]:
@@ -137,8 +142,7 @@ def _node_env(container: dict, rank: int, fault: str | None) -> dict[str, str]:
             env[variable["name"]] = variable["value"]
         elif "job-completion-index" in variable.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath", ""):
             env[variable["name"]] = str(rank)  # the pod's completion index: its node rank
-    assert env["PET_NNODES"] == "2" and env["PET_NPROC_PER_NODE"] == "auto"
-    env["PET_NPROC_PER_NODE"] = "1"  # see the module docstring
+    assert env["PET_NNODES"] == "2" and env["PET_NPROC_PER_NODE"] == "auto"  # the command's flag wins
     local = subprocess_env()  # this checkout on PYTHONPATH, one thread, the DeepSpeed op cache
     env.update({k: local[k] for k in ("PYTHONPATH", "OMP_NUM_THREADS", "TORCH_EXTENSIONS_DIR", "HOME")})
     env["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"  # torchrun, as on the image's PATH
@@ -199,9 +203,9 @@ def test_two_netns_nodes_train_zero2_lose_a_node_resume_and_match_one_node(hosts
     )
     assert one_node.returncode == 0, one_node.stderr[-4000:]
 
-    out = tmp_path / "two-nodes"
-    container = _node_pod(_config(tiny_model, out), tmp_path)
-    assert container["command"][:2] == ["bash", "-c"] and "exec torchrun -m g2rpo train" in container["command"][2]
+    container, out = _node_pod(_config(tiny_model, tmp_path / "two-nodes"), tmp_path)
+    assert container["command"][:2] == ["bash", "-c"]
+    assert "exec torchrun --nproc-per-node=1 -m g2rpo train" in container["command"][2]
 
     codes = _run_two_nodes(hosts, container, tmp_path, fault_on_node1="iteration:3")
     log = "\n".join((tmp_path / f"node{rank}.log").read_text()[-3000:] for rank in (0, 1))

@@ -116,7 +116,9 @@ def test_a_multi_node_train_task_launches_the_runs_trainjob(tiny_flux_dir, s3_en
     )
     failed = {"conditions": [condition("Failed", "node-1 exited with code 137 (OOMKilled)", "TrainingFailed")]}
     # The chart's own runtime: the launcher checks that its pods read the profile's Secret.
-    with KubeAPI(TRAINING_RUNTIME, runtime=training_runtime(), script=lambda job, polls: failed) as api:
+    # The chart's own runtime, with the shared volume a multi-node run writes output.dir to.
+    runtime = training_runtime({"trainingRuntime": {"sharedVolume": {"claimName": "g2rpo-runs"}}})
+    with KubeAPI(TRAINING_RUNTIME, runtime=runtime, script=lambda job, polls: failed) as api:
         # In a pod the SDK reads the in-cluster config and namespace; here they point at the loopback API.
         launch = replace(launch, namespace=NAMESPACE, client_configuration=api.configuration(), poll_interval_s=1)
         with pytest.raises(G2RPOError, match=r"TrainingFailed: node-1 exited with code 137 \(OOMKilled\)"):
@@ -130,6 +132,7 @@ def test_a_multi_node_train_task_launches_the_runs_trainjob(tiny_flux_dir, s3_en
                 gpus_per_node=1,
                 checkpoint_uri=uri,
                 trainjob=launch,
+                prompts_uri=f"{store}/data/train.jsonl",  # what the job's pods read
             )
 
     (job,) = [c["body"] for c in api.calls if c["method"] == "POST"]
@@ -139,11 +142,14 @@ def test_a_multi_node_train_task_launches_the_runs_trainjob(tiny_flux_dir, s3_en
     assert spec["activeDeadlineSeconds"] == 7200
     assert spec["trainer"]["numNodes"] == 2 and spec["trainer"]["image"] == "ghcr.io/g2rpo/g2rpo-trainer:test"
     assert spec["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 1
-    assert "exec torchrun -m g2rpo train" in spec["trainer"]["command"][2]
+    assert "exec torchrun --nproc-per-node=1 -m g2rpo train" in spec["trainer"]["command"][2]
     export_base = f"{store}/exports/g2rpo-tiny/{name}"
-    assert spec["trainer"]["command"][4:] == ["--checkpoint-uri", uri, "--publish", export_base]
+    shared = f"output.dir=/g2rpo-runs/{name}"  # the runtime's shared volume
+    assert spec["trainer"]["command"][4:] == ["--checkpoint-uri", uri, "--publish", export_base, shared]
     config = yaml.safe_load({e["name"]: e["value"] for e in spec["trainer"]["env"]}[CONFIG_ENV])
     assert config["train"]["iterations"] == 2 and config["model"]["path"] == str(tiny_flux_dir)
+    # The job's pods read the prompts from S3, not from this task's local copy (no other pod has it).
+    assert config["data"]["prompts"] == f"{store}/data/train.jsonl"
     (patch,) = spec["runtimePatches"]
     pod = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == profile.node_selector and pod["tolerations"] == profile.tolerations
@@ -156,8 +162,25 @@ def test_a_multi_node_train_task_launches_the_runs_trainjob(tiny_flux_dir, s3_en
 
 def test_more_than_one_node_needs_a_trainjob_and_is_refused_before_training(tmp_path):
     with pytest.raises(G2RPOError, match="more than one node trains as a Kubeflow TrainJob"):
-        _task(tmp_path / "tiny-flux", tmp_path, (tmp_path / "store").as_uri(), 1, nodes=2, checkpoint_uri="s3://b/c")
+        _task(
+            tmp_path / "tiny-flux",
+            tmp_path,
+            (tmp_path / "store").as_uri(),
+            1,
+            nodes=2,
+            checkpoint_uri="s3://b/c",
+            prompts_uri="s3://b/data/train.jsonl",
+        )
     assert not (tmp_path / "tiny-flux").exists() and not (tmp_path / "store").exists()
+
+
+def test_more_than_one_node_needs_the_prompts_where_the_jobs_pods_read_them(tmp_path):
+    # The task's local copy of the prompts exists in its own pod only (seen on the cluster tier: the TrainJob's
+    # pods failed with "file not found"); without an s3:// URI the task refuses before anything starts.
+    for given in (None, str(PROMPTS)):
+        with pytest.raises(G2RPOError, match="with nodes=2 the TrainJob's pods read the prompts"):
+            _task(tmp_path / "m", tmp_path, (tmp_path / "s").as_uri(), 1, nodes=2, prompts_uri=given)
+    assert not (tmp_path / "record").exists()
 
 
 def test_the_pipelines_learning_rate_zero_leaves_the_strategys_own(tmp_path):

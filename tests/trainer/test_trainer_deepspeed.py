@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_testlib import REPO, export_weights, run_train, subprocess_env, tiny_overrides
+from trainer_testlib import REPO, as_cli, export_weights, run_train, subprocess_env, tiny_overrides
 
 from tests.tiny_flux_fixture import make_tiny_flux
 
@@ -228,3 +228,26 @@ def _assert_same(a: Path, b: Path) -> None:
     wa, wb = export_weights(a), export_weights(b)
     assert wa.keys() == wb.keys()
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_deepspeed_on_the_cpu_trains_where_no_cpp_compiler_exists(tiny_model, tmp_path):
+    # DeepSpeed's CPU backend JIT-builds its shared-memory comm op at start-up; in an image without a
+    # compiler (the cluster tier's TrainJob pods) that raised `c++: not found`. The trainer now leaves the
+    # op out (gloo instead) and says so. A fresh extensions folder: no op built earlier can be loaded.
+    out = tmp_path / "no-compiler"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    base = tmp_path / "base.yaml"
+    base.write_text("{}\n")
+    config = tiny_overrides(tiny_model, out, **{"train.iterations": 1, "deepspeed.enabled": True})
+    env = {**subprocess_env(), "CXX": str(tmp_path / "no-such-compiler"), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    done = subprocess.run(
+        [sys.executable, "-m", "g2rpo", "train", "--config", str(base), *as_cli(config)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=800,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "no C++ compiler" in done.stderr and "deepspeed_shm_comm" in done.stderr, done.stderr[-4000:]
+    assert export_weights(out)

@@ -1,0 +1,306 @@
+"""The deployment the cluster tier's tests share: one cluster for the session, the chart installed as a user does.
+
+One cluster (``../shared/tools/cluster``) for the whole session, torn down in ``finally`` and checked to leave
+nothing behind on the host. SeaweedFS serves S3 at ``cluster ip`` (where pods reach the host). The component image
+built by buildah is loaded into the cluster's containerd under the name the compiled pipeline and the chart use,
+and tagged there under the trainer image's name too (the trainer image's ``nvidia/cuda`` base cannot be had here,
+so the component image serves as the trainer image: same library, same ``g2rpo`` entry point, CPU torch use).
+
+Installed as a user installs it (docs/deployment.md): a namespace enforcing Pod Security "restricted", the S3
+Secret, then the chart's objects — rendered by Helm's own engine (``helm-python-sdk``; no helm binary exists
+here) and applied server-side — after ``cluster trainer-up`` (the Trainer CRDs and its live webhooks admit the
+ClusterTrainingRuntime).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import boto3
+import helm_python
+import yaml
+from botocore.config import Config
+
+from components.images import G2RPO_IMAGE, TRAINER_IMAGE
+from g2rpo.rewards.shapes import IN_DOMAIN, IN_DOMAIN_CHECKS, OUT_OF_DOMAIN
+from g2rpo.tasks.shapes import write_prompts
+from pipelines.local import LEARNED_REWARDS
+from tests.cluster.kfp_tasks import Run
+from tests.cluster.kube import Cluster, host_snapshot, leftovers, processes_naming
+from tests.s3server import REGION, SeaweedServer
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "g2rpo"
+IMAGE_MODELS = "/opt/venv/lib/python3.11/site-packages/g2rpo/models"  # where the image installs the shipped models
+IMAGE_SHAPES_MODEL = f"{IMAGE_MODELS}/shapes_flux"
+NAMESPACE = "team-a"
+RELEASE = "g2rpo"
+SERVICE_ACCOUNT = "g2rpo"  # the profile's service_account (pipelines/profiles/h200.yaml), created by the chart
+LAUNCHER_CONFIGMAP = "kfp-launch"
+SHARED_CLAIM = "g2rpo-runs"  # the ReadWriteMany claim of the chart's trainingRuntime.sharedVolume
+BUCKET = "g2rpo"
+STEP_TIMEOUT_S = 1800
+
+
+@dataclass
+class Deployment:
+    cluster: Cluster
+    s3: SeaweedServer
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def client(self):
+        return boto3.client(
+            "s3",
+            endpoint_url=self.s3.endpoint_url,
+            region_name=REGION,
+            aws_access_key_id=self.s3.access_key,
+            aws_secret_access_key=self.s3.secret_key,
+            config=Config(s3={"addressing_style": "path"}),
+        )
+
+
+def _render_chart(values: dict) -> list[dict]:
+    manifests = helm_python.Chart.load(CHART).render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+    docs = []
+    for path in sorted(manifests):
+        if path.endswith((".yaml", ".yml")):
+            docs.extend(doc for doc in yaml.safe_load_all(manifests[path]) if doc)
+    return docs
+
+
+def chart_values(endpoint: str) -> dict:
+    """The install's values: this S3, and a placement a CPU node satisfies (no GPU product label, no taint)."""
+    return {
+        "s3": {"endpoint": endpoint, "registryUri": f"s3://{BUCKET}/registry"},
+        "trainingRuntime": {"sharedVolume": {"claimName": SHARED_CLAIM}},
+        "placement": {
+            # null deletes the chart's default key: Helm merges a map given in values ({}) with the default one,
+            # so `nodeSelector: {}` would keep nvidia.com/gpu.product=NVIDIA-H200 and no pod would schedule here.
+            "nodeSelector": {"nvidia.com/gpu.product": None},
+            "tolerations": [],
+            "shmSize": "1Gi",
+            "gpusPerNode": 1,
+            # Requests two training pods and the waiting train pod fit on the node's 2 cores beside each other.
+            "cpuPerNode": "500m",
+            "memoryPerNode": "4Gi",
+        },
+    }
+
+
+def deployed(workdir: Path):
+    """Up, S3, image, Trainer, chart, and what every test's run reads (bucket, prompts, gates, the launcher's
+    ConfigMap, two advertised GPUs); yields the :class:`Deployment`; down in ``finally`` and the host checked."""
+    cluster = Cluster(workdir)
+    before = host_snapshot(workdir.parent)
+    s3 = None
+    timings: dict[str, float] = {}
+    try:
+        timings["cluster up"] = cluster.up()
+        s3 = SeaweedServer(workdir.parent / "seaweed", host=cluster.ip()).start()
+        timings["load-image"] = cluster.load_image(G2RPO_IMAGE)
+        tag_in_node(cluster, G2RPO_IMAGE, TRAINER_IMAGE)
+        timings["trainer-up"] = cluster.trainer_up()
+        start = time.monotonic()
+        install(cluster, s3)
+        timings["chart install"] = time.monotonic() - start
+        deployment = Deployment(cluster, s3, timings)
+        prepare_inputs(deployment)
+        yield deployment
+    finally:
+        if s3 is not None:
+            s3.stop()
+        timings["cluster down"] = cluster.down()
+        print("\ncluster tier timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
+        left = leftovers(before, host_snapshot(workdir.parent))
+        left.update({"processes": processes_naming(workdir.parent)} if processes_naming(workdir.parent) else {})
+        assert not left, f"the cluster left these behind on the host: {left} (see {workdir}/logs)"
+
+
+def tag_in_node(cluster: Cluster, image: str, alias: str) -> None:
+    """Tag ``image`` as ``alias`` in the node's containerd (``ctr``, the cluster's own socket): the component
+    image serves as the trainer image here, under the name the compiled pipeline gives the TrainJob."""
+    socket = cluster.workdir / "containerd" / "containerd.sock"
+    done = subprocess.run(
+        ["ctr", "--address", str(socket), "-n", "k8s.io", "images", "tag", "--force", image, alias],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"ctr images tag {image} {alias} failed: {done.stderr}")
+
+
+def prepare_inputs(deployment: Deployment) -> None:
+    """The bucket, the prompts file and the gates every run reads, the launcher's ConfigMap, and the GPU count."""
+    cluster, client = deployment.cluster, deployment.client()
+    client.create_bucket(Bucket=BUCKET)
+    prompts = Path(os.environ.get("TMPDIR", "/tmp")) / f"shapes-{uuid.uuid4().hex[:8]}.txt"
+    write_prompts(prompts)
+    client.upload_file(str(prompts), BUCKET, "prompts/shapes.txt")
+    prompts.unlink()
+    client.upload_file(str(REPO / "configs" / "shapes-gates.yaml"), BUCKET, "gates/shapes-gates.yaml")
+    cluster.kubectl(
+        "-n", NAMESPACE, "create", "configmap", LAUNCHER_CONFIGMAP,
+        f"--from-file=kfp_launch.py={Path(__file__).with_name('kfp_launch.py')}",
+    )  # fmt: skip
+    advertise_gpus(cluster, 2)
+
+
+def install(cluster: Cluster, s3: SeaweedServer) -> None:
+    """What docs/deployment.md tells a platform team to do, in its order."""
+    cluster.apply(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {
+                    "name": NAMESPACE,
+                    "labels": {
+                        f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn", "audit")
+                    },
+                },
+            }
+        )
+    )
+    cluster.kubectl(
+        "-n", NAMESPACE, "create", "secret", "generic", "g2rpo-s3",
+        f"--from-literal=AWS_ACCESS_KEY_ID={s3.access_key}",
+        f"--from-literal=AWS_SECRET_ACCESS_KEY={s3.secret_key}",
+        f"--from-literal=AWS_ENDPOINT_URL_S3={s3.endpoint_url}",
+    )  # fmt: skip
+    shared_volume(cluster)
+    docs = _render_chart(chart_values(s3.endpoint_url))
+    out = cluster.apply(yaml.safe_dump_all(docs))
+    assert "Warning" not in out, out
+
+
+def shared_volume(cluster: Cluster) -> None:
+    """The ReadWriteMany claim the chart's ``trainingRuntime.sharedVolume`` names: what a platform team provides
+    (NFS, Lustre, a CSI driver). On this one node a PersistentVolume of a host folder, bound to the claim
+    statically (no provisioner here); the pods see only the claim, as Pod Security "restricted" wants."""
+    folder = cluster.workdir.parent / "shared-runs"
+    folder.mkdir(parents=True, exist_ok=True)
+    os.chown(folder, 10001, 10001)  # the image's user (the chart's runAsUser)
+    volume = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": f"{NAMESPACE}-{SHARED_CLAIM}"},
+        "spec": {
+            "capacity": {"storage": "10Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "hostPath": {"path": str(folder), "type": "Directory"},
+            "claimRef": {"namespace": NAMESPACE, "name": SHARED_CLAIM},
+        },
+    }
+    claim = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": SHARED_CLAIM, "namespace": NAMESPACE},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "volumeName": volume["metadata"]["name"],
+            "resources": {"requests": {"storage": "10Gi"}},
+        },
+    }
+    cluster.apply(yaml.safe_dump_all([volume, claim]))
+
+
+def advertise_gpus(cluster: Cluster, count: int) -> None:
+    """The node's status gets ``count`` ``nvidia.com/gpu`` (Kubernetes' documented way to advertise an extended
+    resource): a count for the scheduler only; no device exists and nothing here uses one."""
+    node = "kc-node"
+    patch = [{"op": "add", "path": "/status/capacity/nvidia.com~1gpu", "value": str(count)}]
+    cluster.kubectl("patch", "node", node, "--subresource=status", "--type=json", "-p", json.dumps(patch))
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if cluster.get("node", node)["status"].get("allocatable", {}).get("nvidia.com/gpu") == str(count):
+            return
+        time.sleep(1)
+    raise TimeoutError(f"node {node} does not show {count} allocatable nvidia.com/gpu")
+
+
+def run_arguments(bucket: str) -> dict:
+    """The smallest shapes run: 2 iterations of G²RPO from the shipped model, 4 held-out prompts × 1 seed.
+
+    Trained on the learned rewards the demo trains on (``pipelines.local.LEARNED_REWARDS``: hps_v21, clip; the
+    image's copies), the exact shapes scores at weight 0, as ``configs/shapes-gates.yaml`` gates them."""
+    rewards = [
+        {"name": name, "weight": 1.0, "weights": f"{IMAGE_MODELS}/{path.name}"}
+        for name, path in LEARNED_REWARDS.items()
+    ]
+    rewards += [{"name": name, "weight": 0.0} for name in (*IN_DOMAIN, *IN_DOMAIN_CHECKS, *OUT_OF_DOMAIN)]
+    return {
+        "config_uri": "configs/shapes-cpu.yaml",
+        # The shipped model inside the image. An s3:// base model is what production passes, and training cannot
+        # read one yet: the trainer loads model.path as a local folder (docs/cluster.md, "Found by this tier").
+        "base_model_uri": IMAGE_SHAPES_MODEL,
+        "prompts_uri": f"s3://{bucket}/prompts/shapes.txt",
+        "store_uri": f"s3://{bucket}/store",
+        "registry_uri": f"s3://{bucket}/registry",
+        "gates_uri": f"s3://{bucket}/gates/shapes-gates.yaml",
+        "model_name": "g2rpo-shapes",
+        "rewards": rewards,
+        "num_steps": 4,
+        "group_size": 4,
+        "granularities": [1, 2],
+        "iterations": 2,
+        "learning_rate": 1e-4,
+        "overrides": [
+            "train.prompts_per_iteration=2",
+            "train.checkpoint_every=1",
+            "train.progress=false",
+            "train.validation.enabled=false",
+        ],
+        "test_size": 64,
+        "eval_num_prompts": 4,
+        "eval_seeds": [0],
+        "node_selector": {},
+        "tolerations": [],
+        "gpus_per_node": "1",
+        "train_pod_gpus": "1",
+        "train_pod_cpu": "2",
+        "train_pod_memory": "6Gi",
+    }
+
+
+def start_step(deployment: Deployment, run: Run, task: str) -> str:
+    """Create the task's pod (as KFP would start it); returns its name."""
+    images = {G2RPO_IMAGE: G2RPO_IMAGE, TRAINER_IMAGE: G2RPO_IMAGE}
+    pod = run.pod(
+        task,
+        namespace=NAMESPACE,
+        service_account=SERVICE_ACCOUNT,
+        images=images,
+        launcher_configmap=LAUNCHER_CONFIGMAP,
+        pod_security={"runAsNonRoot": True},
+    )
+    deployment.cluster.apply(json.dumps(pod))
+    return pod["metadata"]["name"]
+
+
+def finish_step(deployment: Deployment, run: Run, task: str, name: str, started: float) -> dict:
+    """Wait for the task's pod; on failure raise with its name and the end of its log; return the launcher's record."""
+    cluster = deployment.cluster
+    phase = cluster.wait_pod_done(name, NAMESPACE, STEP_TIMEOUT_S)
+    deployment.timings[f"pod {task}"] = time.monotonic() - started
+    if phase != "Succeeded":
+        raise AssertionError(f"pod {NAMESPACE}/{name} {phase}; its log ends:\n{cluster.logs(name, NAMESPACE)[-6000:]}")
+    body = deployment.client().get_object(Bucket=BUCKET, Key=run.record_uri(task).split("/", 3)[3])["Body"].read()
+    record = json.loads(body)
+    run.outputs[task] = record
+    return record
+
+
+def run_step(deployment: Deployment, run: Run, task: str) -> dict:
+    """Start the task's pod, wait for it, and return the launcher's record of its outputs."""
+    started = time.monotonic()
+    return finish_step(deployment, run, task, start_step(deployment, run, task), started)
