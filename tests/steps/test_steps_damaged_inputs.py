@@ -110,5 +110,6 @@ def test_a_trainjobs_export_without_a_sound_base_model_json_is_named(tmp_path, m
             work_dir=tmp_path / "work",
             nodes=2,
             checkpoint_uri="s3://b/c",
+            prompts_uri="s3://b/prompts.txt",  # where the job's pods would read them (the launch is replaced)
         )  # was a JSONDecodeError / KeyError
     assert not (tmp_path / "record" / "record.json").exists()
