@@ -16,8 +16,6 @@ own process group and stopped by that group's id before ``cluster down``.
 from __future__ import annotations
 
 import base64
-import os
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -25,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.cluster.kube import CLUSTER_DIR, Cluster
+from tests.cluster.kube import CLUSTER_DIR, Cluster, stop_process_group
 
 BINARY = CLUSTER_DIR / "jobset-controller.xz"
 CONFIG_EXAMPLE = CLUSTER_DIR / "jobset-config.example.yaml"
@@ -143,14 +141,7 @@ class JobSetController:
             return "(no log)"
 
     def stop(self) -> None:
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=20)
+        stop_process_group(self.process)
 
 
 def _self_signed(certs: Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -136,3 +137,15 @@ def processes_naming(path: Path) -> list[str]:
         if str(path) in cmdline and proc.name != str(os.getpid()):
             found.append(f"{proc.name}: {cmdline[:200]}")
     return found
+
+
+def stop_process_group(process: subprocess.Popen[bytes] | None, timeout: float = 20) -> None:
+    """End a server started in its own process group: SIGTERM, then SIGKILL if it outlives ``timeout``."""
+    if process is None or process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=timeout)

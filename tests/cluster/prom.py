@@ -18,9 +18,7 @@ miss most of a run this short). Started in its own process group; stopped by it.
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
 import subprocess
 import threading
 import time
@@ -35,7 +33,7 @@ import yaml
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
-from tests.cluster.kube import Cluster
+from tests.cluster.kube import Cluster, stop_process_group
 
 
 def _sanitize(name: str) -> str:
@@ -175,11 +173,4 @@ class PodPrometheus:
         if getattr(self, "_stop", None) is not None:
             self._stop.set()
             self._discovery.join(timeout=10)
-        if self.process is None or self.process.poll() is not None:
-            return
-        os.killpg(self.process.pid, signal.SIGTERM)
-        try:
-            self.process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=20)
+        stop_process_group(self.process)
