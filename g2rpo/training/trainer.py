@@ -73,6 +73,7 @@ from g2rpo.training.loading import (
     load_policy,
     load_prompts,
     load_rewards,
+    model_root,
     report_duplicates,
 )
 from g2rpo.training.memory import is_out_of_memory, out_of_memory_message
@@ -128,7 +129,7 @@ class Trainer:
         # Before any work, on every rank: the folders the run writes can be written, and output.dir holds
         # nothing but a run's files (g2rpo.training.run_dir).
         run_dir.check()
-        if cfg.model.create_tiny and not Path(cfg.model.path).exists():
+        if cfg.model.create_tiny and "://" not in cfg.model.path and not Path(cfg.model.path).exists():
             check_writable(cfg.model.path, "model.path")
         if cfg.rewards.cache_dir:
             check_writable(cfg.rewards.cache_dir, "rewards.cache_dir")
@@ -170,10 +171,11 @@ class Trainer:
                 hook(self)
         self.ctx.barrier()  # what a callback restored is on disk before any rank looks
         resume_from = self.checkpoints.resume_point(cfg.train.resume, run_dir, to_yaml(cfg), self.metrics.event)
-        policy = load_policy(cfg, self.ctx)
+        root = model_root(cfg, self.ctx)  # an s3:// model is fetched here, once per node
+        policy = load_policy(cfg, self.ctx, root)
         self.transformer, self.vae, self.velocity = policy.transformer, policy.vae, policy.velocity
         self.latent_shape = policy.latent_shape
-        prompt_set = load_prompts(cfg)
+        prompt_set = load_prompts(cfg, root)
         self.prompts, self.prompt_counts = prompt_set.prompts, prompt_set.counts
         self._conditioning_of = prompt_set.conditioning_of
         check_conditioning_fits(cfg, prompt_set, self.transformer)
