@@ -249,6 +249,8 @@ def test_a_training_pod_deleted_mid_run_checkpoints_and_the_run_resumes_to_the_s
     mirrored_before = mirrored_iterations(deployment, prefix)
     cluster.kubectl("delete", "pod", name, "-n", NAMESPACE, "--wait=false")
     deleted_log = follower.stop(timeout_s=180)
+    # Read now: the mirror keeps the last two checkpoints, so the resumed run's later ones will prune this one.
+    mirrored_after = mirrored_iterations(deployment, prefix)
 
     record = finish_step(deployment, run, TRAIN_TASK, task_pod, started)
     deployment.timings["two-node train task (a pod deleted)"] = time.monotonic() - started
@@ -259,7 +261,7 @@ def test_a_training_pod_deleted_mid_run_checkpoints_and_the_run_resumes_to_the_s
     assert stops, deleted_log[-4000:]
     stopped_at = int(stops[0].split("after iteration ")[1].split(";")[0])
     assert stopped_at == HOLD_IN + 1 and max(mirrored_before) < stopped_at, (stopped_at, mirrored_before)
-    assert stopped_at in mirrored_iterations(deployment, prefix)
+    assert stopped_at in mirrored_after, mirrored_after
     # The JobSet restarted the group; the new pods resumed from that checkpoint and finished the run.
     restarted = cluster.get("jobset", job, NAMESPACE)
     assert restarted["status"].get("restarts", 0) >= 1, restarted["status"]
