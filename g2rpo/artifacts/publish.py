@@ -86,6 +86,14 @@ def unique_uri(uri: str) -> str:
     return str(path.parent / unique_prefix(path.name))
 
 
+def _listed_files(local_dir: str | Path) -> list[str] | None:
+    """The files the folder's own manifest lists, after checking them against it; None without one."""
+    from g2rpo.artifacts.cache import verify_local  # the cache layer builds on this module
+
+    manifest = verify_local(local_dir, what="folder to publish")
+    return None if manifest is None else [entry.path for entry in manifest.files]
+
+
 def publish_dir(
     local_dir: str | Path,
     uri: str,
@@ -98,6 +106,10 @@ def publish_dir(
 ) -> Manifest:
     """Upload every file of ``local_dir`` under ``uri`` and publish it (manifest last).
 
+    A folder g2rpo wrote or downloaded (an export, a model it made, a fetched artifact) carries its own
+    ``manifest.json``: it is verified first (a damaged file is refused, never published) and exactly the
+    files it lists are published, under a new manifest.
+
     The publish claims the prefix first (:func:`_claim`): a live publish to the same prefix refuses this
     one; one whose holder is gone (a dead process, a lease of ``lease_s`` not renewed) is taken over.
 
@@ -105,7 +117,7 @@ def publish_dir(
     manifest, so no reader sees it, and :func:`gc` removes it later; calling again with the same
     ``uri`` re-uploads and publishes.
     """
-    files = scan_dir(local_dir)
+    files = scan_dir(local_dir, _listed_files(local_dir))
     store = open_store(uri, settings)
     if has_manifest(store):
         raise G2RPOError(

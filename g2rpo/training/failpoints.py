@@ -3,7 +3,7 @@
 The resume tests need a run that dies at a known point, the way a preempted node dies: SIGKILL, no
 ``finally`` blocks, no flushing. One environment variable picks the point::
 
-    G2RPO_FAULT_KILL_AT=iteration:N    # or checkpoint:N, or sigterm:N
+    G2RPO_FAULT_KILL_AT=iteration:N    # or checkpoint:N, sigterm:N, hold:N
 
 - ``iteration:N`` — in :meth:`~g2rpo.training.trainer.Trainer.step` of iteration N, after the
   rewards and advantages, before the training phase (no optimiser step of N has happened). Proves
@@ -12,6 +12,11 @@ The resume tests need a run that dies at a known point, the way a preempted node
 - ``sigterm:N`` — at the same place as ``iteration:N``, SIGTERM instead (what Kubernetes sends a
   pod it ends): the run must finish iteration N, checkpoint it and exit 143
   (:mod:`g2rpo.training.preemption`).
+- ``hold:N`` — at the same place, global rank 0 (``RANK``, 0 when unset) waits until the process
+  is signalled (at most :data:`HOLD_S`), then goes on; other ranks wait for it in their next
+  collective. A test that ends a *pod* (``kubectl delete pod``: SIGTERM from outside, through
+  torchrun) needs the signal to land mid-run whatever the machine's speed; holding makes that
+  certain: the run is stopped in iteration N, and its checkpoint is that of iteration N + 1.
 - ``checkpoint:N`` — while the checkpoint of iteration N is saved, after the driver's weights and
   optimiser state are written, before the RNG files, the EMA and the manifest. Proves that a
   half-written checkpoint (no manifest) is never resumed from.
@@ -26,6 +31,9 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, Protocol
 
@@ -35,16 +43,38 @@ __all__ = ["FAIL_POINT_ENV", "FailAfterSave", "fail_point"]
 
 FAIL_POINT_ENV = "G2RPO_FAULT_KILL_AT"
 
+HOLD_S = 600.0  # the longest a ``hold:N`` point waits for its signal
+
 FailPoint = Literal["iteration", "checkpoint"]
 
 
-def fail_point(point: FailPoint, iteration: int) -> None:
-    """SIGKILL this process if ``G2RPO_FAULT_KILL_AT`` names this point and iteration."""
+def fail_point(point: FailPoint, iteration: int, signalled: Callable[[], bool] = lambda: False) -> None:
+    """SIGKILL (or SIGTERM, or hold) this process if ``G2RPO_FAULT_KILL_AT`` names this point and
+    iteration. ``signalled``: whether the process has received its stop signal (what a hold waits for)."""
     wanted = os.environ.get(FAIL_POINT_ENV)
+    if wanted is None:
+        return
     if wanted == f"{point}:{iteration}":
         os.kill(os.getpid(), signal.SIGKILL)
     if point == "iteration" and wanted == f"sigterm:{iteration}":
         os.kill(os.getpid(), signal.SIGTERM)
+    if point == "iteration" and wanted == f"hold:{iteration}" and os.environ.get("RANK", "0") == "0":
+        hold(iteration, signalled)
+
+
+def hold(iteration: int, signalled: Callable[[], bool], limit_s: float = HOLD_S) -> bool:
+    """Wait in iteration ``iteration`` until ``signalled()`` (True) or ``limit_s`` passes (False)."""
+    print(
+        f"g2rpo fault point: holding in iteration {iteration} until a signal (at most {limit_s:g} s)",
+        file=sys.stderr,
+        flush=True,
+    )
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        if signalled():
+            return True
+        time.sleep(0.1)
+    return signalled()
 
 
 class _SavesAndLoads(Protocol):

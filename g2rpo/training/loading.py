@@ -16,7 +16,7 @@ import torch
 from g2rpo.data import EmbeddingCache, dedupe_prompts, read_prompt_location
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.models.flux import FluxConditioning, FluxVelocity, vae_scale_factor_of
-from g2rpo.models.loading import load_text_encoder, load_transformer, load_vae
+from g2rpo.models.loading import load_text_encoder, load_transformer, load_vae, resolve_model_location
 from g2rpo.models.tiny import save_tiny_flux
 from g2rpo.rewards.base import RewardModel
 from g2rpo.rewards.registry import build_reward
@@ -70,9 +70,24 @@ class RewardSet:
     batch: list[int]
 
 
-def load_policy(cfg: RunConfig, ctx: DistContext) -> Policy:
-    """Load (or, with ``model.create_tiny``, first write) the model; LoRA applied, on ``ctx.device``."""
-    path = Path(cfg.model.path)
+def model_root(cfg: RunConfig, ctx: DistContext) -> Path:
+    """The local folder of ``model.path``: a folder (or ``file://``) as given; an ``s3://`` model fetched
+    once into the verified cache (``g2rpo.artifacts.cache``: every file's sha256 checked). Each node's first
+    rank downloads while the others wait, then finds it cached, so a node fetches the model once."""
+    location = cfg.model.path
+    if not location.startswith("s3://"):
+        return resolve_model_location(location)
+    if cfg.model.create_tiny:
+        raise G2RPOError(problem("model.path", location, "model.create_tiny writes a local folder: give a path"))
+    root = resolve_model_location(location) if ctx.local_rank == 0 else None
+    ctx.barrier()
+    return root if root is not None else resolve_model_location(location)
+
+
+def load_policy(cfg: RunConfig, ctx: DistContext, root: Path | None = None) -> Policy:
+    """Load (or, with ``model.create_tiny``, first write) the model from ``root`` (default
+    :func:`model_root`); LoRA applied, on ``ctx.device``."""
+    path = root if root is not None else model_root(cfg, ctx)
     if cfg.model.create_tiny and not path.exists():
         if ctx.is_main:
             save_tiny_flux(path)
@@ -99,9 +114,10 @@ def load_policy(cfg: RunConfig, ctx: DistContext) -> Policy:
     return Policy(transformer=transformer, vae=vae, velocity=velocity)
 
 
-def load_prompts(cfg: RunConfig) -> PromptSet:
+def load_prompts(cfg: RunConfig, root: Path | None = None) -> PromptSet:
     """Prompt texts and their conditioning for every global prompt index (CPU, read lazily
-    from the embedding cache, or encoded once here and the text encoders freed)."""
+    from the embedding cache, or encoded once here with the text encoders of ``root`` (default
+    ``model.path``) and the text encoders freed)."""
     data = cfg.data
     if data.embeddings:
         cache = EmbeddingCache(data.embeddings)
@@ -123,7 +139,7 @@ def load_prompts(cfg: RunConfig) -> PromptSet:
     prompts, dropped = dedupe_prompts(read_prompt_location(data.prompts))
     counts = {"read": len(prompts) + dropped, "unique": len(prompts), "duplicates": dropped}
     dtype = "bfloat16" if cfg.train.precision == "bf16" else "float32"
-    encoder = load_text_encoder(cfg.model.path, dtype=dtype, max_sequence_length=data.max_sequence_length)
+    encoder = load_text_encoder(root or cfg.model.path, dtype=dtype, max_sequence_length=data.max_sequence_length)
     parts = [encoder.encode(prompts[i : i + 16]) for i in range(0, len(prompts), 16)]
     del encoder  # training holds only the transformer and the VAE
     table = FluxConditioning.cat(parts)

@@ -16,6 +16,11 @@ and loses every iteration since its last checkpoint. With :class:`StopOnSignal` 
 signal, the process leaves at once with the same status (the last complete checkpoint stands — a
 half-written one is never resumed from). Keep it below the pod's grace period and torchrun's own
 30 s kill delay. A second signal leaves at once too.
+
+After the last iteration (:meth:`StopOnSignal.finishing`) a signal no longer stops anything: the
+training is done, so the final checkpoint and the export go on, bounded by the same grace period,
+and the run ends as it would have (status 0 once the export is written). Before, a signal there
+killed the process silently and lost the export.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ class StopOnSignal:
         self.grace_s = grace_s
         self.announce = announce
         self.signum: int | None = None
+        self.phase = "training"
         self._previous: dict[int, object] = {}
         self._timer: threading.Timer | None = None
 
@@ -87,9 +93,14 @@ class StopOnSignal:
         self.signum = signum
         self.received_at = time.monotonic()
         if self.announce:
+            doing = (
+                "finishing this iteration, then writing a checkpoint"
+                if self.phase == "training"
+                else "the last iteration is done: finishing the final checkpoint and the export"
+            )
             print(
-                f"g2rpo train: {signal.Signals(signum).name} received: finishing this iteration, then writing a "
-                f"checkpoint (within train.stop_grace_s = {self.grace_s:g} s)",
+                f"g2rpo train: {signal.Signals(signum).name} received: {doing} (within train.stop_grace_s = "
+                f"{self.grace_s:g} s)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -98,13 +109,24 @@ class StopOnSignal:
         self._timer.start()
 
     def _expire(self) -> None:
+        what = "no checkpoint" if self.phase == "training" else "the final checkpoint and export not done"
         print(
-            f"g2rpo train: no checkpoint within train.stop_grace_s = {self.grace_s:g} s of the signal: leaving now; "
+            f"g2rpo train: {what} within train.stop_grace_s = {self.grace_s:g} s of the signal: leaving now; "
             "the last complete checkpoint stands",
             file=sys.stderr,
             flush=True,
         )
         os._exit(exit_status(self.signum or signal.SIGTERM))
+
+    def finishing(self) -> None:
+        """The last iteration is done: a signal from now on lets the final checkpoint and export finish
+        (within the grace period) instead of stopping the run."""
+        self.phase = "finishing"
+
+    @property
+    def received(self) -> bool:
+        """Whether this process has been signalled (a fail point's hold waits for it)."""
+        return self.signum is not None
 
     def requested(self, ctx: DistContext) -> int | None:
         """The signal any rank received (every rank calls this after each iteration), else None."""

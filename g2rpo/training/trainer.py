@@ -73,6 +73,7 @@ from g2rpo.training.loading import (
     load_policy,
     load_prompts,
     load_rewards,
+    model_root,
     report_duplicates,
 )
 from g2rpo.training.memory import is_out_of_memory, out_of_memory_message
@@ -106,6 +107,7 @@ class Trainer:
         self._is_setup = False
         self.claims: list[WriterClaim] = []  # this process's writer claims on output.dir (rank 0), released at the end
         self._training_cost = {"seconds": 0.0, "forwards": 0}  # this process, since it started
+        self.stop: StopOnSignal | None = None  # the signal guard while run() trains (g2rpo.training.preemption)
 
     @property
     def out(self) -> Path:
@@ -127,7 +129,7 @@ class Trainer:
         # Before any work, on every rank: the folders the run writes can be written, and output.dir holds
         # nothing but a run's files (g2rpo.training.run_dir).
         run_dir.check()
-        if cfg.model.create_tiny and not Path(cfg.model.path).exists():
+        if cfg.model.create_tiny and "://" not in cfg.model.path and not Path(cfg.model.path).exists():
             check_writable(cfg.model.path, "model.path")
         if cfg.rewards.cache_dir:
             check_writable(cfg.rewards.cache_dir, "rewards.cache_dir")
@@ -169,10 +171,11 @@ class Trainer:
                 hook(self)
         self.ctx.barrier()  # what a callback restored is on disk before any rank looks
         resume_from = self.checkpoints.resume_point(cfg.train.resume, run_dir, to_yaml(cfg), self.metrics.event)
-        policy = load_policy(cfg, self.ctx)
+        root = model_root(cfg, self.ctx)  # an s3:// model is fetched here, once per node
+        policy = load_policy(cfg, self.ctx, root)
         self.transformer, self.vae, self.velocity = policy.transformer, policy.vae, policy.velocity
         self.latent_shape = policy.latent_shape
-        prompt_set = load_prompts(cfg)
+        prompt_set = load_prompts(cfg, root)
         self.prompts, self.prompt_counts = prompt_set.prompts, prompt_set.counts
         self._conditioning_of = prompt_set.conditioning_of
         check_conditioning_fits(cfg, prompt_set, self.transformer)
@@ -269,7 +272,7 @@ class Trainer:
             texts = [self.prompts[indices[int(p)]] for p in rollout.final_prompt]
             rewards = self._score(images, texts).reshape(rollout.reward_layout(len(self.reward_models)))  # [R, *shape]
             advantages = self.strategy.advantages(rollout, rewards, self.reward_weights)
-        fail_point("iteration", self.iteration)
+        fail_point("iteration", self.iteration, signalled=lambda: self.stop is not None and self.stop.received)
         with _timed(seconds, "training"):
             terms, grad_norm = self._optimise(rollout, advantages)
         stats = summarize_step(rollout, rewards, advantages, terms, self.reward_weights)
@@ -373,6 +376,7 @@ class Trainer:
         if cfg.train.progress and self.ctx.is_main:
             bar = progress_bar(total=cfg.train.iterations, initial=start, desc="g2rpo train", unit="it")
         with StopOnSignal(cfg.train.stop_grace_s, announce=self.ctx.is_main) as stop:
+            self.stop = stop
             while self.iteration < cfg.train.iterations and self.stop_reason is None:
                 try:
                     last = self.step()
@@ -390,17 +394,20 @@ class Trainer:
                     if bar is not None:
                         bar.close()
                     raise self._preempted(signum, stop)
-        if bar is not None:
-            bar.close()
-        validating, history = cfg.train.validation.enabled, self.validator.history
-        if validating and (not history or history[-1].iteration != self.iteration):
-            self.validate()  # the end of a run whose length is not a multiple of validation.every
-        saved = self.checkpoints.has_complete(self.iteration)
-        self.ctx.barrier()  # every rank has looked at the disk before anyone writes
-        if not saved:
-            self.save_checkpoint()
-        selection = self.validator.selection() if validating else None
-        export_dir = self.export(selection) if cfg.output.export else None
+            # Training is done: a signal from here on lets the final checkpoint and export finish (within the
+            # grace period) rather than killing the process mid-export.
+            stop.finishing()
+            if bar is not None:
+                bar.close()
+            validating, history = cfg.train.validation.enabled, self.validator.history
+            if validating and (not history or history[-1].iteration != self.iteration):
+                self.validate()  # the end of a run whose length is not a multiple of validation.every
+            saved = self.checkpoints.has_complete(self.iteration)
+            self.ctx.barrier()  # every rank has looked at the disk before anyone writes
+            if not saved:
+                self.save_checkpoint()
+            selection = self.validator.selection() if validating else None
+            export_dir = self.export(selection) if cfg.output.export else None
         return {
             "iterations": self.iteration,
             "resumed_at": start,

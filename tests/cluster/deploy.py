@@ -19,6 +19,7 @@ import os
 import subprocess
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,17 +29,19 @@ import yaml
 from botocore.config import Config
 
 from components.images import G2RPO_IMAGE, TRAINER_IMAGE
+from g2rpo.artifacts.publish import publish_dir
 from g2rpo.rewards.shapes import IN_DOMAIN, IN_DOMAIN_CHECKS, OUT_OF_DOMAIN
 from g2rpo.tasks.shapes import write_prompts
 from pipelines.local import LEARNED_REWARDS
 from tests.cluster.kfp_tasks import Run
 from tests.cluster.kube import Cluster, host_snapshot, leftovers, processes_naming
-from tests.s3server import REGION, SeaweedServer
+from tests.s3server import REGION, S3Env, SeaweedServer
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "g2rpo"
 IMAGE_MODELS = "/opt/venv/lib/python3.11/site-packages/g2rpo/models"  # where the image installs the shipped models
-IMAGE_SHAPES_MODEL = f"{IMAGE_MODELS}/shapes_flux"
+# The base model as production passes it: published to S3 (manifest, sha256 of every file); the train pods fetch it.
+BASE_MODEL_KEY = "models/shapes_flux"
 NAMESPACE = "team-a"
 RELEASE = "g2rpo"
 SERVICE_ACCOUNT = "g2rpo"  # the profile's service_account (pipelines/profiles/h200.yaml), created by the chart
@@ -136,6 +139,21 @@ def tag_in_node(cluster: Cluster, image: str, alias: str) -> None:
         raise RuntimeError(f"ctr images tag {image} {alias} failed: {done.stderr}")
 
 
+@contextmanager
+def _aws_env(env: dict[str, str]):
+    """The standard AWS chain pointed at the tier's S3 for a host-side call (g2rpo reads credentials from it only)."""
+    saved = {key: os.environ.get(key) for key in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 def prepare_inputs(deployment: Deployment) -> None:
     """The bucket, the prompts file and the gates every run reads, the launcher's ConfigMap, and the GPU count."""
     cluster, client = deployment.cluster, deployment.client()
@@ -145,6 +163,8 @@ def prepare_inputs(deployment: Deployment) -> None:
     client.upload_file(str(prompts), BUCKET, "prompts/shapes.txt")
     prompts.unlink()
     client.upload_file(str(REPO / "configs" / "shapes-gates.yaml"), BUCKET, "gates/shapes-gates.yaml")
+    with _aws_env(S3Env(deployment.s3, BUCKET).env):
+        publish_dir(REPO / "g2rpo" / "models" / "shapes_flux", f"s3://{BUCKET}/{BASE_MODEL_KEY}")
     cluster.kubectl(
         "-n", NAMESPACE, "create", "configmap", LAUNCHER_CONFIGMAP,
         f"--from-file=kfp_launch.py={Path(__file__).with_name('kfp_launch.py')}",
@@ -240,9 +260,9 @@ def run_arguments(bucket: str) -> dict:
     rewards += [{"name": name, "weight": 0.0} for name in (*IN_DOMAIN, *IN_DOMAIN_CHECKS, *OUT_OF_DOMAIN)]
     return {
         "config_uri": "configs/shapes-cpu.yaml",
-        # The shipped model inside the image. An s3:// base model is what production passes, and training cannot
-        # read one yet: the trainer loads model.path as a local folder (docs/cluster.md, "Found by this tier").
-        "base_model_uri": IMAGE_SHAPES_MODEL,
+        # What production passes: an s3:// base model (the shipped shapes model, published by prepare_inputs). The
+        # train pods fetch it into their verified cache; evaluation resolves the export's base through it.
+        "base_model_uri": f"s3://{bucket}/{BASE_MODEL_KEY}",
         "prompts_uri": f"s3://{bucket}/prompts/shapes.txt",
         "store_uri": f"s3://{bucket}/store",
         "registry_uri": f"s3://{bucket}/registry",

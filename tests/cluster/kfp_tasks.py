@@ -64,8 +64,8 @@ class CompiledPipeline:
         return out
 
     def task(self, name: str) -> dict:
-        """A container task, wherever it sits in the DAG (the exit handler, the gate's condition)."""
-        for component in self.spec["components"].values():
+        """A container task, wherever it sits in the DAG (the root's exit task, the exit handler, the gate's condition)."""
+        for component in [self.spec["root"], *self.spec["components"].values()]:
             tasks = component.get("dag", {}).get("tasks", {})
             if name in tasks and "comp-" + name == tasks[name]["componentRef"]["name"]:
                 return tasks[name]
@@ -97,6 +97,9 @@ class Run:
     job_name: str
     pipeline_root: str  # s3://bucket/prefix
     outputs: dict[str, dict] = field(default_factory=dict)  # task -> the launcher's record
+    # What the exit task is told about the exit handler: KFP 2.17's driver passes ML Metadata's state of its DAG
+    # execution (COMPLETE when every task in it succeeded), not Vertex AI's SUCCEEDED.
+    final_state: str = "COMPLETE"
 
     def __post_init__(self):
         unknown = sorted(set(self.arguments) - set(self.pipeline.defaults()))
@@ -132,6 +135,13 @@ class Run:
         }
         out = dict(channels)
         for name, source in spec.items():
+            if "taskFinalStatus" in source:  # as the driver resolves it: protojson of PipelineTaskFinalStatus
+                out[name] = {
+                    "state": self.final_state,
+                    "pipelineJobResourceName": self.job_name,
+                    "pipelineTaskName": source["taskFinalStatus"]["producerTask"],
+                    "error": {},
+                }
             if "runtimeValue" in source:
                 value = source["runtimeValue"]["constant"]
                 out[name] = self._placeholders(value, task, channels) if isinstance(value, str) else value

@@ -107,6 +107,11 @@ def test_every_step_of_the_compiled_pipeline_runs_as_a_pod_to_a_promoted_champio
     promoted = run_step(deployment, run, "promote")
     state = json.loads(client.get_object(Bucket=BUCKET, Key="registry/models/g2rpo-shapes/state.json")["Body"].read())
     assert state["aliases"].get("champion") == promoted["parameters"]["Output"] == 1, (state, promoted)
+    # The exit task, told what KFP 2.17's driver tells it (ML Metadata's COMPLETE), records a success.
+    reported = run_step(deployment, run, "report-status")
+    record_key = reported["artifacts"]["record"]["uri"].split("/", 3)[3]
+    status = json.loads(client.get_object(Bucket=BUCKET, Key=record_key)["Body"].read())
+    assert (status["state"], status["outcome"], status["failed_task"]) == ("COMPLETE", "succeeded", ""), status
     with capsys.disabled():
         print(
             "\npipeline steps as pods (s): "

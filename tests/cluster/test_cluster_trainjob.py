@@ -13,8 +13,10 @@ host folder, the node being one), checkpoints are mirrored to S3, the export is 
 
 Two runs of the same config (shapes model, T = 4, G = 4, 2 prompts per iteration, :data:`ITERATIONS` iterations):
 one left alone, one whose node-0 pod is deleted (``kubectl delete pod``: SIGTERM, then the pod's grace period)
-after its first checkpoint is mirrored. The deleted pod must finish its iteration, write and mirror a checkpoint
-and say so in one line; its Job fails, the JobSet's failure policy restarts both pods, they resume from that
+after its first checkpoint is mirrored. So that the signal lands mid-run whatever the machine's speed, that run's
+pods get the fail point ``hold:2`` (through the runtime's env): rank 0 waits in iteration 2 until it is signalled
+(without it, a fast run was sometimes past its last iteration when the pod went). The deleted pod must finish its
+iteration, write and mirror a checkpoint (iteration 3) and say so in one line; its Job fails, the JobSet's failure policy restarts both pods, they resume from that
 checkpoint, and the export's weights equal the uninterrupted run's, digest for digest.
 
 Prometheus (Debian's, :mod:`tests.cluster.prom`) runs in the pod network and scrapes what the chart's PodMonitor
@@ -26,11 +28,13 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from contextlib import contextmanager
 
 import pytest
 
 from g2rpo.observability.dashboard import DEFAULT_PATH
 from g2rpo.steps.train_task import checkpoint_uri_for
+from g2rpo.training.failpoints import FAIL_POINT_ENV
 from tests.cluster import jobset
 from tests.cluster.deploy import (
     BUCKET,
@@ -71,7 +75,10 @@ NOT_PRODUCED = CUDA_ONLY | {
     "g2rpo_training_validation_seconds_total",
 }
 TRAINJOB_TIMEOUT_S = 1500
-DELETE_AFTER = 1  # node-0's pod is deleted once this iteration's checkpoint is mirrored
+DELETE_AFTER = 1  # node-0's pod is deleted once this iteration's checkpoint is mirrored ...
+HOLD_IN = DELETE_AFTER + 1  # ... and its rank 0 holds in this iteration (the fail point hold:N)
+RUNTIME = "g2rpo-torch-distributed"  # the chart's ClusterTrainingRuntime (trainingRuntime.name)
+RUNTIME_ENV = "/spec/template/spec/replicatedJobs/0/template/spec/template/spec/containers/0/env"
 
 
 def _podmonitor() -> dict:
@@ -115,6 +122,21 @@ def _new_run(prepared: dict | None = None) -> Run:
 def _checkpoint_prefix(run: Run) -> str:
     uri = checkpoint_uri_for(f"s3://{BUCKET}/store", run.run_id, TRAIN_TASK)
     return uri.split("/", 3)[3]
+
+
+@contextmanager
+def runtime_env(cluster, name: str, value: str):
+    """``name=value`` on the training pods of TrainJobs created meanwhile (a JSON patch of the runtime)."""
+    env = cluster.get("clustertrainingruntime", RUNTIME)
+    for part in RUNTIME_ENV.strip("/").split("/"):
+        env = env[int(part)] if part.isdigit() else env[part]
+    patch = [{"op": "add", "path": f"{RUNTIME_ENV}/-", "value": {"name": name, "value": value}}]
+    cluster.kubectl("patch", "clustertrainingruntime", RUNTIME, "--type=json", "-p", json.dumps(patch))
+    try:
+        yield
+    finally:
+        restore = [{"op": "remove", "path": f"{RUNTIME_ENV}/{len(env)}"}]
+        cluster.kubectl("patch", "clustertrainingruntime", RUNTIME, "--type=json", "-p", json.dumps(restore))
 
 
 def _train(deployment, run: Run, what: str) -> dict:
@@ -206,26 +228,29 @@ def test_a_training_pod_deleted_mid_run_checkpoints_and_the_run_resumes_to_the_s
     run = _new_run(uninterrupted["run"].outputs["prepare-data"])
     job, prefix = trainjob_of(run.run_id), _checkpoint_prefix(run)
     started = time.monotonic()
-    task_pod = start_step(deployment, run, TRAIN_TASK)
+    with runtime_env(cluster, FAIL_POINT_ENV, f"hold:{HOLD_IN}"):
+        task_pod = start_step(deployment, run, TRAIN_TASK)
 
-    def explain() -> str:
-        return f"train task pod {task_pod}:\n{cluster.logs(task_pod, NAMESPACE)[-3000:]}\n{describe(cluster, job)}"
+        def explain() -> str:
+            return f"train task pod {task_pod}:\n{cluster.logs(task_pod, NAMESPACE)[-3000:]}\n{describe(cluster, job)}"
 
-    wait_for(
-        f"checkpoint {DELETE_AFTER} of TrainJob {job} in S3",
-        lambda: DELETE_AFTER in mirrored_iterations(deployment, prefix),
-        TRAINJOB_TIMEOUT_S,
-        explain,
-    )
+        wait_for(
+            f"checkpoint {DELETE_AFTER} of TrainJob {job} in S3",
+            lambda: DELETE_AFTER in mirrored_iterations(deployment, prefix),
+            TRAINJOB_TIMEOUT_S,
+            explain,
+        )
     (node0,) = [
         p for p in pods_of(cluster, job) if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "0"
     ]
     name = node0["metadata"]["name"]
     follower = LogFollower(cluster, name).start()
-    time.sleep(2)  # the follower is attached before the pod goes
+    wait_for(f"rank 0 holding in iteration {HOLD_IN}", lambda: "holding in iteration" in follower.text(), 600, explain)
     mirrored_before = mirrored_iterations(deployment, prefix)
     cluster.kubectl("delete", "pod", name, "-n", NAMESPACE, "--wait=false")
     deleted_log = follower.stop(timeout_s=180)
+    # Read now: the mirror keeps the last two checkpoints, so the resumed run's later ones will prune this one.
+    mirrored_after = mirrored_iterations(deployment, prefix)
 
     record = finish_step(deployment, run, TRAIN_TASK, task_pod, started)
     deployment.timings["two-node train task (a pod deleted)"] = time.monotonic() - started
@@ -235,8 +260,8 @@ def test_a_training_pod_deleted_mid_run_checkpoints_and_the_run_resumes_to_the_s
     stops = [line for line in deleted_log.splitlines() if "stopped by SIGTERM after iteration" in line]
     assert stops, deleted_log[-4000:]
     stopped_at = int(stops[0].split("after iteration ")[1].split(";")[0])
-    assert max(mirrored_before) < stopped_at < ITERATIONS, (stopped_at, mirrored_before)  # mid-run, a new one
-    assert stopped_at in mirrored_iterations(deployment, prefix)
+    assert stopped_at == HOLD_IN + 1 and max(mirrored_before) < stopped_at, (stopped_at, mirrored_before)
+    assert stopped_at in mirrored_after, mirrored_after
     # The JobSet restarted the group; the new pods resumed from that checkpoint and finished the run.
     restarted = cluster.get("jobset", job, NAMESPACE)
     assert restarted["status"].get("restarts", 0) >= 1, restarted["status"]

@@ -294,3 +294,25 @@ def test_storage_write_dir_manifest_seals_a_local_folder(tmp_path):
     ]
     (src / "config.json").unlink()
     assert mismatches(store, manifest) == ["config.json: missing"]
+
+
+def test_storage_publish_of_a_sealed_folder_publishes_what_its_manifest_lists_after_verifying_it(
+    root_uri, tmp_path, monkeypatch
+):
+    # A folder g2rpo wrote (an export, the shipped models) has its own manifest.json: `storage put` of it used
+    # to fail with "'manifest.json' is reserved for g2rpo; rename the file".
+    monkeypatch.setenv("G2RPO_CACHE_DIR", str(tmp_path / "cache"))  # verify_local's record of verified files
+    src = _artifact(tmp_path)
+    (src / "notes.txt").write_text("not part of the artifact")
+    write_dir_manifest(src, producer="p 1", names=["config.json", "transformer/model.safetensors"])
+    published = publish_dir(src, f"{root_uri}/sealed")
+    assert [f.path for f in published.files] == ["config.json", "transformer/model.safetensors"]
+    fetched = fetch_to_cache(f"{root_uri}/sealed", cache_dir=tmp_path / "fetched")
+    assert (fetched / "config.json").read_text() == '{"layers": 2}' and not (fetched / "notes.txt").exists()
+    blob = src / "transformer" / "model.safetensors"
+    flipped = bytearray(blob.read_bytes())
+    flipped[7] ^= 1
+    blob.write_bytes(bytes(flipped))
+    with pytest.raises(G2RPOError, match="(?s)folder to publish .*does not match.*model.safetensors: sha256"):
+        publish_dir(src, f"{root_uri}/damaged")
+    assert not has_manifest(open_store(f"{root_uri}/damaged"))
