@@ -36,4 +36,5 @@ def test_a_run_trains_from_an_s3_model_as_from_its_local_folder(tiny_model, s3_e
     wa, wb = export_weights(tmp_path / "local"), export_weights(tmp_path / "remote")
     assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
     base = json.loads((tmp_path / "remote" / "export" / "base_model.json").read_text())
-    assert base["base_model_record"]["location"] == uri, base  # the export points at the model's URI, not at this pod's cache
+    # The export points at the model's URI, not at this pod's cache.
+    assert base["base_model_record"]["location"] == uri, base
