@@ -19,9 +19,9 @@ import os
 import subprocess
 import time
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from unittest import mock
 
 import boto3
 import helm_python
@@ -139,21 +139,6 @@ def tag_in_node(cluster: Cluster, image: str, alias: str) -> None:
         raise RuntimeError(f"ctr images tag {image} {alias} failed: {done.stderr}")
 
 
-@contextmanager
-def _aws_env(env: dict[str, str]):
-    """The standard AWS chain pointed at the tier's S3 for a host-side call (g2rpo reads credentials from it only)."""
-    saved = {key: os.environ.get(key) for key in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
 def prepare_inputs(deployment: Deployment) -> None:
     """The bucket, the prompts file and the gates every run reads, the launcher's ConfigMap, and the GPU count."""
     cluster, client = deployment.cluster, deployment.client()
@@ -163,7 +148,7 @@ def prepare_inputs(deployment: Deployment) -> None:
     client.upload_file(str(prompts), BUCKET, "prompts/shapes.txt")
     prompts.unlink()
     client.upload_file(str(REPO / "configs" / "shapes-gates.yaml"), BUCKET, "gates/shapes-gates.yaml")
-    with _aws_env(S3Env(deployment.s3, BUCKET).env):
+    with mock.patch.dict(os.environ, S3Env(deployment.s3, BUCKET).env):  # the AWS chain g2rpo reads
         publish_dir(REPO / "g2rpo" / "models" / "shapes_flux", f"s3://{BUCKET}/{BASE_MODEL_KEY}")
     cluster.kubectl(
         "-n", NAMESPACE, "create", "configmap", LAUNCHER_CONFIGMAP,
