@@ -8,6 +8,9 @@ a quarter, a half, three quarters and all of the budget. At each reading point: 
 its 95 % t-interval. The last quarter's change is the per-seed difference (all − three quarters), paired,
 with its own interval. A curve has **flattened** when that mean change is smaller in size than the
 half-width of the interval at the budget: the last quarter moved it by less than the seeds disagree.
+That test is loose with few seeds (a wide final interval passes a curve that is plainly still climbing), so
+each row also says whether it is **still rising**: the last quarter's paired change has a 95 % interval
+wholly above zero. A row can be both; read it as "flat within the seeds' spread, but not done".
 
 Writes ``plateau.json`` and ``plateau.md`` next to the input. Usage:
 ``python -m benchmarks.plateau benchmarks/results/ablation-plateau/ablation.json``.
@@ -29,8 +32,9 @@ FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 
 def last_quarter(at_three_quarters: list[float], at_budget: list[float]) -> dict[str, Any]:
     """The last quarter's change of one method and metric from its per-seed values (same seed order):
-    the paired change with its interval, the interval of the final mean, and whether it has flattened
-    (|mean change| < the final mean's half-width)."""
+    the paired change with its interval, the interval of the final mean, whether it has flattened
+    (|mean change| < the final mean's half-width) and whether it is still rising (the change's interval
+    lies above zero)."""
     change = paired(at_budget, at_three_quarters)
     final = mean_ci(at_budget)
     return {
@@ -39,6 +43,7 @@ def last_quarter(at_three_quarters: list[float], at_budget: list[float]) -> dict
         "final": final["mean"],
         "final_half_width": final["ci95"],
         "flattened": abs(change["mean"]) < final["ci95"],
+        "still_rising": change["mean"] - change["half_width"] > 0.0,
     }
 
 
@@ -70,22 +75,26 @@ def markdown(table: dict[str, Any]) -> str:
     for setting, block in table.items():
         at = ", ".join(f"{p:.0f}" for p in block["points"])
         lines.append(f"## {setting} (read at {at} compute units)\n")
-        lines.append("| method | reward | ¼ | ½ | ¾ | all (± 95 % t) | last-quarter change [95 % t] | flattened |")
-        lines.append("|---|---|---|---|---|---|---|---|")
+        lines.append(
+            "| method | reward | ¼ | ½ | ¾ | all (± 95 % t) | last-quarter change [95 % t] | flattened | still rising |"
+        )
+        lines.append("|---|---|---|---|---|---|---|---|---|")
         for method, entry in block["methods"].items():
             for metric, row in entry["metrics"].items():
                 means = [f"{r['mean']:.3f}" for r in row["readings"]]
                 lo, hi = row["change"] - row["change_half_width"], row["change"] + row["change_half_width"]
                 flat = "yes" if row["flattened"] else "**no**"
+                rising = "**yes**" if row.get("still_rising") else "no"
                 lines.append(
                     f"| {method} | {metric} | {means[0]} | {means[1]} | {means[2]} | "
                     f"{row['final']:.3f} ± {row['final_half_width']:.3f} | "
-                    f"{row['change']:+.4f} [{lo:+.4f}, {hi:+.4f}] | {flat} |"
+                    f"{row['change']:+.4f} [{lo:+.4f}, {hi:+.4f}] | {flat} | {rising} |"
                 )
         lines.append("")
     lines.append(
         "Flattened: the last quarter's mean change is smaller in size than the final mean's 95 % half-width "
-        f"(seeds per method: {sorted({len(e['seeds']) for b in table.values() for e in b['methods'].values()})})."
+        f"(seeds per method: {sorted({len(e['seeds']) for b in table.values() for e in b['methods'].values()})}). "
+        "Still rising: the last quarter's paired change has a 95 % t-interval wholly above zero."
     )
     return "\n".join(lines) + "\n"
 

@@ -18,9 +18,15 @@ def test_last_quarter_on_hand_worked_values():
     assert row["change_half_width"] == pytest.approx(0.024841, abs=1e-6)
     assert row["final"] == pytest.approx(0.82) and row["final_half_width"] == pytest.approx(0.024841, abs=1e-6)
     assert row["flattened"]
+    assert not row["still_rising"]  # 0.02 − 0.024841 < 0: the change's interval holds zero
     # the same seeds' spread, but the last quarter gained 0.05: still rising
     rising = last_quarter([0.76, 0.78, 0.77], [0.81, 0.83, 0.82])
     assert rising["change"] == pytest.approx(0.05) and not rising["flattened"]
+    assert rising["still_rising"]  # changes 0.05, 0.05, 0.05: sd 0, interval [0.05, 0.05] above zero
+    # flat by the loose test, yet every seed climbed: changes 0.03, 0.04, 0.05 (mean 0.04, sd 0.01, half-width
+    # 0.024841 → interval [0.0152, 0.0648] above zero); finals 0.70, 0.80, 0.90 (sd 0.1, half-width 0.24841)
+    climbing = last_quarter([0.67, 0.76, 0.85], [0.70, 0.80, 0.90])
+    assert climbing["flattened"] and climbing["still_rising"]
 
 
 def curve(seed, end):
@@ -45,4 +51,5 @@ def test_plateau_reads_four_budgets_on_each_seeds_curve(tmp_path):
     path = tmp_path / "ablation.json"
     path.write_text(json.dumps(result))
     assert main([str(path)]) == 0
-    assert "| m | shapes_colour | 0.575 |" in (tmp_path / "plateau.md").read_text()
+    text = (tmp_path / "plateau.md").read_text()
+    assert "| m | shapes_colour | 0.575 |" in text and "| still rising |" in text
