@@ -477,6 +477,7 @@ def plot(runs: list[dict[str, Any]], folder: Path) -> list[Path]:
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
+    from matplotlib.ticker import EngFormatter, MaxNLocator
 
     written = []
     axes_spec = (
@@ -516,6 +517,8 @@ def plot(runs: list[dict[str, Any]], folder: Path) -> list[Path]:
                 kind = "learned" if metric in LEARNED else "exact"
                 ax.set_title(f"{metric} ({kind})\n{domain}", fontsize=9)
                 ax.set_xlabel(label, fontsize=8)
+                ax.xaxis.set_major_locator(MaxNLocator(5))  # 690k compute units, 1.8e13 FLOPs: short ticks
+                ax.xaxis.set_major_formatter(EngFormatter(sep=""))
                 ax.tick_params(labelsize=7)
             for ax in panels[len(METRICS) :]:
                 ax.axis("off")
