@@ -865,13 +865,40 @@ def main(argv: list[str] | None = None) -> int:
         "runtime_seconds": time.monotonic() - started,
     }
     (args.out / "ablation.json").write_text(json.dumps(result, indent=1) + "\n")
-    table = markdown(summary, args.iterations)
+    table = markdown(summary, args.iterations) + probe_markdown(probes["cost"])
     (args.out / "ablation.md").write_text(table + f"\nruntime {result['runtime_seconds']:.0f} s\n")
     print(table)
     print(
         f"runtime {result['runtime_seconds']:.0f} s; wrote {args.out / 'ablation.json'}, ablation.md, {len(pngs)} PNGs"
     )
     return 0
+
+
+# A probe (one thread) and the one before it hold the 1-minute load average near 1; above 1.5 another job ran.
+PROBE_LOAD_LIMIT = 1.5
+
+
+def probe_markdown(cost: dict[str, dict[str, Any]]) -> str:
+    """The per-phase seconds of one iteration measured alone (the equal-wall-time views read these, not
+    the runs' own seconds, which two to four runs sharing the cores inflate), with the load average at
+    each probe's start and a warning naming the probes that were not taken on a quiet machine."""
+    phases = list(dict.fromkeys(ph for c in cost.values() for ph in c["phases"]))
+    lines = [
+        "\n### seconds per iteration alone (probes; the wall-time views read these)\n",
+        "| method | s / iteration | " + " | ".join(phases) + " | load average at start |",
+        "|---" * (len(phases) + 3) + "|",
+    ]
+    for method, c in cost.items():
+        cells = " | ".join(f"{c['phases'].get(ph, 0.0):.2f}" for ph in phases)
+        lines.append(f"| {method} | {c['seconds']:.2f} | {cells} | {c.get('load_average', float('nan')):.2f} |")
+    busy = [m for m, c in cost.items() if c.get("load_average", 0.0) > PROBE_LOAD_LIMIT]
+    if busy:
+        lines.append(
+            f"\n**Warning:** probes of {', '.join(busy)} started at a load average above {PROBE_LOAD_LIMIT}: the "
+            "machine was not quiet, so the wall-time views are skewed. Delete probes.json and rerun the command "
+            "on an idle machine (finished runs are reused; only the probes are retaken)."
+        )
+    return "\n".join(lines) + "\n"
 
 
 def power(summary: dict[str, Any]) -> dict[str, Any]:

@@ -189,3 +189,13 @@ def test_quick_ablation_trains_real_strategies_to_one_budget(tmp_path):
     assert [p.stat().st_mtime_ns for p in sorted((out / "per_run").glob("*.json"))] == stamps
     again = json.loads((out / "ablation.json").read_text())
     assert again["summary"] == result["summary"] and again["runs"] == result["runs"]
+
+
+def test_probe_table_names_the_probes_taken_on_a_busy_machine():
+    quiet = {"seconds": 2.5, "phases": {"sampling": 1.0, "training": 1.5}, "load_average": 0.4}
+    busy = {"seconds": 9.0, "phases": {"sampling": 3.0, "training": 6.0}, "load_average": 7.7}
+    text = ablation.probe_markdown({"mixgrpo": quiet, "dancegrpo": busy})
+    assert "| mixgrpo | 2.50 | 1.00 | 1.50 | 0.40 |" in text
+    assert "| dancegrpo | 9.00 | 3.00 | 6.00 | 7.70 |" in text
+    assert "probes of dancegrpo started at a load average above 1.5" in text and "Delete probes.json" in text
+    assert "Warning" not in ablation.probe_markdown({"mixgrpo": quiet})
