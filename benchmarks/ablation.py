@@ -890,8 +890,11 @@ def probe_markdown(cost: dict[str, dict[str, Any]]) -> str:
     ]
     for method, c in cost.items():
         cells = " | ".join(f"{c['phases'].get(ph, 0.0):.2f}" for ph in phases)
-        lines.append(f"| {method} | {c['seconds']:.2f} | {cells} | {c.get('load_average', float('nan')):.2f} |")
-    busy = [m for m, c in cost.items() if c.get("load_average", 0.0) > PROBE_LOAD_LIMIT]
+        load = c.get("load_average")  # probes from before the load was recorded have none
+        lines.append(
+            f"| {method} | {c['seconds']:.2f} | {cells} | {'not recorded' if load is None else f'{load:.2f}'} |"
+        )
+    busy = [m for m, c in cost.items() if (c.get("load_average") or 0.0) > PROBE_LOAD_LIMIT]
     if busy:
         lines.append(
             f"\n**Warning:** probes of {', '.join(busy)} started at a load average above {PROBE_LOAD_LIMIT}: the "

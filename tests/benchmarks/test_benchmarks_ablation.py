@@ -199,3 +199,5 @@ def test_probe_table_names_the_probes_taken_on_a_busy_machine():
     assert "| dancegrpo | 9.00 | 3.00 | 6.00 | 7.70 |" in text
     assert "probes of dancegrpo started at a load average above 1.5" in text and "Delete probes.json" in text
     assert "Warning" not in ablation.probe_markdown({"mixgrpo": quiet})
+    old = {"seconds": 1.0, "phases": {"sampling": 1.0}}  # taken before the load average was recorded
+    assert "| g2rpo | 1.00 | 1.00 | not recorded |" in ablation.probe_markdown({"g2rpo": old})
