@@ -20,8 +20,10 @@ iteration, 1 when it steps once per k), and ``train_batch_size = micro × accumu
 world_size`` as DeepSpeed requires. The strategy already divides each term by |M| (docs/algorithm.md §5), so
 the trainer calls ``engine.backward(loss, scale_wrt_gas=False)``: DeepSpeed must not divide again.
 
-The optimiser is ``torch.optim.AdamW`` built by the trainer (not DeepSpeed's FusedAdam, which
-JIT-compiles for ~50 s on CPU), hence ``zero_allow_untested_optimizer``. Stage 3 sets
+The optimiser is built by the trainer (``deepspeed.optimizer``): on CUDA DeepSpeed's ``FusedAdam``
+(a CUDA op; the trainer image pre-builds it for sm_90, elsewhere it JIT-compiles once per machine),
+on the CPU ``torch.optim.AdamW`` (DeepSpeed's CPU Adam would JIT-compile for ~50 s), hence
+``zero_allow_untested_optimizer``. Stage 3 sets
 ``stage3_gather_16bit_weights_on_model_save`` so that export can consolidate the weights.
 """
 
@@ -58,6 +60,11 @@ class DeepSpeedSection(Section):
     )
     offload_param: bool = Field(False, description="keep ZeRO-3's parameter shards in CPU memory (stage 3 only)")
     overlap_comm: bool = Field(True, description="overlap gradient reduction with the backward pass")
+    optimizer: Literal["auto", "adamw", "fused_adam"] = Field(
+        "auto",
+        description="the AdamW implementation: fused_adam = DeepSpeed's FusedAdam (a CUDA op, built on first use), "
+        "adamw = torch.optim.AdamW (fused kernels on CUDA); auto = fused_adam on CUDA, adamw on the CPU",
+    )
     reduce_bucket_size: int = Field(
         500_000_000,
         gt=0,

@@ -129,6 +129,32 @@ def _cpu_comm_without_compiler(deepspeed: Any, ctx: DistContext) -> None:
             )
 
 
+def optimizer_kind(setting: str, device: torch.device) -> str:
+    """``adamw`` or ``fused_adam`` for ``deepspeed.optimizer`` on ``device`` (auto: FusedAdam on CUDA)."""
+    if setting == "auto":
+        return "fused_adam" if device.type == "cuda" else "adamw"
+    if setting == "fused_adam" and device.type != "cuda":
+        raise G2RPOError(
+            problem(
+                "deepspeed.optimizer",
+                setting,
+                f"FusedAdam is a CUDA op and this run trains on {device.type}: use adamw (or auto)",
+            )
+        )
+    return setting
+
+
+def build_optimizer(config: RunConfig, params: list[torch.nn.Parameter], device: torch.device) -> torch.optim.Optimizer:
+    """AdamW over ``params`` with the run's settings, as ``deepspeed.optimizer`` chooses (see deepspeed_config)."""
+    train = config.train
+    settings = dict(lr=config.learning_rate, betas=tuple(train.adam_betas), eps=train.adam_eps)
+    if optimizer_kind(config.deepspeed.optimizer, device) == "fused_adam":
+        from deepspeed.ops.adam import FusedAdam  # loads (or JIT-builds) the CUDA op here, before any step
+
+        return FusedAdam(params, weight_decay=train.weight_decay, adam_w_mode=True, **settings)
+    return torch.optim.AdamW(params, weight_decay=train.weight_decay, **settings)
+
+
 class DeepSpeedDriver:
     """A DeepSpeed engine around the policy (ZeRO 0–3), driven through ``backward`` / ``step``."""
 
@@ -148,13 +174,7 @@ class DeepSpeedDriver:
             accumulation_steps=1,  # boundaries come from the strategy's terms (set_gradient_accumulation_boundary)
         )
         validate_deepspeed_config(self.ds_config, ctx.world_size)
-        optimizer = torch.optim.AdamW(
-            params,
-            lr=config.learning_rate,
-            betas=tuple(train.adam_betas),
-            eps=train.adam_eps,
-            weight_decay=train.weight_decay,
-        )
+        optimizer = build_optimizer(config, params, ctx.device)
         if not ctx.distributed:
             # deepspeed.initialize wants a process group even for one rank.
             os.environ.setdefault("MASTER_ADDR", "127.0.0.1")

@@ -107,6 +107,7 @@ class Trainer:
         self._is_setup = False
         self.claims: list[WriterClaim] = []  # this process's writer claims on output.dir (rank 0), released at the end
         self._training_cost = {"seconds": 0.0, "forwards": 0}  # this process, since it started
+        self._optimizer_seconds = 0.0
         self.stop: StopOnSignal | None = None  # the signal guard while run() trains (g2rpo.training.preemption)
 
     @property
@@ -258,9 +259,9 @@ class Trainer:
         cond = self._conditioning_of(indices).to(ctx.device)
         seconds = dict.fromkeys(PHASES, 0.0)
 
-        with _timed(seconds, "sampling"), torch.no_grad():
+        with _timed(seconds, "sampling", ctx.device), torch.no_grad():
             rollout = self.strategy.rollout(self.driver.policy, cond, draws, self.latent_shape, device=ctx.device)
-        with _timed(seconds, "decoding"):
+        with _timed(seconds, "decoding", ctx.device):
             images = decode_latents(
                 self.vae,
                 rollout.final_latents,
@@ -268,12 +269,13 @@ class Trainer:
                 cfg.model.width,
                 micro_batch=cfg.train.decode_micro_batch,
             )  # [N, 3, H, W] in [0, 1]
-        with _timed(seconds, "reward"):
+        with _timed(seconds, "reward", ctx.device):
             texts = [self.prompts[indices[int(p)]] for p in rollout.final_prompt]
             rewards = self._score(images, texts).reshape(rollout.reward_layout(len(self.reward_models)))  # [R, *shape]
             advantages = self.strategy.advantages(rollout, rewards, self.reward_weights)
         fail_point("iteration", self.iteration, signalled=lambda: self.stop is not None and self.stop.received)
-        with _timed(seconds, "training"):
+        self._optimizer_seconds = 0.0  # the optimiser steps' share of "training" (timed in _optimizer_step)
+        with _timed(seconds, "training", ctx.device):
             terms, grad_norm = self._optimise(rollout, advantages)
         stats = summarize_step(rollout, rewards, advantages, terms, self.reward_weights)
         self._training_cost["seconds"] += sum(seconds.values())
@@ -287,7 +289,12 @@ class Trainer:
             reward_names=self.reward_names,
             reward_mean_global=ctx.mean(stats.reward_mean_all),
             prompt_indices=indices,
-            extra={"world_size": ctx.world_size, "rank": ctx.rank, "decoded_images": int(images.shape[0])},
+            extra={
+                "world_size": ctx.world_size,
+                "rank": ctx.rank,
+                "decoded_images": int(images.shape[0]),
+                "optimizer_seconds": self._optimizer_seconds,
+            },
         )
         self.iteration += 1
         self.metrics.append(record.as_json())  # rank 0 writes
@@ -324,9 +331,12 @@ class Trainer:
         return terms, self._optimizer_step()
 
     def _optimizer_step(self) -> float | None:
-        norm = self.driver.step()
-        if self.ema is not None:
-            self.ema.update(self._trainable())
+        seconds = {"optimizer": 0.0}
+        with _timed(seconds, "optimizer", self.ctx.device):
+            norm = self.driver.step()
+            if self.ema is not None:
+                self.ema.update(self._trainable())
+        self._optimizer_seconds += seconds["optimizer"]
         return norm
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
@@ -489,12 +499,22 @@ class Trainer:
 
 
 @contextmanager
-def _timed(seconds: dict[str, float], phase: str) -> Iterator[None]:
+def _timed(seconds: dict[str, float], phase: str, device: torch.device) -> Iterator[None]:
+    """Add the phase's wall seconds to ``seconds[phase]``. On CUDA the device is synchronised at both
+    ends: kernels run asynchronously, so without it a phase would be charged for the previous one's
+    queued work and not for its own."""
+    _synchronize(device)
     start = time.perf_counter()
     try:
         yield
     finally:
+        _synchronize(device)
         seconds[phase] += time.perf_counter() - start
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def train_from_config(

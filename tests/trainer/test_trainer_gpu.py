@@ -1,0 +1,58 @@
+"""The trainer's CUDA paths (opt-in: ``make test-gpu``): FusedAdam as a CUDA op, phases timed with the device synchronised."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from g2rpo.training.drivers import build_optimizer
+from g2rpo.training.run_config import load_run_config
+from g2rpo.training.trainer import _timed
+from tests.trainer.trainer_testlib import as_cli, tiny_overrides
+
+pytestmark = pytest.mark.gpu
+
+
+def _config(**train):
+    overrides = tiny_overrides(Path("model"), Path("run"))
+    overrides["train"].update(train)
+    return load_run_config(None, as_cli(overrides))
+
+
+def test_fused_adam_builds_and_steps_like_torch_adamw():
+    config = _config(learning_rate=1e-2, weight_decay=0.0)
+    start = torch.randn(64, device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    params = [torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.clone())]
+    fused = build_optimizer(config, [params[0]], torch.device("cuda"))
+    config.deepspeed.optimizer = "adamw"
+    plain = build_optimizer(config, [params[1]], torch.device("cuda"))
+    assert type(fused).__name__ == "FusedAdam"
+    for _ in range(3):
+        for p, opt in zip(params, (fused, plain)):
+            opt.zero_grad()
+            (p**2).sum().backward()
+            opt.step()
+    torch.testing.assert_close(params[0], params[1], rtol=1e-5, atol=1e-6)
+
+
+def test_a_phase_is_charged_for_its_own_kernels():
+    a = torch.randn(4096, 4096, device="cuda")
+
+    def work():
+        for _ in range(20):
+            a @ a  # queued: returns before the device has finished
+
+    work()  # warm-up
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    work()
+    torch.cuda.synchronize()
+    on_device = time.perf_counter() - start
+    seconds = {"work": 0.0}
+    with _timed(seconds, "work", torch.device("cuda")):
+        work()
+    # without the synchronisation the phase would be charged only the launches (far less than the kernels)
+    assert seconds["work"] > 0.5 * on_device
