@@ -61,6 +61,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import re
 import time
 from pathlib import Path
@@ -135,6 +136,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, help="GEMM timing repeats (default 10)")
     parser.add_argument("--output", default=str(RESULTS / "gpu_flux_step.json"), help="JSON result path")
     parser.add_argument("--device", default="cuda", help="cuda (default); cpu only checks the code path (tests)")
+    parser.add_argument(
+        "--sdpa",
+        default=os.environ.get("G2RPO_BENCH_SDPA"),
+        help="attention backends to allow, comma-separated (flash, efficient, cudnn, math; default torch's choice, "
+        "or $G2RPO_BENCH_SDPA): see benchmarks/gpu_diag.py",
+    )
     parser.add_argument(
         "--profile",
         metavar="FILE",
@@ -344,6 +351,9 @@ def main(argv: list[str] | None = None) -> dict:
 
     started = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = True
+    from benchmarks.gpu_diag import apply_sdpa_backends
+
+    sdpa = apply_sdpa_backends(torch, args.sdpa)
     device_name = torch.cuda.get_device_name() if cuda else f"{device} (code-path check only)"
     peak = datasheet_bf16_dense_tflops(device_name)
     ceiling = matmul_ceiling(torch, args.gemm_size, args.repeats, device)
@@ -385,7 +395,14 @@ def main(argv: list[str] | None = None) -> dict:
         "adv": torch.randn(p, g, device=device, generator=gen),
     }
     t0 = time.perf_counter()
-    training = measure_training(torch, velocity, transformer, inputs, args)
+    try:
+        training = measure_training(torch, velocity, transformer, inputs, args)
+    except Exception as exc:  # the sampling results are kept, with the training error, before failing
+        partial = {"benchmark": "gpu_flux_step", "device": device_name, "torch": torch.__version__, "sdpa": sdpa}
+        partial.update(sampling=sampling, matmul_ceiling_tflops=ceiling, training_error=f"{type(exc).__name__}: {exc}")
+        Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.output).write_text(json.dumps(partial, indent=1) + "\n")
+        raise
     training["phase_seconds"] = time.perf_counter() - t0
     if args.profile:
         try:  # the measurements above are kept whatever the profiler does
@@ -400,6 +417,7 @@ def main(argv: list[str] | None = None) -> dict:
         "device": device_name,
         "torch": torch.__version__,
         "tiny": args.tiny,
+        "sdpa": sdpa,
         "config": {k: list(v) if isinstance(v, tuple) else v for k, v in config.items()},
         "parameters": n_params,
         "trainable_parameters": n_trainable,

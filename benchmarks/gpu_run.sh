@@ -6,6 +6,8 @@
 #   benchmarks/gpu_run.sh OUT --cpu-rehearsal here: the same steps at --device cpu --tiny with the
 #                                             project's venv (.venv/bin/python), no install
 #
+# 0. benchmarks/gpu_diag.py: which attention backends back-propagate (one process each); the
+#    measurements then allow only those (G2RPO_BENCH_SDPA; set it to skip the check).
 # 1. benchmarks/gpu_flux_step.py: FLUX.1-dev transformer at 720², G = 12, 16 steps: GEMM ceiling,
 #    sampling images/s batched and one per call, the G²RPO term's TFLOP/s, MFU, peak memory, and a
 #    torch.profiler table of one training step (profile.txt).
@@ -23,7 +25,7 @@ cd "$(dirname "$0")/.."
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 exec > >(tee -a "$out/gpu_run.log") 2>&1
-read -r t_install t_flux t_train t_rewards <<<"${G2RPO_GPU_LIMITS:-60 170 270 70}"
+read -r t_install t_flux t_train t_rewards <<<"${G2RPO_GPU_LIMITS:-60 170 230 70}"
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 started=$SECONDS
 failed=0
@@ -62,10 +64,35 @@ print('python', sys.version.split()[0], '| torch', torch.__version__, '| cuda', 
       '| diffusers', diffusers.__version__, '| transformers', transformers.__version__, '| deepspeed',
       deepspeed.__version__, '| peft', peft.__version__, '| open_clip', open_clip.__version__)" || failed=$((failed + 1))
 
+# Which attention backends back-propagate here (the first H200 run stopped in the backward with an illegal
+# memory access): one process per backend, then the measurements allow only those that passed.
+echo "TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST-<unset>}"
+if [ -z "${G2RPO_BENCH_SDPA:-}" ]; then
+  passed=()
+  for backend in default flash efficient cudnn; do
+    line=$(timeout 60 "$py" -m benchmarks.gpu_diag "$backend" "${tiny[@]}" 2>&1 | tee -a "$out/gpu_diag.log" | grep '^gpu_diag ')
+    if [ -n "$line" ]; then echo "$line"; else echo "gpu_diag $backend: no result (time limit or crash)"; fi
+    case $line in *'"ok": true'*) [ "$backend" = default ] || passed+=("$backend") ;; esac
+  done
+  # flash attention (and the memory-efficient kernel) first: what Flux training normally runs on; cuDNN's
+  # only if neither passed; torch's own choice (with a blocking trace of the failure) if none did
+  usable=()
+  for backend in "${passed[@]}"; do [ "$backend" = cudnn ] || usable+=("$backend"); done
+  [ ${#usable[@]} -gt 0 ] || usable=("${passed[@]}")
+  if [ ${#usable[@]} -gt 0 ]; then
+    G2RPO_BENCH_SDPA=$(IFS=,; echo "${usable[*]}")
+    export G2RPO_BENCH_SDPA
+  else
+    CUDA_LAUNCH_BLOCKING=1 timeout 60 "$py" -m benchmarks.gpu_diag default "${tiny[@]}" >>"$out/gpu_diag.log" 2>&1
+    export G2RPO_BENCH_SDPA=default
+  fi
+  echo "attention backends for the measurements: $G2RPO_BENCH_SDPA"
+fi
+
 step flux_step "$t_flux" "$py" -m benchmarks.gpu_flux_step "${tiny[@]}" --output "$out/gpu_flux_step.json" \
   --profile "$out/profile.txt"
 step train_iteration "$t_train" "$py" -m benchmarks.gpu_train_iteration "${tiny[@]}" \
   --output "$out/gpu_train_iteration.json" --workdir "${TMPDIR:-/tmp}/g2rpo-gpu-train"
-step rewards "$t_rewards" "$py" -m benchmarks.gpu_rewards "${tiny[@]}" --output "$out/gpu_rewards.json"
+[ "${G2RPO_GPU_SKIP_REWARDS:-0}" = 1 ] || step rewards "$t_rewards" "$py" -m benchmarks.gpu_rewards "${tiny[@]}" --output "$out/gpu_rewards.json"
 echo "=== gpu_run: $failed step(s) failed; $((SECONDS - started)) s in all; results in $out"
 exit "$failed"

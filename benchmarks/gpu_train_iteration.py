@@ -88,6 +88,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["auto", "adamw", "fused_adam"],
         help="deepspeed.optimizer (auto: FusedAdam on CUDA)",
     )
+    parser.add_argument(
+        "--sdpa",
+        default=os.environ.get("G2RPO_BENCH_SDPA"),
+        help="attention backends to allow, comma-separated (default torch's choice, or $G2RPO_BENCH_SDPA)",
+    )
     parser.add_argument("--output", default=str(RESULTS / "gpu_train_iteration.json"), help="JSON result path")
     return parser.parse_args(argv)
 
@@ -183,17 +188,26 @@ def build_fused_adam(torch, device: str) -> dict:
     seconds, and the error if it fails (the run then trains with torch's AdamW and says so)."""
     start = time.perf_counter()
     try:
-        from deepspeed.ops.adam import FusedAdam
+        from g2rpo.training.drivers import load_fused_adam
 
+        arch_list = os.environ.get("TORCH_CUDA_ARCH_LIST")
+        fused_adam = load_fused_adam()
         param = torch.nn.Parameter(torch.ones(4, device=device))
-        opt = FusedAdam([param], lr=0.1)
+        opt = fused_adam([param], lr=0.1)
         param.grad = torch.ones_like(param)
         opt.step()
         torch.cuda.synchronize()
         moved = float((1 - param.detach()).mean())  # Adam's first step moves each weight by ≈ lr
-        return {"seconds": time.perf_counter() - start, "error": None, "first_step": moved}
+        return {"seconds": time.perf_counter() - start, "error": None, "first_step": moved, "arch_list": arch_list}
     except Exception as exc:  # noqa: BLE001 — recorded and reported, never hidden
-        return {"seconds": time.perf_counter() - start, "error": f"{type(exc).__name__}: {str(exc)[:2000]}"}
+        import traceback
+
+        return {
+            "seconds": time.perf_counter() - start,
+            "error": f"{type(exc).__name__}: {str(exc)[:2000]}",
+            "arch_list": os.environ.get("TORCH_CUDA_ARCH_LIST"),
+            "traceback": traceback.format_exc()[-3000:],
+        }
 
 
 def run_config(args: argparse.Namespace, model: Path, prompts: Path, out: Path):
@@ -240,7 +254,10 @@ def main(argv: list[str] | None = None) -> dict:
     cuda = args.device.startswith("cuda")
     if cuda and not torch.cuda.is_available():
         raise SystemExit("gpu_train_iteration needs a CUDA device (none visible); see the module docstring")
+    from benchmarks.gpu_diag import apply_sdpa_backends
     from g2rpo.training.trainer import Trainer
+
+    sdpa = apply_sdpa_backends(torch, args.sdpa)
 
     fused_adam = None
     if cuda and args.optimizer in ("auto", "fused_adam"):
@@ -306,6 +323,7 @@ def main(argv: list[str] | None = None) -> dict:
         "device": torch.cuda.get_device_name() if cuda else f"{args.device} (code-path check only)",
         "torch": torch.__version__,
         "tiny": args.tiny,
+        "sdpa": sdpa,
         "overrides": overrides,
         "model_folder": written,
         "transformer_parameters": sum(p.numel() for p in trainer.transformer.parameters()),

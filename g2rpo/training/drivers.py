@@ -144,14 +144,53 @@ def optimizer_kind(setting: str, device: torch.device) -> str:
     return setting
 
 
+def deepspeed_arch_list(value: str | None) -> str | None:
+    """``TORCH_CUDA_ARCH_LIST`` as DeepSpeed 0.19's JIT builder can read it: it parses every entry as
+    ``MAJOR.MINOR[+PTX]`` and stops on an architecture-specific one that PyTorch accepts, e.g. ``9.0a``
+    (``int('0a')``: seen on an H200 image). Such an entry becomes its portable ``9.0``; None stays None."""
+    if value is None:
+        return None
+    entries = [e for e in value.replace(" ", ";").split(";") if e.strip()]
+    fixed = []
+    for entry in entries:
+        arch, ptx = (entry.split("+", 1) + [""])[:2]
+        arch = arch.strip().rstrip("abcdefghijklmnopqrstuvwxyz") if "." in arch else arch.strip()
+        fixed.append(arch + (f"+{ptx}" if ptx else ""))
+    return ";".join(dict.fromkeys(fixed))
+
+
+def load_fused_adam() -> type:
+    """DeepSpeed's ``FusedAdam`` class, its CUDA op loaded (JIT-built on first use and cached; the trainer
+    image pre-builds it). A ``TORCH_CUDA_ARCH_LIST`` DeepSpeed cannot parse is rewritten for the build
+    (:func:`deepspeed_arch_list`) and the change is said on stderr."""
+    original = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    readable = deepspeed_arch_list(original)
+    if readable != original:
+        print(
+            f"g2rpo train: TORCH_CUDA_ARCH_LIST={original!r} has entries DeepSpeed cannot parse; FusedAdam is "
+            f"built for {readable!r}",
+            file=sys.stderr,
+            flush=True,
+        )
+        os.environ["TORCH_CUDA_ARCH_LIST"] = readable
+    try:
+        from deepspeed.ops.adam import FusedAdam
+        from deepspeed.ops.op_builder import FusedAdamBuilder
+
+        FusedAdamBuilder().load()  # the op, here rather than at the first step
+        return FusedAdam
+    finally:
+        if original is not None:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = original
+
+
 def build_optimizer(config: RunConfig, params: list[torch.nn.Parameter], device: torch.device) -> torch.optim.Optimizer:
     """AdamW over ``params`` with the run's settings, as ``deepspeed.optimizer`` chooses (see deepspeed_config)."""
     train = config.train
     settings = dict(lr=config.learning_rate, betas=tuple(train.adam_betas), eps=train.adam_eps)
     if optimizer_kind(config.deepspeed.optimizer, device) == "fused_adam":
-        from deepspeed.ops.adam import FusedAdam  # loads (or JIT-builds) the CUDA op here, before any step
-
-        return FusedAdam(params, weight_decay=train.weight_decay, adam_w_mode=True, **settings)
+        fused_adam = load_fused_adam()  # loads (or JIT-builds) the CUDA op here, before any step
+        return fused_adam(params, weight_decay=train.weight_decay, adam_w_mode=True, **settings)
     return torch.optim.AdamW(params, weight_decay=train.weight_decay, **settings)
 
 
