@@ -19,9 +19,15 @@ import time
 BACKENDS = ("default", "flash", "efficient", "cudnn", "math")
 
 
-def apply_sdpa_backends(torch, names: str | None) -> list[str]:
-    """Enable only the named SDPA backends process-wide (comma-separated; None or "default" = torch's choice)."""
-    if not names or names == "default":
+def apply_sdpa_backends(torch, names: str | None, device: str = "cuda") -> list[str]:
+    """Enable only the named SDPA backends process-wide (comma-separated). ``"default"``: torch's own choice;
+    None: the trainer's (torch's with cuDNN's kernel off on CUDA, :func:`g2rpo.models.flux.avoid_cudnn_attention`)."""
+    if names is None:
+        from g2rpo.models.flux import avoid_cudnn_attention
+
+        avoid_cudnn_attention(torch.device(device))
+        return ["trainer's: flash, efficient, math" if device.startswith("cuda") else "default"]
+    if names == "default":
         return ["default"]
     chosen = [n.strip() for n in names.split(",") if n.strip()]
     unknown = [n for n in chosen if n not in BACKENDS[1:]]
@@ -49,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict:
     record: dict = {"backend": args.backend, "checkpointing": not args.no_checkpointing}
     started = time.perf_counter()
     try:
-        apply_sdpa_backends(torch, args.backend)
+        apply_sdpa_backends(torch, args.backend, args.device)
         ns = gpu_flux_step.parse_args(
             [
                 "--device",

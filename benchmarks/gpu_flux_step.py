@@ -139,8 +139,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--sdpa",
         default=os.environ.get("G2RPO_BENCH_SDPA"),
-        help="attention backends to allow, comma-separated (flash, efficient, cudnn, math; default torch's choice, "
-        "or $G2RPO_BENCH_SDPA): see benchmarks/gpu_diag.py",
+        help="attention backends to allow, comma-separated (flash, efficient, cudnn, math), or default (torch's "
+        "choice); unset ($G2RPO_BENCH_SDPA too): the trainer's, cuDNN's kernel off (benchmarks/gpu_diag.py)",
     )
     parser.add_argument(
         "--profile",
@@ -320,14 +320,17 @@ def profile_training(torch, velocity, transformer, inputs: dict, args: argparse.
     transformer.zero_grad(set_to_none=True)
     averages = prof.key_averages()
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    rows = sorted(averages, key=lambda e: getattr(e, key, 0.0), reverse=True)
-    total = sum(getattr(e, key, 0.0) for e in averages) or 1.0
+    # operators only: each owns the device time of the kernels it launched, which are listed again as rows of
+    # their own (summing both would count the device time twice)
+    ops = [e for e in averages if e.device_type == torch.autograd.DeviceType.CPU]
+    rows = sorted(ops, key=lambda e: getattr(e, key, 0.0), reverse=True)
+    total = sum(getattr(e, key, 0.0) for e in ops) or 1.0
     groups = {
         "matmul": ("mm", "addmm", "bmm", "matmul", "linear", "gemm", "cutlass", "nvjet", "sm90"),
         "attention": ("attention", "flash", "sdpa", "fmha", "cudnn"),
     }
     shares = dict.fromkeys([*groups, "other"], 0.0)
-    for event in averages:
+    for event in ops:
         name = event.key.lower()
         group = next((g for g, marks in groups.items() if any(m in name for m in marks)), "other")
         shares[group] += getattr(event, key, 0.0) / total
@@ -353,7 +356,7 @@ def main(argv: list[str] | None = None) -> dict:
     torch.backends.cuda.matmul.allow_tf32 = True
     from benchmarks.gpu_diag import apply_sdpa_backends
 
-    sdpa = apply_sdpa_backends(torch, args.sdpa)
+    sdpa = apply_sdpa_backends(torch, args.sdpa, args.device)
     device_name = torch.cuda.get_device_name() if cuda else f"{device} (code-path check only)"
     peak = datasheet_bf16_dense_tflops(device_name)
     ceiling = matmul_ceiling(torch, args.gemm_size, args.repeats, device)

@@ -91,7 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--sdpa",
         default=os.environ.get("G2RPO_BENCH_SDPA"),
-        help="attention backends to allow, comma-separated (default torch's choice, or $G2RPO_BENCH_SDPA)",
+        help="attention backends to allow, comma-separated, or default (torch's choice); unset ($G2RPO_BENCH_SDPA "
+        "too): the trainer's, cuDNN's kernel off",
     )
     parser.add_argument("--output", default=str(RESULTS / "gpu_train_iteration.json"), help="JSON result path")
     return parser.parse_args(argv)
@@ -257,7 +258,7 @@ def main(argv: list[str] | None = None) -> dict:
     from benchmarks.gpu_diag import apply_sdpa_backends
     from g2rpo.training.trainer import Trainer
 
-    sdpa = apply_sdpa_backends(torch, args.sdpa)
+    sdpa = apply_sdpa_backends(torch, args.sdpa, args.device)
 
     fused_adam = None
     if cuda and args.optimizer in ("auto", "fused_adam"):

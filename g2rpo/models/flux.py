@@ -49,6 +49,7 @@ _log = logging.getLogger(__name__)
 
 __all__ = [
     "DEFAULT_GUIDANCE",
+    "avoid_cudnn_attention",
     "FluxConditioning",
     "FluxTextEncoder",
     "FluxVelocity",
@@ -275,6 +276,26 @@ def round_timestep(sigma: torch.Tensor, dtype: torch.dtype, mode: TimestepMode =
 def timestep_mode_for(truncate_timestep: bool) -> TimestepMode:
     """The adapter's mode for a strategy config: ``"raw"`` when the strategy already truncates σ."""
     return "raw" if truncate_timestep else "pipeline"
+
+
+# --------------------------------------------------------------------------- attention kernels
+
+
+def avoid_cudnn_attention(device: torch.device) -> bool:
+    """On CUDA, turn cuDNN's scaled-dot-product-attention kernel off for this process; True if it was on.
+
+    Measured on an H200 (torch 2.11.0+cu130, cuDNN 9, 2026-12-04; benchmarks/results/gpu-h200/): the
+    backward through FLUX.1-dev's blocks at 720² (2025 + 512 tokens, bf16) fails with
+    CUBLAS_STATUS_EXECUTION_FAILED / "an illegal memory access" when PyTorch may choose cuDNN's attention
+    (its default there, and cuDNN alone), and runs with flash attention or the memory-efficient kernel
+    alone. Process-wide rather than a context around the forward: gradient checkpointing recomputes the
+    blocks' forward inside ``backward()``, outside any such context. Flash attention (what the reference
+    training code runs on) and the memory-efficient kernel stay allowed, and so does the math fallback.
+    """
+    if device.type != "cuda" or not torch.backends.cuda.cudnn_sdp_enabled():
+        return False
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    return True
 
 
 # --------------------------------------------------------------------------- velocity adapter

@@ -70,10 +70,13 @@ class DistContext:
         return float(t.item() / self.world_size)
 
     def shutdown(self) -> None:
-        """Leave the process group together (every rank calls it last)."""
-        if self.distributed and torch.distributed.is_initialized():
+        """Leave the process group together (every rank calls it last). A one-process group (DeepSpeed makes
+        one even for a single rank) is destroyed too: left, NCCL warns at exit that it may leak resources."""
+        if not torch.distributed.is_initialized():
+            return
+        if self.distributed:
             torch.distributed.barrier()
-            torch.distributed.destroy_process_group()
+        torch.distributed.destroy_process_group()
 
 
 def lockstep_rounds(

@@ -55,7 +55,7 @@ import torch
 from g2rpo.artifacts.storage import check_writable
 from g2rpo.config import to_yaml
 from g2rpo.errors import ConfigError, G2RPOError, problem
-from g2rpo.models.flux import decode_latents
+from g2rpo.models.flux import avoid_cudnn_attention, decode_latents
 from g2rpo.progress import progress_bar
 from g2rpo.rewards.scoring import score_rewards
 from g2rpo.seeding import Draws
@@ -137,6 +137,7 @@ class Trainer:
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
         self.ctx = init_distributed(cfg.train.device)
+        avoid_cudnn_attention(self.ctx.device)  # its backward fails at FLUX.1-dev's shapes on an H200 (see there)
         self.metrics = MetricsLog(run_dir.metrics, self.ctx.is_main)
         problems = run_problems(cfg, self.ctx.world_size)
         if problems:

@@ -56,3 +56,35 @@ def test_a_phase_is_charged_for_its_own_kernels():
         work()
     # without the synchronisation the phase would be charged only the launches (far less than the kernels)
     assert seconds["work"] > 0.5 * on_device
+
+
+def test_flux_dev_blocks_back_propagate_at_720_with_the_trainers_attention_setting():
+    """The first H200 run's failure (CUBLAS_STATUS_EXECUTION_FAILED in the backward with cuDNN's attention),
+    on one double and one single block of FLUX.1-dev's widths at 720², gradient checkpointing on."""
+    from diffusers import FluxTransformer2DModel
+
+    from g2rpo.models.flux import FluxConditioning, FluxVelocity, avoid_cudnn_attention, packed_shape
+
+    avoid_cudnn_attention(torch.device("cuda"))
+    torch.manual_seed(0)
+    transformer = FluxTransformer2DModel(
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=128,
+        num_attention_heads=24,
+        joint_attention_dim=4096,
+        pooled_projection_dim=768,
+        guidance_embeds=True,
+        axes_dims_rope=(16, 56, 56),
+    ).to("cuda", torch.bfloat16)
+    velocity = FluxVelocity(transformer, height=720, width=720, guidance=3.5, gradient_checkpointing=True)
+    length, channels = packed_shape(720, 720)
+    cond = FluxConditioning(
+        torch.randn(1, 512, 4096, device="cuda", dtype=torch.bfloat16),
+        torch.randn(1, 768, device="cuda", dtype=torch.bfloat16),
+    )
+    x = torch.randn(1, length, channels, device="cuda")
+    velocity(x, torch.full((1,), 0.9, device="cuda"), cond).square().mean().backward()
+    torch.cuda.synchronize()
+    grads = [p.grad for p in transformer.parameters() if p.grad is not None]
+    assert grads and all(bool(torch.isfinite(g).all()) for g in grads)

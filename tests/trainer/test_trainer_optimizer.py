@@ -10,7 +10,7 @@ import torch
 from g2rpo.errors import G2RPOError
 from g2rpo.training.deepspeed_config import DeepSpeedSection
 from g2rpo.training.distributed import DistContext
-from g2rpo.training.drivers import build_optimizer, optimizer_kind
+from g2rpo.training.drivers import build_optimizer, deepspeed_arch_list, optimizer_kind
 from g2rpo.training.loading import load_policy
 from g2rpo.training.run_config import load_run_config
 from tests.trainer.trainer_testlib import as_cli, tiny_overrides
@@ -71,3 +71,18 @@ def test_a_full_fine_tune_loads_the_base_in_fp32(tiny_flux_dir, tmp_path):
     config = load_run_config(None, as_cli(overrides))
     policy = load_policy(config, DistContext(0, 1, 0, CPU))
     assert {p.dtype for p in policy.transformer.parameters()} == {torch.float32}
+
+
+def test_deepspeed_arch_lists_are_made_readable_for_its_jit_builder():
+    assert deepspeed_arch_list("9.0a") == "9.0"  # the H200 image's value: DeepSpeed 0.19.8 fails on int('0a')
+    assert deepspeed_arch_list("8.0;9.0a 10.0a+PTX") == "8.0;9.0;10.0+PTX"
+    assert deepspeed_arch_list("9.0;9.0a") == "9.0"
+    assert deepspeed_arch_list("9.0") == "9.0" and deepspeed_arch_list(None) is None
+
+
+def test_a_one_process_group_is_left_at_shutdown(tmp_path):
+    store = f"file://{tmp_path / 'store'}"
+    torch.distributed.init_process_group("gloo", init_method=store, rank=0, world_size=1)
+    DistContext(0, 1, 0, CPU).shutdown()
+    assert not torch.distributed.is_initialized()
+    DistContext(0, 1, 0, CPU).shutdown()  # nothing to leave: no error
