@@ -36,8 +36,8 @@ from pydantic import Field
 from g2rpo.artifacts.manifest import MANIFEST_NAME, MARKER_NAME
 from g2rpo.artifacts.scores import Record
 from g2rpo.artifacts.storage import ObjectNotFound, Store
-from g2rpo.faults import FAULT_ENV, announce, armed_fault
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.faults import FAULT_ENV, announce, armed_fault
 from g2rpo.textfile import JSON_MAX_BYTES, decode_record
 
 __all__ = [
