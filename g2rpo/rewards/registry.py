@@ -78,7 +78,7 @@ def _resolve(field: str, location: str, cache_dir: str | None) -> Path:
             raise G2RPOError(
                 problem(field, location, "s3:// needs g2rpo.artifacts.manifest (the storage layer); use a local path")
             ) from None
-        return Path(fetch_to_cache(location, cache_dir=cache_dir))
+        return Path(fetch_to_cache(location, cache_dir=cache_dir, setting="rewards.cache_dir"))
     if location.startswith("file://"):
         location = location[len("file://") :]
     path = Path(location).expanduser()
