@@ -117,6 +117,8 @@ def evaluate(
     resume.check_output(store, output_uri)
     metrics = [get_spec(spec.name).name for spec in config.rewards.models]  # an unknown name lists the valid ones
     prompt_set = read_prompt_set(config.prompts, config.num_prompts, settings)
+    if (limits := prompt_set.notice()) and ranks.rank == 0:  # limits are said, not applied silently
+        print(f"g2rpo eval: {limits}", file=sys.stderr, flush=True)
     prompts = prompt_set.prompts
     images = len(prompts) * len(config.seeds) * len(config.step_counts)
     if images > IMAGES_MAX:
