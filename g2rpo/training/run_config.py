@@ -547,8 +547,9 @@ def _valid_sections(path: str | Path | None, overrides: Any) -> SimpleNamespace:
     return SimpleNamespace(**out)
 
 
-def validate_run(path: str | Path | None, overrides: Any = (), world_size: int = 1) -> str:
-    """Validate a run config completely; raise ConfigError listing every problem, else return its hash."""
+def validate_run(path: str | Path | None, overrides: Any = (), world_size: int = 1) -> tuple[str, list[str]]:
+    """Validate a run config completely; raise ConfigError listing every problem, else return its hash
+    and the settings the strategy will clamp (:meth:`~g2rpo.strategies.base.StrategySettings.clamped`)."""
     try:
         config = load_run_config(path, overrides)
     except ConfigError as exc:
@@ -558,4 +559,4 @@ def validate_run(path: str | Path | None, overrides: Any = (), world_size: int =
     problems = run_problems(config, world_size)
     if problems:
         raise ConfigError(problems, source=str(path) if path else None)
-    return resume_hash(config)
+    return resume_hash(config), config.algorithm.settings.clamped(config.algorithm)

@@ -210,6 +210,12 @@ class Trainer:
         duplicates = report_duplicates(cfg, prompt_set, self.ctx)
         if duplicates is not None:
             self.metrics.event(duplicates)
+        clamped = [f"algorithm.{line}" for line in cfg.algorithm.settings.clamped(cfg.algorithm)]
+        if clamped:  # settings the step grid cannot honour: clamped as the reference code does, and said
+            self.metrics.event({"event": "clamped", "settings": clamped})
+            if self.ctx.is_main:
+                for line in clamped:
+                    print(f"g2rpo train: {line}", file=sys.stderr, flush=True)
         self.ctx.barrier()
         self._is_setup = True
         return self
