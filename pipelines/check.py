@@ -32,6 +32,7 @@ from g2rpo.artifacts.registry import validate_model_name
 from g2rpo.config import COUNT_MAX, SEED_MAX, format_validation_error
 from g2rpo.errors import ConfigError, G2RPOError, problem
 from g2rpo.evaluation.config import EvaluationConfig
+from g2rpo.launch.quantity import quantity_problem
 from g2rpo.rewards.registry import get_spec
 from g2rpo.steps.gate import gates_from
 from g2rpo.steps.train import matching_evaluation
@@ -112,6 +113,16 @@ def _placement_problems(values: dict[str, Any]) -> list[str]:
         for p in (
             _int_problem("nodes", values["nodes"], 1, COUNT_MAX),
             _int_problem("gpus_per_node", values["gpus_per_node"], 1, 16),
+        )
+        if p
+    ]
+    problems += [
+        p
+        for p in (
+            quantity_problem("train_pod_cpu", values["train_pod_cpu"], "cpu") if "train_pod_cpu" in values else None,
+            quantity_problem("train_pod_memory", values["train_pod_memory"], "memory")
+            if "train_pod_memory" in values
+            else None,
         )
         if p
     ]

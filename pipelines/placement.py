@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from g2rpo.config import COUNT_MAX, Section, load_config
+from g2rpo.config import COUNT_MAX, PROBLEM_SEPARATOR, Section, load_config
+from g2rpo.launch.quantity import quantity_problem
 from g2rpo.launch.trainjob import MAX_GPUS_PER_NODE
 
 __all__ = ["DEFAULT_PROFILE", "PlacementProfile", "Timeouts", "load_profile"]
@@ -46,6 +47,18 @@ class PlacementProfile(Section):
     service_account: str = Field(description="Kubernetes service account of the runs")
     pod_labels: dict[str, str] = Field(description="labels of the train pod (Prometheus scraping)")
     timeouts: Timeouts
+
+    @model_validator(mode="after")
+    def _quantities(self) -> PlacementProfile:
+        # Kubernetes refuses a malformed quantity only when it creates the pod, after the run was accepted.
+        problems = [
+            quantity_problem("cpu_limit", self.cpu_limit, "cpu"),
+            quantity_problem("memory_limit", self.memory_limit, "memory"),
+            quantity_problem("shm_size", self.shm_size, "memory"),
+        ]
+        if any(problems):
+            raise ValueError(PROBLEM_SEPARATOR.join(p for p in problems if p))
+        return self
 
 
 def load_profile(path: str | Path | None = None) -> PlacementProfile:

@@ -43,7 +43,7 @@ from pipelines.check import check_arguments
 from pipelines.cron import next_fire_times
 from pipelines.placement import PlacementProfile, load_profile
 from pipelines.reachability import CONNECT_TIMEOUT_S as REACHABLE_TIMEOUT_S
-from pipelines.reachability import check_reachable
+from pipelines.reachability import HEALTHZ, check_reachable
 from pipelines.train_pod import size_train_pod
 
 __all__ = [
@@ -65,7 +65,6 @@ __all__ = [
 ]
 
 CONNECT_TIMEOUT_S = REACHABLE_TIMEOUT_S
-HEALTHZ = "/apis/v2beta1/healthz"
 _TYPES = {"String": str, "Integer": int, "Float": (int, float), "Boolean": bool, "List": list, "Dict": dict}
 # KFP keeps display names (runs, recurring runs, experiments) in MySQL columns: a name longer than
 # 255 characters (MySQL's VARCHAR(255)) was answered with HTTP 500 "Data too long for column

@@ -14,7 +14,7 @@ import socket
 
 import pytest
 
-pytest_plugins = ["tests.s3server", "tests.tiny_flux_fixture"]
+pytest_plugins = ["tests.s3server", "tests.tiny_flux_fixture", "tests.disk_fixtures"]
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")

@@ -16,11 +16,21 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, parse_manifest, read_manifest, verify
-from g2rpo.artifacts.storage import FileStore, ObjectNotFound, S3Settings, Store, open_store, sha256_file
-from g2rpo.errors import G2RPOError, problem
+from g2rpo.artifacts.storage import (
+    FileStore,
+    ObjectNotFound,
+    S3Settings,
+    Store,
+    check_writable,
+    open_store,
+    sha256_file,
+)
+from g2rpo.errors import G2RPOError, problem, write_failure
 from g2rpo.textfile import JSON_MAX_BYTES, read_json_file, read_regular_file
 
-__all__ = ["download_dir", "fetch_to_cache", "default_cache_dir", "verify_local"]
+__all__ = ["CACHE_ENV", "check_cache_writable", "download_dir", "fetch_to_cache", "default_cache_dir", "verify_local"]
+
+CACHE_ENV = "G2RPO_CACHE_DIR"
 
 
 def download_dir(uri: str, local_dir: str | Path, settings: S3Settings | None = None) -> Manifest:
@@ -60,10 +70,28 @@ def _download_verified(store: Store, manifest: Manifest, staging: Path) -> None:
 
 def default_cache_dir() -> Path:
     """``$G2RPO_CACHE_DIR`` or ``~/.cache/g2rpo``."""
-    return Path(os.environ.get("G2RPO_CACHE_DIR") or Path.home() / ".cache" / "g2rpo").expanduser()
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "g2rpo").expanduser()
 
 
-def fetch_to_cache(uri: str, cache_dir: str | Path | None = None, settings: S3Settings | None = None) -> Path:
+def _cache_setting(cache_dir: str | Path | None, setting: str) -> str:
+    """The setting that moves the cache: ``setting`` when a cache folder was given, else the variable."""
+    if cache_dir is not None:
+        return setting
+    return CACHE_ENV if os.environ.get(CACHE_ENV) else f"{CACHE_ENV} (unset: the default ~/.cache/g2rpo)"
+
+
+def check_cache_writable(cache_dir: str | Path | None = None, setting: str = "cache_dir") -> Path:
+    """The folder ``s3://`` artifacts are fetched into, refused before any work when it cannot be
+    written (a read-only home in a container, a read-only mount), naming the folder and the setting
+    that moves it: ``setting`` when ``cache_dir`` is given, else ``$G2RPO_CACHE_DIR``."""
+    root = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+    check_writable(root, _cache_setting(cache_dir, setting))
+    return root
+
+
+def fetch_to_cache(
+    uri: str, cache_dir: str | Path | None = None, settings: S3Settings | None = None, *, setting: str = "cache_dir"
+) -> Path:
     """A local folder holding the published artifact at ``uri``, downloaded at most once.
 
     The cache is keyed by the sha256 of the manifest (which pins every file's digest):
@@ -73,6 +101,9 @@ def fetch_to_cache(uri: str, cache_dir: str | Path | None = None, settings: S3Se
     into a temp folder, verifies every sha256 and renames it into place (so concurrent fetches
     cannot leave a half-filled entry). Local artifacts
     (``file://`` and plain paths) are returned in place after checking their manifest and sizes.
+    A cache folder that cannot be written is refused naming it and the setting that moves it
+    (``setting`` when ``cache_dir`` is given, else ``$G2RPO_CACHE_DIR``), as is a write that fails
+    on the way (a full disk), with no partial entry left.
     """
     store = open_store(uri, settings)
     if isinstance(store, FileStore):
@@ -94,10 +125,12 @@ def fetch_to_cache(uri: str, cache_dir: str | Path | None = None, settings: S3Se
                 file=sys.stderr,
                 flush=True,
             )
+            check_cache_writable(cache_dir, setting)  # the damaged entry can only be replaced in a writable cache
             _discard(entry)
-    entry.parent.mkdir(parents=True, exist_ok=True)
+    check_cache_writable(cache_dir, setting)
     staging = entry.parent / f".g2rpo-dl-{digest[:16]}-{secrets.token_hex(4)}"
     try:
+        entry.parent.mkdir(parents=True, exist_ok=True)
         _download_verified(store, manifest, staging)
         (staging / MANIFEST_NAME).write_bytes(data)  # written last: marks the entry complete
         try:
@@ -105,6 +138,9 @@ def fetch_to_cache(uri: str, cache_dir: str | Path | None = None, settings: S3Se
         except OSError:
             if not (entry / MANIFEST_NAME).is_file():  # lost a race to an identical download: fine
                 raise
+    except OSError as exc:
+        failure = write_failure(f"the cached copy of {uri}", entry, exc)
+        raise G2RPOError(f"{failure} (the cache folder moves with {_cache_setting(cache_dir, setting)})") from exc
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return entry

@@ -46,7 +46,7 @@ from urllib.parse import unquote, urlparse
 from pydantic import Field, model_validator
 
 from g2rpo.config import Section
-from g2rpo.errors import G2RPOError, problem
+from g2rpo.errors import G2RPOError, problem, write_failure
 from g2rpo.textfile import describe_kind
 
 __all__ = [
@@ -388,9 +388,15 @@ class FileStore(Store):
         target = self._path(key)
         if if_none_match and if_match is not None:
             raise G2RPOError(problem("if_match", if_match, "use either if_none_match or if_match, not both"))
-        tmp = self._tmp(target)
-        tmp.write_bytes(data)
         try:
+            tmp = self._tmp(target)
+        except OSError as exc:
+            raise write_failure(f"stored object {key!r}", target, exc) from exc
+        try:
+            try:
+                tmp.write_bytes(data)
+            except OSError as exc:  # a full disk, a read-only folder: the partial temp file goes (finally)
+                raise write_failure(f"stored object {key!r}", target, exc) from exc
             if if_none_match:
                 try:
                     os.link(tmp, target)  # atomic create: fails if the name exists
@@ -449,12 +455,17 @@ class FileStore(Store):
 
     def put_file(self, key: str, path: str | Path, *, callback: Callable[[int], None] | None = None) -> None:
         target = self._path(key)
-        tmp = self._tmp(target)
+        if not Path(path).is_file():
+            raise G2RPOError(problem("path", str(path), "local file does not exist"))
+        try:
+            tmp = self._tmp(target)
+        except OSError as exc:
+            raise write_failure(f"stored object {key!r}", target, exc) from exc
         try:
             shutil.copyfile(path, tmp)
             os.replace(tmp, target)
-        except FileNotFoundError:
-            raise G2RPOError(problem("path", str(path), "local file does not exist")) from None
+        except OSError as exc:  # a full disk, a read-only folder: the partial temp file goes (finally)
+            raise write_failure(f"stored object {key!r}", target, exc) from exc
         finally:
             tmp.unlink(missing_ok=True)
         if callback is not None:
@@ -465,11 +476,13 @@ class FileStore(Store):
         if not source.is_file():
             raise ObjectNotFound(f"{self.uri_for(key)} does not exist")
         dest = Path(path)
-        dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.parent / f"{_RESERVED}tmp-{dest.name}-{secrets.token_hex(6)}"
         try:
+            dest.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(source, tmp)
             os.replace(tmp, dest)
+        except OSError as exc:  # a full disk, a read-only folder: the partial temp file goes (finally)
+            raise write_failure(f"the download of {self.uri_for(key)}", dest, exc) from exc
         finally:
             tmp.unlink(missing_ok=True)
 

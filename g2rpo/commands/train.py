@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from g2rpo.artifacts.storage import check_writable
@@ -99,7 +100,9 @@ def _train(args: argparse.Namespace) -> int:
 def _validate(args: argparse.Namespace) -> int:
     from g2rpo.training.run_config import validate_run
 
-    config_hash = validate_run(args.config, args.overrides, world_size=args.world_size)
+    config_hash, clamped = validate_run(args.config, args.overrides, world_size=args.world_size)
+    for line in clamped:  # valid, but not honoured as written: said here, and again when a run starts
+        print(f"note: algorithm.{line}", file=sys.stderr)
     print(
         f"ok: {args.config} is valid for {args.world_size} rank(s); config hash (model, algorithm, data) {config_hash}"
     )

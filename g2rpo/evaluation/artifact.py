@@ -91,6 +91,21 @@ class PromptSet:
     uri: str
     sha256: str
     prompts: list[str]
+    read: int = 0  # prompts in the file, duplicates included
+    duplicates: int = 0  # exact duplicates dropped (the first occurrence is kept)
+    requested: int | None = None  # num_prompts asked for (None: all)
+
+    def notice(self) -> str | None:
+        """The limits applied to the file's prompts, in one line, or None when every prompt read is evaluated."""
+        unique = self.read - self.duplicates
+        said = []
+        if self.duplicates:
+            said.append(f"{self.duplicates} duplicate prompt(s) in {self.uri} dropped ({unique} unique of {self.read})")
+        if self.requested is not None and self.requested > unique:
+            said.append(f"num_prompts={self.requested} is more than the {unique} unique prompt(s) there")
+        if not said:
+            return None
+        return "; ".join(said) + f"; evaluating {len(self.prompts)} prompt(s)"
 
 
 _log = logging.getLogger(__name__)
@@ -213,13 +228,20 @@ def read_prompt_set(uri: str, num_prompts: int | None = None, settings: S3Settin
         else:
             local = Path(uri.removeprefix("file://")).expanduser()
         try:
-            prompts, _ = dedupe_prompts(read_prompt_file(local))
+            prompts, duplicates = dedupe_prompts(read_prompt_file(local))
         except G2RPOError as exc:
             raise G2RPOError(str(exc).replace(str(local), uri)) from None
         if not prompts:
             raise G2RPOError(problem("prompts", uri, "the prompt set is empty: give a file with at least one prompt"))
         digest = hashlib.sha256(local.read_bytes()).hexdigest()
-    return PromptSet(uri=uri, sha256=digest, prompts=prompts[:num_prompts] if num_prompts else prompts)
+    return PromptSet(
+        uri=uri,
+        sha256=digest,
+        prompts=prompts[:num_prompts] if num_prompts else prompts,
+        read=len(prompts) + duplicates,
+        duplicates=duplicates,
+        requested=num_prompts or None,
+    )
 
 
 def image_name(prompt_index: int, seed: int) -> str:

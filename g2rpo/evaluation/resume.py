@@ -37,6 +37,7 @@ from g2rpo.artifacts.manifest import MANIFEST_NAME, MARKER_NAME
 from g2rpo.artifacts.scores import Record
 from g2rpo.artifacts.storage import ObjectNotFound, Store
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.faults import FAULT_ENV, announce, armed_fault
 from g2rpo.textfile import JSON_MAX_BYTES, decode_record
 
 __all__ = [
@@ -61,7 +62,7 @@ __all__ = [
 ]
 
 PARTIAL = "_partial"
-FAIL_POINT_ENV = "G2RPO_FAULT_KILL_AT"  # the training fail points' variable; here ``eval_chunk:N``
+FAIL_POINT_ENV = FAULT_ENV  # the training fail points' variable; here ``eval_chunk:N``
 # The top-level names an evaluation writes: its partial state, the artifact's layout
 # (g2rpo.evaluation.artifact), the publish's claim and the manifest.
 _EVALUATION_ENTRIES = frozenset(
@@ -263,6 +264,9 @@ def clear(store: Store) -> None:
 
 def fail_point(chunks_written: int) -> None:
     """SIGKILL this process after its ``N``-th chunk record when ``G2RPO_FAULT_KILL_AT=eval_chunk:N``
-    (the resume test's preemption; unset, one dictionary lookup)."""
-    if os.environ.get(FAIL_POINT_ENV) == f"eval_chunk:{chunks_written}":
+    and ``G2RPO_ARM_FAULT_POINTS=1`` (the resume test's preemption, :mod:`g2rpo.faults`; unset, one
+    dictionary lookup)."""
+    wanted = armed_fault()
+    if wanted == f"eval_chunk:{chunks_written}":
+        announce(wanted, f"SIGKILL after chunk record {chunks_written}")
         os.kill(os.getpid(), signal.SIGKILL)

@@ -29,7 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from g2rpo.errors import G2RPOError, did_you_mean
+from g2rpo.errors import G2RPOError, did_you_mean, problem
 from g2rpo.textfile import JSON_MAX_BYTES, RECORD_MAX_BYTES, decode_text, read_json_file
 
 __all__ = [
@@ -262,6 +262,26 @@ def load_transformer(location: str | Path, dtype: Any = "bfloat16", cache_dir: s
     return FluxTransformer2DModel.from_pretrained(
         root, subfolder="transformer", dtype=_dtype(dtype), local_files_only=True
     )
+
+
+def transformer_skeleton(location: str | Path) -> Any:
+    """The ``FluxTransformer2DModel`` of a local model folder built from its ``transformer/config.json`` on
+    the meta device: every module with its class and shapes, no weights read or memory taken (what a
+    check of module names needs; FLUX.1-dev's 12 B parameters included). A config diffusers cannot
+    build is a G2RPOError naming the file."""
+    import torch
+    from diffusers import FluxTransformer2DModel
+
+    config_path = Path(location) / "transformer" / "config.json"
+    try:
+        config = FluxTransformer2DModel.load_config(str(config_path.parent), local_files_only=True)
+        with torch.device("meta"):
+            return FluxTransformer2DModel.from_config(config)
+    except (OSError, ValueError, TypeError) as exc:
+        reason = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        raise G2RPOError(
+            problem("transformer config", str(config_path), f"cannot build the transformer from it ({reason})")
+        ) from None
 
 
 def load_vae(location: str | Path, dtype: Any = "bfloat16", cache_dir: str | Path | None = None) -> Any:

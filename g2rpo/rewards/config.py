@@ -90,6 +90,11 @@ class RewardModelConfig(Section):
         "auto = the checkpoint's stored dtype, as the official loader's torch_dtype='auto')",
     )
 
+    @property
+    def fetches(self) -> bool:
+        """Whether building this head downloads an ``s3://`` artifact into the cache (rewards.cache_dir)."""
+        return any(str(getattr(self, key) or "").startswith("s3://") for key in OPTIONAL_KEYS)
+
     @model_validator(mode="after")
     def _check(self) -> RewardModelConfig:
         from g2rpo.rewards.registry import REWARDS

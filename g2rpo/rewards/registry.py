@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from g2rpo.artifacts.cache import verify_local
 from g2rpo.errors import G2RPOError, did_you_mean, problem
 from g2rpo.rewards.base import RewardModel
 from g2rpo.rewards.shapes import ShapesReward
@@ -51,7 +52,25 @@ AUTO_DTYPE = "auto"  # the checkpoint's stored dtype (transformers' torch_dtype=
 
 
 def resolve_location(field: str, location: str, cache_dir: str | None = None) -> Path:
-    """A local path for a weights location (``s3://`` artifacts are fetched into the cache)."""
+    """A local path for a weights location (``s3://`` artifacts are fetched into the cache), verified
+    against its folder's manifest (:func:`_verified`)."""
+    return _verified(field, _resolve(field, location, cache_dir))
+
+
+def _verified(field: str, path: Path) -> Path:
+    """``path`` once the folder it is (or lies in) matches its ``manifest.json``, as base models are
+    checked: every folder g2rpo writes or downloads carries one (the learned shapes rewards, a
+    published reward artifact), so one flipped bit in the weights is refused naming the file instead
+    of scoring. A folder without a manifest (a Hugging Face download) is used as it is. The check is
+    cached by file identity (:func:`g2rpo.artifacts.cache.verify_local`)."""
+    if path.is_dir():
+        verify_local(path, what=f"{field} folder")
+    elif path.parent.is_dir():
+        verify_local(path.parent, only=(path.name,), what=f"{field} folder")
+    return path
+
+
+def _resolve(field: str, location: str, cache_dir: str | None) -> Path:
     if location.startswith("s3://"):
         try:
             from g2rpo.artifacts.cache import fetch_to_cache
@@ -59,7 +78,7 @@ def resolve_location(field: str, location: str, cache_dir: str | None = None) ->
             raise G2RPOError(
                 problem(field, location, "s3:// needs g2rpo.artifacts.manifest (the storage layer); use a local path")
             ) from None
-        return Path(fetch_to_cache(location, cache_dir=cache_dir))
+        return Path(fetch_to_cache(location, cache_dir=cache_dir, setting="rewards.cache_dir"))
     if location.startswith("file://"):
         location = location[len("file://") :]
     path = Path(location).expanduser()

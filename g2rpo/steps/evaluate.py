@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from g2rpo import __version__
-from g2rpo.artifacts.cache import fetch_to_cache
+from g2rpo.artifacts.cache import check_cache_writable, fetch_to_cache
 from g2rpo.artifacts.manifest import Manifest, has_manifest, read_manifest
 from g2rpo.artifacts.publish import publish_dir
 from g2rpo.artifacts.scores import EvalScores
@@ -99,6 +99,12 @@ def evaluate(
     if not model_uri:
         raise G2RPOError(problem("model_uri", model_uri, "name the model to evaluate (a folder or s3:// URI)"))
     check_writable(output_uri, "output_uri")
+    # s3:// models, evaluations and reward weights are fetched into caches: one that cannot be written
+    # is named with the setting that moves it now, not as an OSError at the download.
+    if any(uri and uri.startswith("s3://") for uri in (model_uri, base_model_uri, baseline_uri, output_uri)):
+        check_cache_writable(config.cache_dir, "cache_dir")
+    if any(spec.fetches for spec in config.rewards.models):
+        check_cache_writable(config.rewards.cache_dir, "rewards.cache_dir")
     store = open_store(output_uri, settings)
     if has_manifest(store):
         raise G2RPOError(
@@ -111,6 +117,8 @@ def evaluate(
     resume.check_output(store, output_uri)
     metrics = [get_spec(spec.name).name for spec in config.rewards.models]  # an unknown name lists the valid ones
     prompt_set = read_prompt_set(config.prompts, config.num_prompts, settings)
+    if (limits := prompt_set.notice()) and ranks.rank == 0:  # limits are said, not applied silently
+        print(f"g2rpo eval: {limits}", file=sys.stderr, flush=True)
     prompts = prompt_set.prompts
     images = len(prompts) * len(config.seeds) * len(config.step_counts)
     if images > IMAGES_MAX:

@@ -38,6 +38,7 @@ import g2rpo
 from g2rpo.artifacts.storage import ObjectNotFound, open_store
 from g2rpo.config import load_config, parse_overrides, to_yaml
 from g2rpo.errors import G2RPOError, did_you_mean, problem
+from g2rpo.launch.quantity import quantity_problem
 from g2rpo.launch.trainjob import DEFAULT_DEADLINE_S, Placement, TrainJobLaunch
 from g2rpo.steps.records import TrainRecord, write_record
 from g2rpo.steps.train import publish_export, train
@@ -238,6 +239,8 @@ def trainjob_for(
         problems.append(problem("node_selector", node_selector, "give a mapping of label to value"))
     if not isinstance(tolerations or [], list) or not all(isinstance(t, dict) for t in tolerations or []):
         problems.append(problem("tolerations", tolerations, "give a list of Kubernetes tolerations (mappings)"))
+    if shm_size and (shm_problem := quantity_problem("shm_size", shm_size, "memory")):
+        problems.append(shm_problem)
     if problems:
         raise G2RPOError("cannot build the TrainJob:\n  - " + "\n  - ".join(problems))
     placement = Placement(

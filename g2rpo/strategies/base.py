@@ -350,6 +350,12 @@ class StrategySettings(Section):
         """Problems (``field=value: fix``, fields named from the ``algorithm`` section) with the shared settings."""
         return []
 
+    def clamped(self, config: AlgorithmConfig) -> list[str]:
+        """Settings the step grid cannot honour as given, which the strategy clamps as its reference code
+        does: one line each, ``field=value: what is used instead`` (fields named from the ``algorithm``
+        section). ``validate`` and the trainer's set-up say them once; a setting is never clamped silently."""
+        return []
+
     def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
         """The setting (key under ``algorithm``, value) that makes the strategy step the optimiser more
         than once per iteration, or None when it steps once."""

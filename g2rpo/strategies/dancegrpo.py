@@ -100,6 +100,16 @@ class DanceGRPOSettings(StrategySettings):
     def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
         return trajectory_multi_step_setting(self.strategy, self.trajectories_per_step, config)
 
+    def clamped(self, config: AlgorithmConfig) -> list[str]:
+        trainable = config.num_steps - 1
+        if int(self.train_fraction * trainable) >= 1:
+            return []
+        return [
+            f"dancegrpo.train_fraction={self.train_fraction:g}: int({self.train_fraction:g} × (T − 1 = {trainable})) "
+            "= 0 steps; each trajectory trains 1 step, as DanceGRPO's code does "
+            f"(use train_fraction ≥ {1 / trainable:.3g} to say what runs)"
+        ]
+
     def cross_checks(self, config: AlgorithmConfig) -> list[str]:
         return trajectory_stepping_problems(self.strategy, self.trajectories_per_step, config)
 

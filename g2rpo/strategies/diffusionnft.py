@@ -237,6 +237,15 @@ class DiffusionNFTSettings(StrategySettings):
     def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
         return trajectory_multi_step_setting(self.strategy, self.trajectories_per_step, config)
 
+    def clamped(self, config: AlgorithmConfig) -> list[str]:
+        if int(self.train_fraction * config.num_steps) >= 1:
+            return []
+        return [
+            f"diffusionnft.train_fraction={self.train_fraction:g}: int({self.train_fraction:g} × "
+            f"(T = {config.num_steps})) = 0 timesteps; each sample trains 1, as DiffusionNFT's script does "
+            f"(use train_fraction ≥ {1 / config.num_steps:.3g} to say what runs)"
+        ]
+
     def cross_checks(self, config: AlgorithmConfig) -> list[str]:
         if config.optimizer_step == "per_step":
             return [

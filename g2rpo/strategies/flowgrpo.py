@@ -122,6 +122,15 @@ class FlowGRPOSettings(StrategySettings):
     def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
         return trajectory_multi_step_setting(self.strategy, self.trajectories_per_step, config)
 
+    def clamped(self, config: AlgorithmConfig) -> list[str]:
+        if int(self.train_fraction * config.num_steps) >= 1:
+            return []
+        return [
+            f"flowgrpo.train_fraction={self.train_fraction:g}: int({self.train_fraction:g} × (T = {config.num_steps})) "
+            "= 0 steps; each trajectory trains 1 step, as Flow-GRPO's script does "
+            f"(use train_fraction ≥ {1 / config.num_steps:.3g} to say what runs)"
+        ]
+
     def cross_checks(self, config: AlgorithmConfig) -> list[str]:
         return trajectory_stepping_problems(self.strategy, self.trajectories_per_step, config)
 

@@ -95,6 +95,16 @@ class MixGRPOSettings(StrategySettings):
     def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
         return trajectory_multi_step_setting(self.strategy, self.trajectories_per_step, config)
 
+    def clamped(self, config: AlgorithmConfig) -> list[str]:
+        room = config.num_steps - 2  # window indices stay < T − 2
+        if self.window_size <= room:
+            return []
+        return [
+            f"mixgrpo.window_size={self.window_size}: the grid of num_steps={config.num_steps} holds at most "
+            f"T − 2 = {room} window step(s); every window is cut to at most {room} step(s), as MixGRPO's code cuts it "
+            f"(use window_size ≤ {room}, or more num_steps, to say what runs)"
+        ]
+
     def cross_checks(self, config: AlgorithmConfig) -> list[str]:
         problems = trajectory_stepping_problems(self.strategy, self.trajectories_per_step, config)
         if config.num_steps < 3:

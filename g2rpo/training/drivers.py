@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import difflib
 import os
 import shutil
 import sys
@@ -35,6 +34,7 @@ from g2rpo.errors import G2RPOError, problem
 from g2rpo.training.checkpoint import TrainerState
 from g2rpo.training.deepspeed_config import build_deepspeed_config, validate_deepspeed_config
 from g2rpo.training.distributed import DistContext
+from g2rpo.training.lora import lora_target_problem
 from g2rpo.training.run_config import LoraSection, RunConfig
 
 __all__ = ["TorchDriver", "DeepSpeedDriver", "to_universal", "apply_lora", "EMA"]
@@ -353,44 +353,9 @@ def apply_lora(transformer: torch.nn.Module, lora: LoraSection, seed: int | None
     RNG (the caller's RNG state is left as it was), so the same seed gives the same adapters."""
     from peft import LoraConfig  # heavy: loaded only when a run asks for LoRA
 
-    names = [n for n, _ in transformer.named_modules() if n]
-    missing = [t for t in lora.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
-    if missing:
-        suffixes = sorted({".".join(n.split(".")[-k:]) for n in names for k in (1, 2)})
-        hints = {t: difflib.get_close_matches(t, suffixes, n=4) for t in missing}
-        detail = "; ".join(f"{t!r} (close: {', '.join(h) or 'none'})" for t, h in hints.items())
-        raise G2RPOError(
-            problem(
-                "train.lora.target_modules",
-                list(lora.target_modules),
-                f"no module of the transformer matches {detail}; use names of its Linear layers, e.g. to_q, to_k, to_v, to_out.0",
-            )
-        )
-    # peft adapts Linear, Embedding and Conv layers only; a target that names another module (a
-    # norm, a whole block) would fail inside peft with a traceback.
-    supported = (torch.nn.Linear, torch.nn.Embedding, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
-    modules = dict(transformer.named_modules())
-    unsupported = {
-        t: sorted(
-            {
-                type(m).__name__
-                for n, m in modules.items()
-                if (n == t or n.endswith("." + t)) and not isinstance(m, supported)
-            }
-        )
-        for t in lora.target_modules
-    }
-    unsupported = {t: kinds for t, kinds in unsupported.items() if kinds}
-    if unsupported:
-        detail = "; ".join(f"{t!r} matches {' and '.join(kinds)} modules" for t, kinds in unsupported.items())
-        raise G2RPOError(
-            problem(
-                "train.lora.target_modules",
-                list(lora.target_modules),
-                f"LoRA adapts Linear layers only: {detail}; name Linear layers, e.g. to_q, to_k, to_v, to_out.0 "
-                "(or the Linear inside a module, e.g. norm1.linear)",
-            )
-        )
+    wrong = lora_target_problem(transformer, lora.target_modules)
+    if wrong:
+        raise G2RPOError(wrong)
     transformer.requires_grad_(False)
     config = LoraConfig(
         r=lora.rank,

@@ -1,9 +1,11 @@
 """Fail points: named places in training where a test can kill the real process.
 
 The resume tests need a run that dies at a known point, the way a preempted node dies: SIGKILL, no
-``finally`` blocks, no flushing. One environment variable picks the point::
+``finally`` blocks, no flushing. One environment variable picks the point, and a second one arms
+it (:mod:`g2rpo.faults`: without ``G2RPO_ARM_FAULT_POINTS=1`` a stray ``G2RPO_FAULT_KILL_AT`` is
+ignored, with one line saying so)::
 
-    G2RPO_FAULT_KILL_AT=iteration:N    # or checkpoint:N, sigterm:N, hold:N
+    G2RPO_ARM_FAULT_POINTS=1 G2RPO_FAULT_KILL_AT=iteration:N    # or checkpoint:N, sigterm:N, hold:N
 
 - ``iteration:N`` — in :meth:`~g2rpo.training.trainer.Trainer.step` of iteration N, after the
   rewards and advantages, before the training phase (no optimiser step of N has happened). Proves
@@ -21,27 +23,28 @@ The resume tests need a run that dies at a known point, the way a preempted node
   optimiser state are written, before the RNG files, the EMA and the manifest. Proves that a
   half-written checkpoint (no manifest) is never resumed from.
 
-Unset (every normal run), each point is one dictionary lookup and nothing else. The trainer calls
-:func:`fail_point` at the iteration point; the checkpoint point sits in the driver's ``save``
-through :class:`FailAfterSave`, because :class:`~g2rpo.training.checkpoint.CheckpointManager` owns
-the order in which a checkpoint's files are written.
+Every point that acts first names the variables on stderr. Unset (every normal run), each point is
+one dictionary lookup and nothing else. The trainer calls :func:`fail_point` at the iteration
+point; the checkpoint point sits in the driver's ``save`` through :class:`FailAfterSave`, because
+:class:`~g2rpo.training.checkpoint.CheckpointManager` owns the order in which a checkpoint's files
+are written.
 """
 
 from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Literal, Protocol
 
+from g2rpo.faults import FAULT_ENV, announce, armed_fault
 from g2rpo.training.checkpoint import TrainerState
 
 __all__ = ["FAIL_POINT_ENV", "FailAfterSave", "fail_point"]
 
-FAIL_POINT_ENV = "G2RPO_FAULT_KILL_AT"
+FAIL_POINT_ENV = FAULT_ENV
 
 HOLD_S = 600.0  # the longest a ``hold:N`` point waits for its signal
 
@@ -50,13 +53,16 @@ FailPoint = Literal["iteration", "checkpoint"]
 
 def fail_point(point: FailPoint, iteration: int, signalled: Callable[[], bool] = lambda: False) -> None:
     """SIGKILL (or SIGTERM, or hold) this process if ``G2RPO_FAULT_KILL_AT`` names this point and
-    iteration. ``signalled``: whether the process has received its stop signal (what a hold waits for)."""
-    wanted = os.environ.get(FAIL_POINT_ENV)
+    iteration and ``G2RPO_ARM_FAULT_POINTS=1`` arms it. ``signalled``: whether the process has
+    received its stop signal (what a hold waits for)."""
+    wanted = armed_fault()
     if wanted is None:
         return
     if wanted == f"{point}:{iteration}":
+        announce(wanted, f"SIGKILL in {point} {iteration}")
         os.kill(os.getpid(), signal.SIGKILL)
     if point == "iteration" and wanted == f"sigterm:{iteration}":
+        announce(wanted, f"SIGTERM in iteration {iteration}")
         os.kill(os.getpid(), signal.SIGTERM)
     if point == "iteration" and wanted == f"hold:{iteration}" and os.environ.get("RANK", "0") == "0":
         hold(iteration, signalled)
@@ -64,11 +70,7 @@ def fail_point(point: FailPoint, iteration: int, signalled: Callable[[], bool] =
 
 def hold(iteration: int, signalled: Callable[[], bool], limit_s: float = HOLD_S) -> bool:
     """Wait in iteration ``iteration`` until ``signalled()`` (True) or ``limit_s`` passes (False)."""
-    print(
-        f"g2rpo fault point: holding in iteration {iteration} until a signal (at most {limit_s:g} s)",
-        file=sys.stderr,
-        flush=True,
-    )
+    announce(f"hold:{iteration}", f"holding in iteration {iteration} until a signal (at most {limit_s:g} s)")
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
         if signalled():

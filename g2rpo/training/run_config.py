@@ -452,6 +452,9 @@ def run_problems(config: Any, world_size: int = 1) -> list[str]:
                 check_model_dir(Path(model.path), needed)
             except G2RPOError as exc:
                 problems.append(f"model.path: {exc}")
+            else:
+                if train is not None and train.lora.enabled:
+                    problems += _lora_problems(model.path, train.lora.target_modules)
     if data is not None and data.prompts and not data.prompts.startswith("s3://"):
         from g2rpo.data import read_prompt_location
 
@@ -468,6 +471,19 @@ def run_problems(config: Any, world_size: int = 1) -> list[str]:
             )
         )
     return problems
+
+
+def _lora_problems(model_path: str, target_modules: list[str]) -> list[str]:
+    """``train.lora.target_modules`` checked against the model's transformer, built on the meta device
+    (no weights read): a name it lacks failed only at set-up, on a cluster after the pods started."""
+    from g2rpo.models.loading import transformer_skeleton
+    from g2rpo.training.lora import lora_target_problem
+
+    try:
+        wrong = lora_target_problem(transformer_skeleton(model_path), target_modules)
+    except G2RPOError as exc:
+        return [f"model.path: {exc}"]
+    return [wrong] if wrong else []
 
 
 FLUX_PACKED_CHANNELS = 64  # Flux: 16 latent channels × a 2×2 patch
@@ -531,8 +547,9 @@ def _valid_sections(path: str | Path | None, overrides: Any) -> SimpleNamespace:
     return SimpleNamespace(**out)
 
 
-def validate_run(path: str | Path | None, overrides: Any = (), world_size: int = 1) -> str:
-    """Validate a run config completely; raise ConfigError listing every problem, else return its hash."""
+def validate_run(path: str | Path | None, overrides: Any = (), world_size: int = 1) -> tuple[str, list[str]]:
+    """Validate a run config completely; raise ConfigError listing every problem, else return its hash
+    and the settings the strategy will clamp (:meth:`~g2rpo.strategies.base.StrategySettings.clamped`)."""
     try:
         config = load_run_config(path, overrides)
     except ConfigError as exc:
@@ -542,4 +559,4 @@ def validate_run(path: str | Path | None, overrides: Any = (), world_size: int =
     problems = run_problems(config, world_size)
     if problems:
         raise ConfigError(problems, source=str(path) if path else None)
-    return resume_hash(config)
+    return resume_hash(config), config.algorithm.settings.clamped(config.algorithm)

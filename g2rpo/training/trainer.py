@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 
+from g2rpo.artifacts.cache import check_cache_writable
 from g2rpo.artifacts.storage import check_writable
 from g2rpo.config import to_yaml
 from g2rpo.errors import ConfigError, G2RPOError, problem
@@ -134,6 +135,12 @@ class Trainer:
             check_writable(cfg.model.path, "model.path")
         if cfg.rewards.cache_dir:
             check_writable(cfg.rewards.cache_dir, "rewards.cache_dir")
+        # s3:// models and reward weights are fetched into a cache: one that cannot be written is named
+        # with the setting that moves it now, not as an OSError at the download.
+        if cfg.model.path.startswith("s3://"):
+            check_cache_writable(None)
+        if any(spec.fetches for spec in cfg.rewards.models):
+            check_cache_writable(cfg.rewards.cache_dir, "rewards.cache_dir")
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
         self.ctx = init_distributed(cfg.train.device)
@@ -205,6 +212,12 @@ class Trainer:
         duplicates = report_duplicates(cfg, prompt_set, self.ctx)
         if duplicates is not None:
             self.metrics.event(duplicates)
+        clamped = [f"algorithm.{line}" for line in cfg.algorithm.settings.clamped(cfg.algorithm)]
+        if clamped:  # settings the step grid cannot honour: clamped as the reference code does, and said
+            self.metrics.event({"event": "clamped", "settings": clamped})
+            if self.ctx.is_main:
+                for line in clamped:
+                    print(f"g2rpo train: {line}", file=sys.stderr, flush=True)
         self.ctx.barrier()
         self._is_setup = True
         return self

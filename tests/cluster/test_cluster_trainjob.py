@@ -32,9 +32,9 @@ from contextlib import contextmanager
 
 import pytest
 
+from g2rpo.faults import fault_env
 from g2rpo.observability.dashboard import DEFAULT_PATH
 from g2rpo.steps.train_task import checkpoint_uri_for
-from g2rpo.training.failpoints import FAIL_POINT_ENV
 from tests.cluster import jobset
 from tests.cluster.deploy import (
     BUCKET,
@@ -125,17 +125,18 @@ def _checkpoint_prefix(run: Run) -> str:
 
 
 @contextmanager
-def runtime_env(cluster, name: str, value: str):
-    """``name=value`` on the training pods of TrainJobs created meanwhile (a JSON patch of the runtime)."""
+def runtime_env(cluster, variables: dict[str, str]):
+    """``variables`` on the training pods of TrainJobs created meanwhile (a JSON patch of the runtime)."""
     env = cluster.get("clustertrainingruntime", RUNTIME)
     for part in RUNTIME_ENV.strip("/").split("/"):
         env = env[int(part)] if part.isdigit() else env[part]
-    patch = [{"op": "add", "path": f"{RUNTIME_ENV}/-", "value": {"name": name, "value": value}}]
+    patch = [{"op": "add", "path": f"{RUNTIME_ENV}/-", "value": {"name": k, "value": v}} for k, v in variables.items()]
     cluster.kubectl("patch", "clustertrainingruntime", RUNTIME, "--type=json", "-p", json.dumps(patch))
     try:
         yield
     finally:
-        restore = [{"op": "remove", "path": f"{RUNTIME_ENV}/{len(env)}"}]
+        # The added entries follow the runtime's own: removing at its length len(variables) times takes them all.
+        restore = [{"op": "remove", "path": f"{RUNTIME_ENV}/{len(env)}"} for _ in variables]
         cluster.kubectl("patch", "clustertrainingruntime", RUNTIME, "--type=json", "-p", json.dumps(restore))
 
 
@@ -228,7 +229,7 @@ def test_a_training_pod_deleted_mid_run_checkpoints_and_the_run_resumes_to_the_s
     run = _new_run(uninterrupted["run"].outputs["prepare-data"])
     job, prefix = trainjob_of(run.run_id), _checkpoint_prefix(run)
     started = time.monotonic()
-    with runtime_env(cluster, FAIL_POINT_ENV, f"hold:{HOLD_IN}"):
+    with runtime_env(cluster, fault_env(f"hold:{HOLD_IN}")):
         task_pod = start_step(deployment, run, TRAIN_TASK)
 
         def explain() -> str:

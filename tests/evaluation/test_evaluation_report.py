@@ -24,6 +24,7 @@ from g2rpo.config import load_config
 from g2rpo.errors import G2RPOError
 from g2rpo.evaluation import resume
 from g2rpo.evaluation.config import EvaluationConfig
+from g2rpo.faults import fault_env
 from g2rpo.rewards.registry import REWARDS, reward_names
 from g2rpo.steps.candidates import report_html
 from g2rpo.steps.evaluate import evaluate
@@ -185,7 +186,7 @@ def test_a_killed_evaluation_resumes_without_sampling_an_image_twice(tiny_flux_d
     argv = [sys.executable, "-m", "g2rpo", "eval", "--model", str(other_model), "--prompts", "builtin:tiny"]
     argv += ["--output", str(out), "--seeds", "0,5", "--steps", "3,2", "--metrics", ",".join(METRICS)]
     argv += ["num_prompts=2", "chunk_size=2", "device=cpu"]
-    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **{resume.FAIL_POINT_ENV: "eval_chunk:2"})
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", **fault_env("eval_chunk:2"))
     killed = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
     assert killed.returncode == -9, killed.stderr[-2000:]
     store = open_store(str(out))

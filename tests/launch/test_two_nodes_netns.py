@@ -37,6 +37,7 @@ from kubeapi import KubeAPI, condition
 from test_trainer_check import PLACEMENTS, TOOL, trainer_check
 
 from g2rpo.config import load_config, to_yaml
+from g2rpo.faults import fault_env
 from g2rpo.launch.trainjob import TRAINING_RUNTIME, TrainJobLaunch, launch_trainjob
 from g2rpo.training.run_config import RunConfig
 from tests.chart.chart_render import training_runtime
@@ -147,7 +148,7 @@ def _node_env(container: dict, rank: int, fault: str | None) -> dict[str, str]:
     env.update({k: local[k] for k in ("PYTHONPATH", "OMP_NUM_THREADS", "TORCH_EXTENSIONS_DIR", "HOME")})
     env["PATH"] = f"{Path(sys.executable).parent}:/usr/bin:/bin"  # torchrun, as on the image's PATH
     if fault:
-        env["G2RPO_FAULT_KILL_AT"] = fault
+        env.update(fault_env(fault))
     return env
 
 

@@ -5,7 +5,7 @@ Recurring runs behave as a KFP 2.17 API server was observed to: every create mak
 the name is unused), listed per experiment and filtered by display name (case-insensitively), disabled and
 deleted by id; a display name longer than :data:`DISPLAY_NAME_COLUMN` characters is answered with HTTP 500
 and MySQL's "Data too long" message. ``fail`` makes an endpoint answer an error, as a broken server would.
-Tests read ``requests`` to check what the real client sent.
+Tests read ``requests`` to check what the real client sent (the healthz probes apart, in ``probes``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
+from pipelines.reachability import HEALTHZ
+
 REPLIES = {
-    ("GET", "/apis/v2beta1/healthz"): {"multi_user": False},
+    ("GET", HEALTHZ): {"multi_user": False},
     ("GET", "/apis/v2beta1/experiments"): {},
     ("POST", "/apis/v2beta1/experiments"): {"experiment_id": "e1", "display_name": "g2rpo"},
     ("POST", "/apis/v2beta1/runs"): {"run_id": "r1", "experiment_id": "e1"},
@@ -29,7 +31,11 @@ DISPLAY_NAME_COLUMN = 255
 
 class KfpServer:
     def __init__(self):
+        # Every request but the health probes: a GET of healthz changes nothing, and submit/schedule send
+        # one before any check (pipelines/reachability.py: a hung host is refused before the pipeline's
+        # imports), so "nothing was sent" means nothing here.
         self.requests: list[tuple[str, str, bytes]] = []
+        self.probes: list[str] = []  # the paths of the healthz GETs
         self.recurring: dict[str, dict] = {}  # id -> the recurring run as the server holds it
         self.fail: dict[tuple[str, str], tuple[int, dict]] = {}  # (method, path) -> (status, body)
         self._lock = threading.Lock()
@@ -41,7 +47,10 @@ class KfpServer:
                 length = int(self.headers.get("Content-Length") or 0)
                 body = self.rfile.read(length) if length else b""
                 path, _, query = self.path.partition("?")
-                server.requests.append((method, self.path, body))
+                if (method, path) == ("GET", HEALTHZ):
+                    server.probes.append(self.path)
+                else:
+                    server.requests.append((method, self.path, body))
                 with server._lock:
                     status, reply = server._answer(method, path, urllib.parse.parse_qs(query), body)
                 data = json.dumps(reply).encode()

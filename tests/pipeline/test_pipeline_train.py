@@ -22,6 +22,7 @@ import yaml
 from g2rpo.artifacts.manifest import verify
 from g2rpo.artifacts.storage import open_store
 from g2rpo.errors import G2RPOError
+from g2rpo.faults import fault_env
 from g2rpo.launch.trainjob import CONFIG_ENV, TRAINING_RUNTIME, job_name
 from g2rpo.steps.train_task import checkpoint_uri_for, train_task, trainjob_for
 from g2rpo.training.mirror import CheckpointMirror
@@ -72,7 +73,7 @@ def test_a_retried_train_task_resumes_from_the_runs_s3_checkpoints(tiny_flux_dir
     args = [CONFIG, {"iterations": 3}, OVERRIDES]
     kwargs = dict(prompts=PROMPTS, base_model_uri=str(tiny_flux_dir), publish_uri=f"{store}/exports/g2rpo-tiny")
     kwargs.update(record_dir=str(tmp_path / "pod-1" / "record"), work_dir=str(tmp_path / "pod-1" / "work"))
-    env = {**subprocess_env(), "G2RPO_FAULT_KILL_AT": "iteration:2"}
+    env = {**subprocess_env(), **fault_env("iteration:2")}
     first = subprocess.run(
         [sys.executable, "-c", attempt, json.dumps(args), json.dumps({**kwargs, "checkpoint_uri": uri})],
         env=env,

@@ -15,6 +15,7 @@ import pytest
 import torch
 from trainer_testlib import REPO, as_cli, export_weights, run_train, subprocess_env, tiny_overrides
 
+from g2rpo.faults import fault_env
 from tests.tiny_flux_fixture import make_tiny_flux
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -178,7 +179,7 @@ def _torchrun_train(config: dict, fault: str | None = None) -> subprocess.Comple
     base.write_text("{}\n")
     env = subprocess_env()
     if fault:
-        env["G2RPO_FAULT_KILL_AT"] = fault
+        env.update(fault_env(fault))
     torchrun = Path(sys.executable).parent / "torchrun"
     return subprocess.run(
         [

@@ -5,8 +5,6 @@ last complete checkpoint stays the one resumed from."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,25 +26,6 @@ class _TorchSaveDriver:
 
     def load(self, directory: Path, saved: TrainerState) -> None:
         pass
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 2 MiB tmpfs (needs root and mount; skipped elsewhere)."""
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("a small tmpfs needs root and mount")
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], capture_output=True)
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode()[:200]}")
-    try:
-        yield mnt
-    finally:
-        # A file the test left open keeps the mount busy, and a plain umount then fails silently (the mount
-        # outlived every run); a lazy one detaches it now and frees it when the last handle closes.
-        if subprocess.run(["umount", str(mnt)], capture_output=True).returncode != 0:
-            subprocess.run(["umount", "--lazy", str(mnt)], check=True)
 
 
 def test_full_disk_names_the_checkpoint_the_path_and_the_space(small_disk):

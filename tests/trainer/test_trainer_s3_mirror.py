@@ -17,6 +17,7 @@ from trainer_testlib import REPO, as_cli, export_weights, run_train, subprocess_
 from g2rpo.artifacts.manifest import MANIFEST_NAME, MARKER_NAME, write_dir_manifest
 from g2rpo.artifacts.storage import open_store
 from g2rpo.errors import G2RPOError
+from g2rpo.faults import fault_env
 from g2rpo.training.checkpoint import CheckpointManager, TrainerState, is_complete
 from g2rpo.training.mirror import CheckpointMirror
 from g2rpo.training.trainer import VALIDATION_FILE
@@ -40,7 +41,7 @@ def _train(config: dict, checkpoint_uri: str, fault: str | None = None) -> subpr
     base.write_text("{}\n")
     env = subprocess_env()
     if fault:
-        env["G2RPO_FAULT_KILL_AT"] = fault
+        env.update(fault_env(fault))
     command = [sys.executable, "-m", "g2rpo", "train", "--config", str(base), *as_cli(config)]
     return subprocess.run(
         [*command, "--checkpoint-uri", checkpoint_uri], env=env, cwd=REPO, capture_output=True, text=True, timeout=300

@@ -19,6 +19,7 @@ import pytest
 import torch
 from trainer_testlib import REPO, as_cli, export_weights, run_train, subprocess_env, tiny_overrides
 
+from g2rpo.faults import fault_env
 from g2rpo.training.checkpoint import is_complete
 from g2rpo.training.preemption import exit_status
 from tests.tiny_flux_fixture import make_tiny_flux
@@ -60,7 +61,7 @@ def test_sigterm_to_torchrun_as_a_deleted_pod_gets_it_checkpoints_and_resumes_to
     out = tmp_path / "pod"
     config = tiny_overrides(tiny_model, out, **{"train.iterations": ITERATIONS, "train.checkpoint_every": 100})
     (tmp_path / "base.yaml").write_text("{}\n")
-    env = {**subprocess_env(), "G2RPO_FAULT_KILL_AT": "hold:2"}  # rank 0 waits in iteration 2 for the signal
+    env = {**subprocess_env(), **fault_env("hold:2")}  # rank 0 waits in iteration 2 for the signal
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
     command += ["-m", "g2rpo", "train", "--config", str(tmp_path / "base.yaml"), *as_cli(config)]
     agent = subprocess.Popen(command, env=env, cwd=REPO, stderr=subprocess.PIPE, text=True)

@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from g2rpo.faults import ARM_ENV, FAULT_ENV, fault_env
+
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = REPO / "configs" / "tiny-prompts.txt"
 
@@ -79,24 +81,28 @@ def subprocess_env() -> dict[str, str]:
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
     )
-    env.pop("G2RPO_FAULT_KILL_AT", None)
+    env.pop(FAULT_ENV, None)
+    env.pop(ARM_ENV, None)
     # The CLI decides it from its stderr; an in-process `main()` of an earlier test may have set it here.
     env.pop("HF_HUB_DISABLE_PROGRESS_BARS", None)
     return env
 
 
-def run_train(config: dict[str, Any], *, fault: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python -m g2rpo train`` with the config given as overrides (an empty YAML file as base)."""
+def run_train(
+    config: dict[str, Any], *, fault: str | None = None, env: dict[str, str] | None = None, timeout: float = 300
+) -> subprocess.CompletedProcess:
+    """``python -m g2rpo train`` with the config given as overrides (an empty YAML file as base);
+    ``fault``: the fail point to arm; ``env``: more environment variables."""
     out = Path(config["output"]["dir"])
     out.parent.mkdir(parents=True, exist_ok=True)
     base = out.parent / f"{out.name}-base.yaml"
     base.write_text("{}\n")
-    env = subprocess_env()
+    environment = {**subprocess_env(), **(env or {})}
     if fault:
-        env["G2RPO_FAULT_KILL_AT"] = fault
+        environment.update(fault_env(fault))
     return subprocess.run(
         [sys.executable, "-m", "g2rpo", "train", "--config", str(base), *as_cli(config)],
-        env=env,
+        env=environment,
         cwd=REPO,
         capture_output=True,
         text=True,
