@@ -47,23 +47,6 @@ RESULTS = Path(__file__).resolve().parent / "results"
 ROOT = Path(__file__).resolve().parent.parent
 PAPER_BRANCH_STEPS = 8  # |M| at T = 16: the noisiest half
 
-# FLUX.1-dev's VAE (diffusers' AutoencoderKL config of black-forest-labs/FLUX.1-dev/vae)
-FLUX_DEV_VAE = dict(
-    in_channels=3,
-    out_channels=3,
-    down_block_types=("DownEncoderBlock2D",) * 4,
-    up_block_types=("UpDecoderBlock2D",) * 4,
-    block_out_channels=(128, 256, 512, 512),
-    layers_per_block=2,
-    latent_channels=16,
-    norm_num_groups=32,
-    sample_size=1024,
-    scaling_factor=0.3611,
-    shift_factor=0.1159,
-    use_quant_conv=False,
-    use_post_quant_conv=False,
-)
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
@@ -103,11 +86,12 @@ def write_flux_dev_shaped_model(folder: Path, device: str, transformer_config: d
     encoders of FLUX.1-dev's widths, saved in diffusers' FluxPipeline layout. Returns what was written
     (parameter counts, seconds, bytes)."""
     import torch
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from diffusers import FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
+    from benchmarks.decode import flux_vae
     from benchmarks.gpu_flux_step import FLUX_DEV
-    from g2rpo.models.tiny import tiny_clip_tokenizer, tiny_t5_tokenizer
+    from g2rpo.models.tiny import flux_dev_scheduler, tiny_clip_tokenizer, tiny_t5_tokenizer
 
     started = time.perf_counter()
     with torch.device("meta"):
@@ -150,16 +134,8 @@ def write_flux_dev_shaped_model(folder: Path, device: str, transformer_config: d
             use_cache=False,
         )
     )
-    vae = AutoencoderKL(**FLUX_DEV_VAE)
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        num_train_timesteps=1000,
-        shift=3.0,
-        use_dynamic_shifting=True,
-        base_shift=0.5,
-        max_shift=1.15,
-        base_image_seq_len=256,
-        max_image_seq_len=4096,
-    )
+    vae = flux_vae()
+    scheduler = flux_dev_scheduler()
     pipe = FluxPipeline(
         scheduler=scheduler,
         vae=vae,

@@ -137,13 +137,28 @@ def tiny_t5_tokenizer(model_max_length: int = TINY_T5_MAX_LENGTH, extra_words: S
     return T5TokenizerFast(vocab=pieces, extra_ids=0, model_max_length=model_max_length)
 
 
+def flux_dev_scheduler() -> Any:
+    """``FlowMatchEulerDiscreteScheduler`` with FLUX.1-dev's configuration (dynamic shift 0.5 → 1.15)."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    return FlowMatchEulerDiscreteScheduler(
+        num_train_timesteps=1000,
+        shift=3.0,
+        use_dynamic_shifting=True,
+        base_shift=0.5,
+        max_shift=1.15,
+        base_image_seq_len=256,
+        max_image_seq_len=4096,
+    )
+
+
 def build_tiny_flux_pipeline(seed: int = 0, extra_words: Sequence[str] = (), num_attention_heads: int = 2) -> Any:
     """The tiny ``FluxPipeline`` in memory (float32, CPU), weights seeded by ``seed``.
 
     ``extra_words`` become single T5 tokens (a task's vocabulary); ``num_attention_heads`` × 16 is
     the transformer's width."""
     import torch
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from diffusers import AutoencoderKL, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
 
     tokenizer = tiny_clip_tokenizer()
@@ -211,17 +226,8 @@ def build_tiny_flux_pipeline(seed: int = 0, extra_words: Sequence[str] = (), num
         use_quant_conv=False,
         use_post_quant_conv=False,
     )
-    scheduler = FlowMatchEulerDiscreteScheduler(
-        num_train_timesteps=1000,
-        shift=3.0,
-        use_dynamic_shifting=True,
-        base_shift=0.5,
-        max_shift=1.15,
-        base_image_seq_len=256,
-        max_image_seq_len=4096,
-    )
     return FluxPipeline(
-        scheduler=scheduler,
+        scheduler=flux_dev_scheduler(),
         vae=vae,
         text_encoder=text_encoder,
         tokenizer=tokenizer,

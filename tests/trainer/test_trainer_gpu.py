@@ -63,20 +63,12 @@ def test_flux_dev_blocks_back_propagate_at_720_with_the_trainers_attention_setti
     on one double and one single block of FLUX.1-dev's widths at 720², gradient checkpointing on."""
     from diffusers import FluxTransformer2DModel
 
+    from benchmarks.gpu_flux_step import FLUX_DEV
     from g2rpo.models.flux import FluxConditioning, FluxVelocity, avoid_cudnn_attention, packed_shape
 
     avoid_cudnn_attention(torch.device("cuda"))
     torch.manual_seed(0)
-    transformer = FluxTransformer2DModel(
-        num_layers=1,
-        num_single_layers=1,
-        attention_head_dim=128,
-        num_attention_heads=24,
-        joint_attention_dim=4096,
-        pooled_projection_dim=768,
-        guidance_embeds=True,
-        axes_dims_rope=(16, 56, 56),
-    ).to("cuda", torch.bfloat16)
+    transformer = FluxTransformer2DModel(**dict(FLUX_DEV, num_layers=1, num_single_layers=1)).to("cuda", torch.bfloat16)
     velocity = FluxVelocity(transformer, height=720, width=720, guidance=3.5, gradient_checkpointing=True)
     length, channels = packed_shape(720, 720)
     cond = FluxConditioning(
