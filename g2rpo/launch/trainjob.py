@@ -62,7 +62,7 @@ from kubeflow.trainer.options import (
 from kubeflow.trainer.types.types import CustomTrainerContainer
 from kubernetes import client as k8s
 
-from g2rpo.errors import G2RPOError, problem
+from g2rpo.errors import USAGE_EXIT_STATUS, G2RPOError, problem
 
 __all__ = [
     "run_labels",
@@ -98,6 +98,11 @@ S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 LABEL_RUN = "g2rpo.io/kfp-run"
 ANNOTATION_RUN = "g2rpo.io/kfp-run-id"
 ANNOTATION_TASK = "g2rpo.io/kfp-task"
+# The chart's runtime fails a job at once on the trainer's usage/configuration status (USAGE_EXIT_STATUS): its
+# Job's podFailurePolicy fails the Job, this JobSet failure rule fails the JobSet, and JobSet (v0.12) gives the
+# JobSet's, and so the TrainJob's, Failed condition this reason.
+USAGE_FAILURE_RULE = "TrainerUsageError"
+FAIL_JOBSET_REASON = "FailJobSetFailurePolicyAction"
 
 # A training run may take days on a pool of H200 nodes; the job's own deadline ends it first, so
 # the task waits a little longer than the deadline and reports the job's DeadlineExceeded message.
@@ -217,17 +222,21 @@ def job_name(run_id: str, task: str, attempt: int = 1) -> str:
 
 def train_command(args: list[str], processes_per_node: int = 1) -> list[str]:
     """The trainer container's command: write the run config from :data:`CONFIG_ENV`, then
-    ``torchrun -m g2rpo train`` on it, one process per GPU of the node (``processes_per_node``).
+    torchrun ``-m g2rpo train`` on it, one process per GPU of the node (``processes_per_node``).
 
     torchrun takes nodes, rank and rendezvous from the ``PET_*`` variables the Trainer's torch plugin
     sets; the process count is given explicitly because the plugin's default, ``auto``, means one per
     CPU core on a node without a GPU visible to the container (seen on a real Trainer v2.3: 2 ranks
-    per node on a 2-core node), not the one per node the job asked for."""
+    per node on a 2-core node), not the one per node the job asked for. It runs as
+    :mod:`g2rpo.launch.torchrun` (torch's launcher, in that process), which exits with the trainer's
+    usage/configuration status when that is why a rank failed: torchrun itself would exit 1, and the
+    runtime's ``podFailurePolicy`` fails the job at once only on that status."""
     if processes_per_node < 1:
         raise G2RPOError(problem("processes_per_node", processes_per_node, "give 1 or more (one per GPU)"))
     script = (
         f'printf "%s" "${CONFIG_ENV}" > {CONFIG_PATH} && '
-        f'exec torchrun --nproc-per-node={processes_per_node} -m g2rpo train --config {CONFIG_PATH} "$@"'
+        f"exec python -m g2rpo.launch.torchrun --nproc-per-node={processes_per_node} "
+        f'-m g2rpo train --config {CONFIG_PATH} "$@"'
     )
     return ["bash", "-c", script, "g2rpo-train", *args]
 
@@ -536,7 +545,16 @@ def _condition_text(condition: dict[str, Any]) -> str:
 
 def _failure_message(api: k8s.CustomObjectsApi, namespace: str, name: str) -> str:
     failed = _failed_condition(_read_job(api, namespace, name) or {})
-    return "Failed (the job reports no condition message)" if failed is None else _condition_text(failed)
+    if failed is None:
+        return "Failed (the job reports no condition message)"
+    if failed.get("reason") == FAIL_JOBSET_REASON:
+        return (
+            f"{_condition_text(failed)}: the trainer exited with status {USAGE_EXIT_STATUS}, a usage or configuration "
+            "error (a bad run config, a model or prompts path that is not there; node-0's log names it), so the "
+            f"runtime's failure rule {USAGE_FAILURE_RULE} failed the job at once instead of restarting it: every "
+            "restart would fail the same way. Fix what the log names"
+        )
+    return _condition_text(failed)
 
 
 def _wait(

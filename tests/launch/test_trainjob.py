@@ -139,7 +139,7 @@ def test_launch_creates_a_valid_trainjob_waits_and_streams_node0():
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
     # one process per GPU, whatever the Trainer's "auto" would make of the node's cores
     assert trainer["command"][:2] == ["bash", "-c"]
-    assert "exec torchrun --nproc-per-node=8 -m g2rpo train" in trainer["command"][2]
+    assert "exec python -m g2rpo.launch.torchrun --nproc-per-node=8 -m g2rpo train" in trainer["command"][2]
     # output.dir on the runtime's shared volume, one folder per job (every rank writes into it)
     shared_dir = f"output.dir=/g2rpo-runs/{outcome.name}"
     assert trainer["command"][4:] == ["--checkpoint-uri", "s3://b/runs/r1/checkpoints", shared_dir]
@@ -356,3 +356,25 @@ def test_a_task_whose_attempts_all_failed_starts_no_more_jobs():
         with pytest.raises(G2RPOError, match=f"the TrainJobs of all {MAX_ATTEMPTS} attempts of task 'train'"):
             launch_trainjob(launch, [], config_yaml="{}", nodes=2, echo=lambda _: None)
     assert not _posted(api)
+
+
+def test_a_job_failed_on_the_usage_status_says_so_and_why_it_was_not_restarted():
+    # What the chart's runtime does on a bad model path (exit 2): the Job fails on its podFailurePolicy and the
+    # JobSet's rule TrainerUsageError fails the JobSet at once; the Trainer copies JobSet v0.12's condition.
+    failed = {
+        "conditions": [
+            condition(
+                "Failed",
+                "applying FailJobSet failure policy action (first failed job: g2rpo-train-x-node-0)",
+                "FailJobSetFailurePolicyAction",
+            )
+        ]
+    }
+    with KubeAPI(TRAINING_RUNTIME, script=lambda job, n: failed if n >= 2 else None) as api:
+        with pytest.raises(G2RPOError) as info:
+            launch_trainjob(_launch(api), [], config_yaml="{}", nodes=2, echo=lambda _: None)
+    message = str(info.value)
+    assert "(attempt 1) failed: FailJobSetFailurePolicyAction: applying FailJobSet failure policy action" in message
+    assert "the trainer exited with status 2, a usage or configuration error" in message
+    assert "failure rule TrainerUsageError failed the job at once instead of restarting it" in message
+    assert "Fix what the log names" in message and "retrying this task starts attempt 2" in message
