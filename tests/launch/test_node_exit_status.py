@@ -104,3 +104,38 @@ def test_the_first_failure_decides_the_nodes_status():
     assert exit_status(_failure({3: 2, 0: -15})) == USAGE_EXIT_STATUS  # the others stopped by torchrun after it
     assert exit_status(_failure({1: 1, 0: 2})) == 1  # a crash first: the usage status came after it
     assert exit_status(_failure({0: -9})) == 1  # killed (OOM): a restart may help
+
+
+def test_sigterm_to_the_node_reaches_the_trainer_as_under_torchrun(tmp_path):
+    # A deleted or drained pod gets SIGTERM on its first process, which the command exec's into: torch's
+    # launcher must still forward it to the ranks, which write a checkpoint before they exit (preemption).
+    ready, stopped = tmp_path / "ready", tmp_path / "stopped"
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import signal, sys, time\n"
+        f"def stop(*_):\n    open({str(stopped)!r}, 'w').write('checkpointed')\n    sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, stop)\n"
+        f"open({str(ready)!r}, 'w').write('up')\n"
+        "time.sleep(120)\n"
+    )
+    node = subprocess.Popen(
+        [sys.executable, "-m", "g2rpo.launch.torchrun", "--nproc-per-node=1", str(script)],
+        env=_node_env("{}"),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not ready.exists() and node.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ready.exists(), node.stdout.read() if node.poll() is not None else "the worker did not start"
+        node.terminate()  # SIGTERM, as the kubelet sends it
+        node.wait(timeout=60)
+    finally:
+        if node.poll() is None:
+            node.kill()
+            node.wait()
+    assert stopped.read_text() == "checkpointed"  # the rank got SIGTERM and finished its own way
+    assert node.returncode != 0  # not a success: the Job fails and the JobSet restarts the group
