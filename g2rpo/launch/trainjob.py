@@ -3,9 +3,12 @@
 One pod trains on up to one node (``torchrun`` inside the task). For more nodes the train step calls
 :func:`launch_trainjob`, which hands the run to the cluster's Trainer controller:
 
-- the job runs ``torchrun -m g2rpo train`` in the trainer image against the project's
+- the job runs torchrun ``-m g2rpo train`` in the trainer image against the project's
   ``ClusterTrainingRuntime`` :data:`TRAINING_RUNTIME` (torch-distributed; the Helm chart ships it),
-  with the resolved run config passed in the environment (:data:`CONFIG_ENV`);
+  with the resolved run config passed in the environment (:data:`CONFIG_ENV`). torchrun runs as
+  :mod:`g2rpo.launch.torchrun`, which keeps the trainer's usage/configuration exit status (2) where
+  torchrun exits 1; the runtime fails the job at once on it (a Job ``podFailurePolicy`` and the JobSet
+  rule :data:`USAGE_FAILURE_RULE`) instead of using the restarts, and the task's error says so;
 - its name is a function of the KFP run, the task and the attempt (:func:`job_name`): a retried task finds
   its job and follows it instead of starting a second one while that job runs (or has completed). A job that
   failed (its JobSet's restarts used up, its deadline passed, a usage or configuration error) stays ``Failed``;
