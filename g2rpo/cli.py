@@ -4,7 +4,7 @@ Each area registers its own subcommands from a light module in :mod:`g2rpo.comma
 definitions only). The handlers import the library where they run: the one deliberate exception to
 imports-at-the-top in this code base, so that ``g2rpo --help`` answers in a second instead of loading
 torch, diffusers and DeepSpeed. A handler returns an exit code or None. A :class:`~g2rpo.errors.G2RPOError` is printed
-without a traceback and exits with status 2; anything else is a bug and keeps its traceback.
+without a traceback and exits with status 2 (``USAGE_EXIT_STATUS``); anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import g2rpo.commands.rewards
 import g2rpo.commands.storage
 import g2rpo.commands.train
 from g2rpo import __version__
-from g2rpo.errors import G2RPOError
+from g2rpo.errors import USAGE_EXIT_STATUS, G2RPOError
 from g2rpo.progress import quiet_library_bars_in_logs
 
 # The modules that define ``add_commands(subparsers)``, one per area, in the order `g2rpo --help` lists them.
@@ -64,13 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     handler = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
-        return 0 if args.command is None else 2
+        return 0 if args.command is None else USAGE_EXIT_STATUS
     quiet_library_bars_in_logs()  # before a handler imports transformers
     try:
         code = handler(args)
     except G2RPOError as exc:
         print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return USAGE_EXIT_STATUS
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

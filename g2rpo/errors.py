@@ -14,6 +14,11 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+# The exit status of `g2rpo` for a G2RPOError or bad usage: a problem the user must fix, which running the same
+# command again does not. A TrainJob's pods fail their Job at once on it instead of using the JobSet's restarts
+# (the Helm chart's runtime, g2rpo.launch.torchrun).
+USAGE_EXIT_STATUS = 2
+
 
 class G2RPOError(Exception):
     """An error the user can fix. The message says what was wrong and how to fix it."""

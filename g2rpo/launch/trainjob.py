@@ -3,11 +3,18 @@
 One pod trains on up to one node (``torchrun`` inside the task). For more nodes the train step calls
 :func:`launch_trainjob`, which hands the run to the cluster's Trainer controller:
 
-- the job runs ``torchrun -m g2rpo train`` in the trainer image against the project's
+- the job runs torchrun ``-m g2rpo train`` in the trainer image against the project's
   ``ClusterTrainingRuntime`` :data:`TRAINING_RUNTIME` (torch-distributed; the Helm chart ships it),
-  with the resolved run config passed in the environment (:data:`CONFIG_ENV`);
-- its name is a function of the KFP run and task (:func:`job_name`): a retried task finds its job and
-  follows it instead of starting a second one;
+  with the resolved run config passed in the environment (:data:`CONFIG_ENV`). torchrun runs as
+  :mod:`g2rpo.launch.torchrun`, which keeps the trainer's usage/configuration exit status (2) where
+  torchrun exits 1; the runtime fails the job at once on it (a Job ``podFailurePolicy`` and the JobSet
+  rule :data:`USAGE_FAILURE_RULE`) instead of using the restarts, and the task's error says so;
+- its name is a function of the KFP run, the task and the attempt (:func:`job_name`): a retried task finds
+  its job and follows it instead of starting a second one while that job runs (or has completed). A job that
+  failed (its JobSet's restarts used up, its deadline passed, a usage or configuration error) stays ``Failed``;
+  a retry then starts the next attempt, a new job of the next name, which resumes from the run's S3 checkpoint
+  mirror (the same ``--checkpoint-uri``, a fresh ``output.dir``). Only get and create on TrainJobs are needed:
+  nothing is deleted, and the failed job stays for its logs;
 - placement (node selector, tolerations, ``/dev/shm``, service account) rides in ``spec.runtimePatches``,
   GPUs per node in ``spec.trainer.resourcesPerNode``, the deadline in ``spec.activeDeadlineSeconds``;
 - the S3 credentials reach the pods through the runtime (the chart's ``s3.existingSecret``), never as env
@@ -58,7 +65,7 @@ from kubeflow.trainer.options import (
 from kubeflow.trainer.types.types import CustomTrainerContainer
 from kubernetes import client as k8s
 
-from g2rpo.errors import G2RPOError, problem
+from g2rpo.errors import USAGE_EXIT_STATUS, G2RPOError, problem
 
 __all__ = [
     "run_labels",
@@ -94,11 +101,19 @@ S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 LABEL_RUN = "g2rpo.io/kfp-run"
 ANNOTATION_RUN = "g2rpo.io/kfp-run-id"
 ANNOTATION_TASK = "g2rpo.io/kfp-task"
+# The chart's runtime fails a job at once on the trainer's usage/configuration status (USAGE_EXIT_STATUS): its
+# Job's podFailurePolicy fails the Job, this JobSet failure rule fails the JobSet, and JobSet (v0.12) gives the
+# JobSet's, and so the TrainJob's, Failed condition this reason.
+USAGE_FAILURE_RULE = "TrainerUsageError"
+FAIL_JOBSET_REASON = "FailJobSetFailurePolicyAction"
 
 # A training run may take days on a pool of H200 nodes; the job's own deadline ends it first, so
 # the task waits a little longer than the deadline and reports the job's DeadlineExceeded message.
 DEFAULT_DEADLINE_S = 3 * 24 * 3600
 DEADLINE_GRACE_S = 15 * 60
+# The most TrainJobs one run's task starts (the pipeline retries its train task twice; a run retried by hand
+# adds more): past it the task refuses to start another, naming the failed jobs' fix.
+MAX_ATTEMPTS = 16
 # The most GPUs one node holds (the placement profile's bound too).
 MAX_GPUS_PER_NODE = 16
 
@@ -142,11 +157,13 @@ class TrainJobLaunch:
 
 @dataclass(frozen=True)
 class TrainJobOutcome:
-    """A finished TrainJob: its name and namespace, and whether this call followed an existing job."""
+    """A finished TrainJob: its name and namespace, whether this call followed an existing job, and which
+    attempt of the run's task it is (1 unless an earlier attempt's job failed)."""
 
     name: str
     namespace: str
     followed: bool
+    attempt: int = 1
 
 
 def gpus_per_node_from(value: str | int) -> int:
@@ -193,29 +210,36 @@ def train_pod_problems(nodes: Any, gpus_per_node: Any, pod_gpus: Any) -> list[st
     return []
 
 
-def job_name(run_id: str, task: str) -> str:
-    """The TrainJob's name for a run's task: the same for every retry of the task, different for
-    every other run or task; a DNS-1035 label short enough for the pods JobSet derives from it."""
+def job_name(run_id: str, task: str, attempt: int = 1) -> str:
+    """The TrainJob's name for a run's task and its ``attempt``: the same for every retry of the task while
+    that attempt's job has not failed, different for every other run, task or attempt; a DNS-1035 label short
+    enough for the pods JobSet derives from it. Attempt 1 is ``g2rpo-<task>-<digest>``, attempt N ``…-aN``."""
     if not run_id or not task:
         raise G2RPOError(problem("run_id/task", (run_id, task), "both are needed to name the TrainJob"))
+    if isinstance(attempt, bool) or not isinstance(attempt, int) or not 1 <= attempt <= MAX_ATTEMPTS:
+        raise G2RPOError(problem("attempt", attempt, f"give the attempt's number, 1 to {MAX_ATTEMPTS}"))
     slug = re.sub(r"[^a-z0-9]+", "-", task.lower()).strip("-")[:16].rstrip("-") or "train"
     digest = hashlib.sha256(f"{run_id}\n{task}".encode()).hexdigest()[:10]
-    return f"g2rpo-{slug}-{digest}"
+    return f"g2rpo-{slug}-{digest}" + ("" if attempt == 1 else f"-a{attempt}")
 
 
 def train_command(args: list[str], processes_per_node: int = 1) -> list[str]:
     """The trainer container's command: write the run config from :data:`CONFIG_ENV`, then
-    ``torchrun -m g2rpo train`` on it, one process per GPU of the node (``processes_per_node``).
+    torchrun ``-m g2rpo train`` on it, one process per GPU of the node (``processes_per_node``).
 
     torchrun takes nodes, rank and rendezvous from the ``PET_*`` variables the Trainer's torch plugin
     sets; the process count is given explicitly because the plugin's default, ``auto``, means one per
     CPU core on a node without a GPU visible to the container (seen on a real Trainer v2.3: 2 ranks
-    per node on a 2-core node), not the one per node the job asked for."""
+    per node on a 2-core node), not the one per node the job asked for. It runs as
+    :mod:`g2rpo.launch.torchrun` (torch's launcher, in that process), which exits with the trainer's
+    usage/configuration status when that is why a rank failed: torchrun itself would exit 1, and the
+    runtime's ``podFailurePolicy`` fails the job at once only on that status."""
     if processes_per_node < 1:
         raise G2RPOError(problem("processes_per_node", processes_per_node, "give 1 or more (one per GPU)"))
     script = (
         f'printf "%s" "${CONFIG_ENV}" > {CONFIG_PATH} && '
-        f'exec torchrun --nproc-per-node={processes_per_node} -m g2rpo train --config {CONFIG_PATH} "$@"'
+        f"exec python -m g2rpo.launch.torchrun --nproc-per-node={processes_per_node} "
+        f'-m g2rpo train --config {CONFIG_PATH} "$@"'
     )
     return ["bash", "-c", script, "g2rpo-train", *args]
 
@@ -282,20 +306,20 @@ def launch_trainjob(
     """Start (or follow) the run's TrainJob of ``nodes`` nodes running ``g2rpo train ARGS`` on
     ``config_yaml``; stream node-0's log through ``echo``; return once it is Complete.
 
-    Raises :class:`G2RPOError` when the job fails (with its condition message), when it does not
-    finish within the wait timeout, or when the runtime is missing.
+    The job is the task's current attempt (:func:`_current_attempt`): the first of its names whose job has
+    not failed, followed when it exists and created when not. Raises :class:`G2RPOError` when the job fails
+    (with its condition message and what a retry does), when it does not finish within the wait timeout, or
+    when the runtime is missing.
     """
     _check(launch, nodes)
-    name = job_name(launch.run_id, launch.task)
     trainer = TrainerClient(
         KubernetesBackendConfig(namespace=launch.namespace, client_configuration=launch.client_configuration)
     )
     namespace = trainer.backend.namespace
     api = k8s.CustomObjectsApi(k8s.ApiClient(launch.client_configuration))
-    existing = _read_job(api, namespace, name)
+    name, attempt, existing = _current_attempt(api, launch, namespace, echo)
     followed = existing is not None
     if existing is not None:
-        _check_same_run(existing, launch, namespace, name)
         echo(f"following TrainJob {namespace}/{name} (started by an earlier attempt of this task)")
     else:
         runtime = _read_runtime(api, launch, namespace)
@@ -317,15 +341,19 @@ def launch_trainjob(
                 trainer=container,
                 options=trainjob_options(launch, name, train_command(args, max(launch.placement.gpus_per_node, 1))),
             )
-            echo(f"started TrainJob {namespace}/{name}: {nodes} node(s) × {launch.placement.gpus_per_node} GPU(s)")
+            resumes = " (resuming from the run's checkpoint mirror)" if attempt > 1 else ""
+            echo(
+                f"started TrainJob {namespace}/{name}: {nodes} node(s) × {launch.placement.gpus_per_node} GPU(s), "
+                f"attempt {attempt}{resumes}"
+            )
         except RuntimeError as exc:
             if _status_of(exc) == 409:  # another attempt created it between our read and our create
                 followed = True
                 echo(f"following TrainJob {namespace}/{name} (created concurrently)")
             else:
                 raise _launch_error(exc, launch, namespace, name) from None
-    _wait(trainer, api, launch, namespace, name, echo)
-    return TrainJobOutcome(name=name, namespace=namespace, followed=followed)
+    _wait(trainer, api, launch, namespace, name, attempt, echo)
+    return TrainJobOutcome(name=name, namespace=namespace, followed=followed, attempt=attempt)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -455,6 +483,32 @@ def _read_job(api: k8s.CustomObjectsApi, namespace: str, name: str) -> dict[str,
         ) from None
 
 
+def _current_attempt(
+    api: k8s.CustomObjectsApi, launch: TrainJobLaunch, namespace: str, echo: Callable[[str], None]
+) -> tuple[str, int, dict[str, Any] | None]:
+    """The attempt this call joins: the first of the task's names (:func:`job_name` for attempt 1, 2, …) whose
+    job has not failed, with that job (None when it does not exist yet: the caller creates it). A failed job
+    stays ``Failed`` and keeps its name, so a retry that followed it would fail at once: it starts the next."""
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        name = job_name(launch.run_id, launch.task, attempt)
+        job = _read_job(api, namespace, name)
+        if job is None:
+            return name, attempt, None
+        _check_same_run(job, launch, namespace, name)
+        failed = _failed_condition(job)
+        if failed is None:
+            return name, attempt, job
+        echo(
+            f"TrainJob {namespace}/{name} (attempt {attempt}) failed ({_condition_text(failed)}): "
+            f"starting attempt {attempt + 1}, which resumes from the run's checkpoint mirror"
+        )
+    raise G2RPOError(
+        f"the TrainJobs of all {MAX_ATTEMPTS} attempts of task {launch.task!r} of run {launch.run_id} in {namespace} "
+        f"failed (`kubectl get trainjobs -n {namespace} -l {LABEL_RUN}={_label_value(launch.run_id)}` lists them; "
+        "their logs say why): fix the cause and start a new run, or delete those TrainJobs to retry this one"
+    )
+
+
 def _check_same_run(job: dict[str, Any], launch: TrainJobLaunch, namespace: str, name: str) -> None:
     annotations = (job.get("metadata") or {}).get("annotations") or {}
     mine = {ANNOTATION_RUN: launch.run_id, ANNOTATION_TASK: launch.task}
@@ -462,7 +516,7 @@ def _check_same_run(job: dict[str, Any], launch: TrainJobLaunch, namespace: str,
     if theirs != mine:
         raise G2RPOError(
             f"TrainJob {namespace}/{name} exists but belongs to {theirs}, not to this task {mine}: "
-            "delete it (`kubectl delete trainjob -n {namespace} {name}`) if it is a leftover, then retry"
+            f"delete it (`kubectl delete trainjob -n {namespace} {name}`) if it is a leftover, then retry"
         )
 
 
@@ -480,12 +534,30 @@ def _launch_error(exc: RuntimeError, launch: TrainJobLaunch, namespace: str, nam
     return G2RPOError(f"could not create TrainJob {namespace}/{name} (HTTP {status}): {exc}")
 
 
-def _failure_message(api: k8s.CustomObjectsApi, namespace: str, name: str) -> str:
-    job = _read_job(api, namespace, name) or {}
+def _failed_condition(job: dict[str, Any]) -> dict[str, Any] | None:
+    """The job's ``Failed`` condition when it is true (the Trainer copies its JobSet's), else None."""
     for condition in (job.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "Failed" and condition.get("status") == "True":
-            return f"{condition.get('reason') or 'Failed'}: {condition.get('message') or '(no message)'}"
-    return "Failed (the job reports no condition message)"
+            return condition
+    return None
+
+
+def _condition_text(condition: dict[str, Any]) -> str:
+    return f"{condition.get('reason') or 'Failed'}: {condition.get('message') or '(no message)'}"
+
+
+def _failure_message(api: k8s.CustomObjectsApi, namespace: str, name: str) -> str:
+    failed = _failed_condition(_read_job(api, namespace, name) or {})
+    if failed is None:
+        return "Failed (the job reports no condition message)"
+    if failed.get("reason") == FAIL_JOBSET_REASON:
+        return (
+            f"{_condition_text(failed)}: the trainer exited with status {USAGE_EXIT_STATUS}, a usage or configuration "
+            "error (a bad run config, a model or prompts path that is not there; node-0's log names it), so the "
+            f"runtime's failure rule {USAGE_FAILURE_RULE} failed the job at once instead of restarting it: every "
+            "restart would fail the same way. Fix what the log names"
+        )
+    return _condition_text(failed)
 
 
 def _wait(
@@ -494,6 +566,7 @@ def _wait(
     launch: TrainJobLaunch,
     namespace: str,
     name: str,
+    attempt: int,
     echo: Callable[[str], None],
 ) -> None:
     done = threading.Event()
@@ -515,10 +588,16 @@ def _wait(
         done.set()
         logs.join(timeout=launch.poll_interval_s)
     if job.status == "Failed":
+        retry = (
+            f"retrying this task starts attempt {attempt + 1} (TrainJob "
+            f"{job_name(launch.run_id, launch.task, attempt + 1)}), which resumes from there"
+            if attempt < MAX_ATTEMPTS
+            else f"this was the last of {MAX_ATTEMPTS} attempts: start a new run"
+        )
         raise G2RPOError(
-            f"TrainJob {namespace}/{name} failed: {_failure_message(api, namespace, name)}. Its checkpoints stay "
-            f"in the run's S3 mirror; `kubectl logs -n {namespace} -l jobset.sigs.k8s.io/jobset-name={name}` shows "
-            "every node's log"
+            f"TrainJob {namespace}/{name} (attempt {attempt}) failed: {_failure_message(api, namespace, name)}. "
+            f"Its checkpoints stay in the run's S3 mirror and {retry}; `kubectl logs -n {namespace} "
+            f"-l jobset.sigs.k8s.io/jobset-name={name}` shows every node's log"
         )
     echo(f"TrainJob {namespace}/{name} is Complete")
 

@@ -188,7 +188,7 @@ def _train_as_trainjob(
     checkpoint_uri: str | None,
     settings: S3Settings | None,
 ) -> TrainResult:
-    """Launch (or follow) the run's TrainJob; the job publishes the export under ``publish_uri/<job name>``."""
+    """Launch (or follow) the run's TrainJob; the job publishes the export under ``publish_uri/<the task's first job name>`` (every attempt alike)."""
     if trainjob is None:
         raise G2RPOError(
             problem(
@@ -212,6 +212,8 @@ def _train_as_trainjob(
     problems = run_problems(SimpleNamespace(train=config.train, deepspeed=config.deepspeed), ranks)
     if problems:
         raise ConfigError(problems, source=f"run config for {nodes} nodes ({ranks} ranks)")
+    # Every attempt of the task (a new TrainJob after one that failed) resumes from the same mirror and
+    # publishes under the same base, named after the task's first job.
     name = job_name(trainjob.run_id, trainjob.task)
     args = ["--checkpoint-uri", checkpoint_uri]
     export_base = None if publish_uri is None else f"{publish_uri.rstrip('/')}/{name}"
@@ -225,6 +227,7 @@ def _train_as_trainjob(
             "namespace": outcome.namespace,
             "nodes": nodes,
             "followed": outcome.followed,
+            "attempt": outcome.attempt,
         },
         output_dir=run_dir.root,
         metrics_path=run_dir.metrics,

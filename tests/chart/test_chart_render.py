@@ -8,6 +8,7 @@ restricted Pod Security Standard except the one documented exception (RDMA's IPC
 from __future__ import annotations
 
 import json
+import re
 
 import helm_python
 import jsonschema
@@ -16,7 +17,8 @@ import pytest
 import yaml
 
 import g2rpo
-from g2rpo.launch.trainjob import NODE_JOB, TRAINING_RUNTIME, Placement
+from g2rpo.errors import USAGE_EXIT_STATUS
+from g2rpo.launch.trainjob import NODE_JOB, TRAINING_RUNTIME, USAGE_FAILURE_RULE, Placement
 from pipelines.placement import load_profile
 from tests.chart.chart_render import (
     CHART,
@@ -220,6 +222,54 @@ def test_multi_node_values_reach_the_runtime_and_the_placement_profile(rendered)
     launch = yaml.safe_load(profile["launch.yaml"])
     assert launch["nodes"] == 4 and launch["runtime"] == runtime["metadata"]["name"]
     assert launch["image"] == pod["containers"][0]["image"]
+
+
+# JobSet v0.12.0's webhook (pkg/webhooks/jobset_webhook.go): a failure rule's name, and the Job failure reasons
+# it accepts; the Trainer's admission does not run it (../shared/tools/README.md), so it is checked here.
+JOBSET_RULE_NAME = r"[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?"
+JOB_FAILURE_REASONS = {
+    "BackoffLimitExceeded",
+    "DeadlineExceeded",
+    "FailedIndexes",
+    "MaxFailedIndexesExceeded",
+    "PodFailurePolicy",
+}
+
+
+@pytest.mark.parametrize("values_set", [name for name in sorted(VALUE_SETS) if name != "everything_off"])
+def test_the_runtime_fails_a_job_at_once_on_the_trainers_usage_status(values_set, rendered):
+    # A bad model path exits 2 in every attempt: the Job fails on it at once (podFailurePolicy FailJob, reason
+    # PodFailurePolicy) and the JobSet fails on that reason instead of using its restarts. Any other failure
+    # (a lost pod, a crash, OOM) still fails the Job through backoffLimit 0 and restarts the JobSet.
+    runtime = _one(rendered[values_set], "ClusterTrainingRuntime")
+    jobset = runtime["spec"]["template"]["spec"]
+    [node] = jobset["replicatedJobs"]
+    job = node["template"]["spec"]
+    assert (
+        job["backoffLimit"] == 0 and job["template"]["spec"]["restartPolicy"] == "Never"
+    )  # podFailurePolicy needs Never
+    assert job["podFailurePolicy"] == {
+        "rules": [
+            {
+                "action": "FailJob",
+                "onExitCodes": {"containerName": NODE_JOB, "operator": "In", "values": [USAGE_EXIT_STATUS]},
+            }
+        ]
+    }
+    assert NODE_JOB in [c["name"] for c in job["template"]["spec"]["containers"]]
+    policy = jobset["failurePolicy"]
+    assert isinstance(policy["maxRestarts"], int)  # the restarts the other failures keep
+    assert policy["rules"] == [
+        {
+            "name": USAGE_FAILURE_RULE,
+            "action": "FailJobSet",
+            "onJobFailureReasons": ["PodFailurePolicy"],
+            "targetReplicatedJobs": [node["name"]],
+        }
+    ]
+    for rule in policy["rules"]:  # what JobSet's webhook would refuse when the Trainer creates the JobSet
+        assert re.fullmatch(JOBSET_RULE_NAME, rule["name"]) and len(rule["name"]) <= 128
+        assert set(rule["onJobFailureReasons"]) <= JOB_FAILURE_REASONS
 
 
 def test_the_runtime_is_the_one_the_launcher_names():

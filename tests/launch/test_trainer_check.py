@@ -14,15 +14,23 @@ import copy
 import subprocess
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 from kubeapi import KubeAPI, condition
 
-from g2rpo.errors import G2RPOError
-from g2rpo.launch.trainjob import LABEL_RUN, TRAINING_RUNTIME, Placement, TrainJobLaunch, launch_trainjob
+from g2rpo.errors import USAGE_EXIT_STATUS, G2RPOError
+from g2rpo.launch.trainjob import (
+    LABEL_RUN,
+    TRAINING_RUNTIME,
+    USAGE_FAILURE_RULE,
+    Placement,
+    TrainJobLaunch,
+    launch_trainjob,
+)
 from pipelines.placement import load_profile
-from tests.chart.chart_render import VALUE_SETS, training_runtime
-from tests.shared_checkout import shared_path
+from tests.chart.chart_render import CRD_DIR, VALUE_SETS, closed, training_runtime
+from tests.shared_checkout import require_shared, shared_path
 
 TOOL = shared_path("tools/trainer-check")
 NAMESPACE = "team-a"
@@ -71,6 +79,14 @@ CASES = [
 ]
 
 
+@pytest.fixture(scope="module")
+def jobset_schema() -> dict:
+    require_shared("crds/jobset.x-k8s.io_jobsets.yaml")
+    crd = yaml.safe_load((CRD_DIR / "jobset.x-k8s.io_jobsets.yaml").read_text())
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha2"]
+    return closed(version["schema"]["openAPIV3Schema"])
+
+
 def _launch(api: KubeAPI, placement: Placement, **overrides) -> TrainJobLaunch:
     fields = dict(
         image=IMAGE,
@@ -115,7 +131,7 @@ def trainer_check(job: dict, runtime: dict, folder: Path) -> tuple[subprocess.Co
 
 @pytest.mark.parametrize("values, placement_name, nodes", CASES)
 def test_the_launchers_trainjob_is_admitted_and_its_pods_get_the_runs_placement(
-    values, placement_name, nodes, tmp_path
+    values, placement_name, nodes, tmp_path, jobset_schema
 ):
     runtime = training_runtime(VALUE_SETS[values])
     placement = PLACEMENTS[placement_name]
@@ -151,9 +167,24 @@ def test_the_launchers_trainjob_is_admitted_and_its_pods_get_the_runs_placement(
     assert env["PET_NNODES"]["value"] == str(nodes)
     assert env["PET_MASTER_PORT"]["value"] == "29500"
     assert "job-completion-index" in env["PET_NODE_RANK"]["valueFrom"]["fieldRef"]["fieldPath"]
-    assert f"exec torchrun --nproc-per-node={gpus} -m g2rpo train" in container["command"][2]
+    assert f"exec python -m g2rpo.launch.torchrun --nproc-per-node={gpus} -m g2rpo train" in container["command"][2]
     # Restarts: a lost pod fails its Job (backoffLimit 0) and the JobSet restarts the group, resuming.
     assert node["template"]["spec"]["backoffLimit"] == 0 and jobset["spec"]["failurePolicy"]["maxRestarts"] == 3
+    # ... except on the trainer's usage status (exit 2 in every attempt): the Job fails at once on it and the
+    # JobSet fails on that reason, as the runtime says (the Trainer copies both into the JobSet it builds).
+    (exit_rule,) = node["template"]["spec"]["podFailurePolicy"]["rules"]
+    assert exit_rule == {
+        "action": "FailJob",
+        "onExitCodes": {"containerName": "node", "operator": "In", "values": [USAGE_EXIT_STATUS]},
+    }
+    (jobset_rule,) = jobset["spec"]["failurePolicy"]["rules"]
+    assert jobset_rule["name"] == USAGE_FAILURE_RULE and jobset_rule["action"] == "FailJobSet"
+    assert jobset_rule["onJobFailureReasons"] == ["PodFailurePolicy"] and jobset_rule["targetReplicatedJobs"] == [
+        "node"
+    ]
+    # The JobSet as the API server would store it: its CRD's schema, fields it does not declare refused.
+    jsonschema.validate(jobset, jobset_schema)
+    assert "python -m g2rpo.launch.torchrun" in container["command"][2]  # the command that keeps status 2
     if nodes > 1:  # output.dir on the volume every node mounts, one folder per job
         shared = VALUE_SETS[values]["trainingRuntime"]["sharedVolume"]
         mount = shared.get("mountPath", "/g2rpo-runs")

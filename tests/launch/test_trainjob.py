@@ -18,6 +18,7 @@ from kubeflow_trainer_api import models
 from g2rpo.errors import ConfigError, G2RPOError
 from g2rpo.launch.trainjob import (
     CONFIG_ENV,
+    MAX_ATTEMPTS,
     TRAINING_RUNTIME,
     Placement,
     TrainJobLaunch,
@@ -138,7 +139,7 @@ def test_launch_creates_a_valid_trainjob_waits_and_streams_node0():
     assert trainer["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 8
     # one process per GPU, whatever the Trainer's "auto" would make of the node's cores
     assert trainer["command"][:2] == ["bash", "-c"]
-    assert "exec torchrun --nproc-per-node=8 -m g2rpo train" in trainer["command"][2]
+    assert "exec python -m g2rpo.launch.torchrun --nproc-per-node=8 -m g2rpo train" in trainer["command"][2]
     # output.dir on the runtime's shared volume, one folder per job (every rank writes into it)
     shared_dir = f"output.dir=/g2rpo-runs/{outcome.name}"
     assert trainer["command"][4:] == ["--checkpoint-uri", "s3://b/runs/r1/checkpoints", shared_dir]
@@ -279,3 +280,101 @@ def test_the_train_step_with_several_nodes_launches_the_trainjob(tmp_path):
     ]
     assert {e["name"]: e["value"] for e in trainer["env"]}[CONFIG_ENV] == to_yaml(config)
     assert not (tmp_path / "run").exists()  # nothing trained here
+
+
+def test_a_retry_after_a_job_that_used_up_its_restarts_starts_a_new_job_that_resumes():
+    # Attempt 1 uses up its JobSet's restarts and stays Failed. A KFP retry of the task followed it by name
+    # and failed at once; it starts attempt 2 instead: a new job, the same checkpoint mirror, a fresh output.dir.
+    used_up = {
+        "conditions": [
+            condition(
+                "Failed",
+                "jobset failed due to reaching max number of restarts (first failed job: x-node-0)",
+                "ReachedMaxRestarts",
+            )
+        ]
+    }
+    first = job_name("3f1c2a9e-0d4b-4c1e-9a55-7e2b8f1d6c0a", "train")
+    second = job_name("3f1c2a9e-0d4b-4c1e-9a55-7e2b8f1d6c0a", "train", attempt=2)
+    assert second == f"{first}-a2" and len(second) <= 40
+
+    def script(job, polls):
+        if job["metadata"]["name"] == first and polls >= 2:
+            return used_up
+        return _complete_after(2)(job, polls) if job["metadata"]["name"] == second else None
+
+    args = ["--checkpoint-uri", "s3://b/runs/r1/checkpoints"]
+    with KubeAPI(TRAINING_RUNTIME, script=script) as api:
+        with pytest.raises(G2RPOError) as info:
+            launch_trainjob(_launch(api), args, config_yaml="train: {}\n", nodes=2, echo=lambda _: None)
+        message = str(info.value)
+        assert f"team-a/{first} (attempt 1) failed: ReachedMaxRestarts: jobset failed due to reaching max" in message
+        assert f"retrying this task starts attempt 2 (TrainJob {second}), which resumes from there" in message
+
+        echoed = []  # the KFP retry: a new pod, the same run and task
+        outcome = launch_trainjob(_launch(api), args, config_yaml="train: {}\n", nodes=2, echo=echoed.append)
+        assert (outcome.name, outcome.attempt, outcome.followed) == (second, 2, False)
+        assert any(f"{first} (attempt 1) failed (ReachedMaxRestarts" in line for line in echoed), echoed
+        assert any(line.startswith(f"started TrainJob team-a/{second}") and "attempt 2" in line for line in echoed)
+        assert echoed[-1].endswith("is Complete")
+
+        # A further retry follows the completed attempt 2; nothing else is created, nothing is deleted.
+        again = launch_trainjob(_launch(api), args, config_yaml="train: {}\n", nodes=2, echo=lambda _: None)
+        assert (again.name, again.attempt, again.followed) == (second, 2, True)
+    one, two = _posted(api)
+    assert [one["metadata"]["name"], two["metadata"]["name"]] == [first, second]
+    # The same checkpoint mirror (it resumes from the newest complete checkpoint there) in a fresh output.dir.
+    assert one["spec"]["trainer"]["command"][4:] == [*args, f"output.dir=/g2rpo-runs/{first}"]
+    assert two["spec"]["trainer"]["command"][4:] == [*args, f"output.dir=/g2rpo-runs/{second}"]
+    assert two["metadata"]["annotations"] == one["metadata"]["annotations"]  # the same run and task
+    assert {c["method"] for c in api.calls} == {"GET", "POST"}
+    # The chart's Role grants exactly the recorded calls (tests/chart/test_chart_rbac.py): a retry needs no more.
+    assert set(map(json.dumps, rbac_calls(api.calls, NAMESPACE))) <= set(
+        map(json.dumps, json.loads(API_CALLS.read_text()))
+    )
+
+
+def test_a_task_whose_attempts_all_failed_starts_no_more_jobs():
+    failed = {
+        "conditions": [
+            condition("Failed", "jobset failed due to reaching max number of restarts", "ReachedMaxRestarts")
+        ]
+    }
+    with KubeAPI(TRAINING_RUNTIME, script=lambda job, polls: failed) as api:
+        launch = _launch(api)
+        for attempt in range(1, MAX_ATTEMPTS + 1):
+            name = job_name(launch.run_id, launch.task, attempt)
+            api.jobs[name] = {
+                "apiVersion": "trainer.kubeflow.org/v1alpha1",
+                "kind": "TrainJob",
+                "metadata": {
+                    "name": name,
+                    "namespace": NAMESPACE,
+                    "annotations": {"g2rpo.io/kfp-run-id": launch.run_id, "g2rpo.io/kfp-task": launch.task},
+                },
+            }
+        with pytest.raises(G2RPOError, match=f"the TrainJobs of all {MAX_ATTEMPTS} attempts of task 'train'"):
+            launch_trainjob(launch, [], config_yaml="{}", nodes=2, echo=lambda _: None)
+    assert not _posted(api)
+
+
+def test_a_job_failed_on_the_usage_status_says_so_and_why_it_was_not_restarted():
+    # What the chart's runtime does on a bad model path (exit 2): the Job fails on its podFailurePolicy and the
+    # JobSet's rule TrainerUsageError fails the JobSet at once; the Trainer copies JobSet v0.12's condition.
+    failed = {
+        "conditions": [
+            condition(
+                "Failed",
+                "applying FailJobSet failure policy action (first failed job: g2rpo-train-x-node-0)",
+                "FailJobSetFailurePolicyAction",
+            )
+        ]
+    }
+    with KubeAPI(TRAINING_RUNTIME, script=lambda job, n: failed if n >= 2 else None) as api:
+        with pytest.raises(G2RPOError) as info:
+            launch_trainjob(_launch(api), [], config_yaml="{}", nodes=2, echo=lambda _: None)
+    message = str(info.value)
+    assert "(attempt 1) failed: FailJobSetFailurePolicyAction: applying FailJobSet failure policy action" in message
+    assert "the trainer exited with status 2, a usage or configuration error" in message
+    assert "failure rule TrainerUsageError failed the job at once instead of restarting it" in message
+    assert "Fix what the log names" in message and "retrying this task starts attempt 2" in message

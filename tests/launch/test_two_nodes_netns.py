@@ -206,7 +206,7 @@ def test_two_netns_nodes_train_zero2_lose_a_node_resume_and_match_one_node(hosts
 
     container, out = _node_pod(_config(tiny_model, tmp_path / "two-nodes"), tmp_path)
     assert container["command"][:2] == ["bash", "-c"]
-    assert "exec torchrun --nproc-per-node=1 -m g2rpo train" in container["command"][2]
+    assert "exec python -m g2rpo.launch.torchrun --nproc-per-node=1 -m g2rpo train" in container["command"][2]
 
     codes = _run_two_nodes(hosts, container, tmp_path, fault_on_node1="iteration:3")
     log = "\n".join((tmp_path / f"node{rank}.log").read_text()[-3000:] for rank in (0, 1))

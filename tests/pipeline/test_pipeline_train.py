@@ -143,7 +143,7 @@ def test_a_multi_node_train_task_launches_the_runs_trainjob(tiny_flux_dir, s3_en
     assert spec["activeDeadlineSeconds"] == 7200
     assert spec["trainer"]["numNodes"] == 2 and spec["trainer"]["image"] == "ghcr.io/g2rpo/g2rpo-trainer:test"
     assert spec["trainer"]["resourcesPerNode"]["limits"]["nvidia.com/gpu"] == 1
-    assert "exec torchrun --nproc-per-node=1 -m g2rpo train" in spec["trainer"]["command"][2]
+    assert "exec python -m g2rpo.launch.torchrun --nproc-per-node=1 -m g2rpo train" in spec["trainer"]["command"][2]
     export_base = f"{store}/exports/g2rpo-tiny/{name}"
     shared = f"output.dir=/g2rpo-runs/{name}"  # the runtime's shared volume
     assert spec["trainer"]["command"][4:] == ["--checkpoint-uri", uri, "--publish", export_base, shared]
