@@ -278,6 +278,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"iteration {len(walls)}: {walls[-1]:.1f} s {records[-1]['seconds']}", flush=True)
     peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
     trainer.release_claims()
+    trainer.ctx.shutdown()  # DeepSpeed's one-process group (its port) is left, as `g2rpo train` leaves it
     last = records[-1]
     per_step = {phase: last["seconds"][phase] for phase in last["seconds"]}
     trained = args.branch_steps

@@ -58,13 +58,16 @@ def test_a_second_process_is_refused_naming_the_holder_and_a_dead_holder_is_take
 class _WritesBeforeResume(TrainerCallback):
     """What the S3 mirror does in setup: claim output.dir, then write there (here: note who holds it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fail: bool = False) -> None:
         self.holders: list[int] = []
+        self.fail = fail
 
     def before_resume(self, trainer: Trainer) -> None:
         trainer.claim_output_dir()
         trainer.claim_output_dir()  # once per setup: the second call keeps the first claim
         self.holders.append(json.loads((trainer.out / WRITER).read_text())["pid"])
+        if self.fail:  # e.g. the S3 mirror's restore: a setup that fails after its claim
+            raise G2RPOError("restore failed")
 
 
 @pytest.mark.integration
@@ -74,10 +77,11 @@ def test_the_trainer_claims_once_and_a_failed_setup_gives_the_claim_back(tmp_pat
         out = tmp_path / name
         if name == "existing":
             out.mkdir()  # claimed at the start of setup; a new folder when first written (by the callback here)
-        bad = tiny_overrides(model, out, **{"train.lora.enabled": True, "train.lora.target_modules": ["to_qq"]})
-        callback = _WritesBeforeResume()
-        with pytest.raises(G2RPOError, match="to_qq"):
-            Trainer(load_config(RunConfig, None, bad), [callback]).setup()  # fails while loading the model
+        # the config passes every check before setup's claim (a bad LoRA target no longer does: validate
+        # refuses it), so the failure comes after the claim, from the callback's restore
+        callback = _WritesBeforeResume(fail=True)
+        with pytest.raises(G2RPOError, match="restore failed"):
+            Trainer(load_config(RunConfig, None, tiny_overrides(model, out)), [callback]).setup()
         assert callback.holders == [os.getpid()], name
         assert (out / MARKER).is_file() and not (out / WRITER).exists(), name
     trainer = Trainer(load_config(RunConfig, None, tiny_overrides(model, tmp_path / "existing"))).setup()
