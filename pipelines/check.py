@@ -34,8 +34,9 @@ from g2rpo.errors import ConfigError, G2RPOError, problem
 from g2rpo.evaluation.config import EvaluationConfig
 from g2rpo.rewards.registry import get_spec
 from g2rpo.steps.gate import gates_from
+from g2rpo.steps.parameters import PARAMETER_KEYS
 from g2rpo.steps.train import matching_evaluation
-from g2rpo.steps.train_task import PARAMETER_KEYS, run_config_for, trainjob_for
+from g2rpo.steps.train_task import run_config_for, trainjob_for
 from g2rpo.training.run_config import RunConfig, run_problems
 from pipelines.alignment import DEFAULTS
 from pipelines.placement import PlacementProfile, load_profile
