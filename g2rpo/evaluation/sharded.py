@@ -23,6 +23,7 @@ from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation import resume
 from g2rpo.evaluation.artifact import PromptSet, png_bytes
 from g2rpo.evaluation.config import EvaluationConfig
+from g2rpo.evaluation.identity import sampling_settings
 from g2rpo.evaluation.policy import load_policy, sigma_grid
 from g2rpo.evaluation.sampling import sample_rows
 from g2rpo.models.flux import FluxConditioning
@@ -32,17 +33,6 @@ from g2rpo.rewards.scoring import score_rewards
 __all__ = ["Ranks", "join_ranks", "sample_pending"]
 
 _ENCODE_BATCH = 16  # prompts per text-encoder call
-# Config keys that change no image and no score: the rest must match for a resume.
-_NOT_SAMPLING = {
-    "prompts",
-    "num_prompts",
-    "seeds",
-    "num_steps",
-    "extra_steps",
-    "cache_dir",
-    "device",
-    "trained_metrics",
-}
 
 
 @dataclass(frozen=True)
@@ -117,10 +107,7 @@ def sample_pending(
         seeds=config.seeds,
         step_counts=config.step_counts,
         metrics=metrics,
-        sampling={
-            "device": device.type,
-            **{k: v for k, v in config.model_dump(mode="json").items() if k not in _NOT_SAMPLING},
-        },
+        sampling=sampling_settings(config, device.type),
     )
     todo: list[resume.Chunk] = []
     if ranks.rank == 0:
@@ -149,7 +136,8 @@ def _sample_chunks(model_uri, config, base_model_uri, settings, device, prompts,
     ).to("cpu")
     rewards = [build_reward(spec, device=device, cache_dir=config.rewards.cache_dir) for spec in config.rewards.models]
     names = [spec.name for spec in config.rewards.models]
-    generated = 0
+    generated, total = 0, sum(len(chunk.items) for chunk in chunks)
+    say(f"{len(rewards)} reward model(s) loaded; sampling {total} image(s) in {len(chunks)} chunk(s)")
     for done, chunk in enumerate(chunks, start=1):
         rows = [p for p, _ in chunk.items]
         seeds = [seed for _, seed in chunk.items]
@@ -168,7 +156,10 @@ def _sample_chunks(model_uri, config, base_model_uri, settings, device, prompts,
         scores = [{name: float(table[r, i]) for r, name in enumerate(names)} for i in range(len(rows))]
         resume.write_chunk(store, chunk, [png_bytes(image) for image in images], scores)
         generated += len(rows)
-        say(f"chunk {chunk.name}: {len(rows)} image(s) scored ({done}/{len(chunks)} on this rank)")
+        say(
+            f"chunk {chunk.name}: {len(rows)} image(s) sampled and scored ({done}/{len(chunks)} on this rank, "
+            f"{generated}/{total} images)"
+        )
         resume.fail_point(done)
     return generated
 
