@@ -312,9 +312,13 @@ def test_valid_crons_pass_through():
     assert check_cron("0 */15 1-5 ? JAN-MAR MON,WED") == "0 */15 1-5 ? JAN-MAR MON,WED"
 
 
-def test_compile_command_writes_the_committed_yaml(tmp_path):
+def test_compile_command_writes_the_committed_yaml(tmp_path, capsys):
     out = tmp_path / "p.yaml"
     assert main(["pipeline", "compile", "--output", str(out)]) == 0
+    # it says what it is doing before the seconds of imports, and where it wrote when done
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"compiling the alignment pipeline into {out} (loading kfp and the components) …")
+    assert captured.out == f"wrote {out}\n"
     first, _ = yaml.safe_load_all(out.read_text())
     assert first["pipelineInfo"]["name"] == "g2rpo-alignment"
 
