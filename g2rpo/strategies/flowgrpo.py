@@ -42,13 +42,11 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from pydantic import Field
 
-from g2rpo import core
 from g2rpo.config import COUNT_MAX
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
-    check_rewards,
+    flow_grpo_terminal_advantages,
     make_grid,
-    reward_weight_tensor,
     sample_velocity,
     trajectory_loss_terms,
     trajectory_multi_step_setting,
@@ -70,8 +68,6 @@ if TYPE_CHECKING:  # the config imports this module for FlowGRPOSettings
     from g2rpo.strategies.config import AlgorithmConfig
 
 __all__ = ["FlowGRPO", "FlowGRPOSettings", "trained_steps_per_trajectory"]
-
-ADVANTAGE_EPS = 1e-4  # flow_grpo/stat_tracking.py: std + 1e-4
 
 
 def trained_steps_per_trajectory(num_steps: int, train_fraction: float) -> int:
@@ -178,18 +174,8 @@ class FlowGRPO:
     def advantages(
         self, rollout: Rollout, rewards: torch.Tensor, reward_weights: Sequence[float] | None = None
     ) -> Advantages:
-        """Rewards ``[R, P, G]`` → ``[P, G]``; a prompt with a NaN/inf reward is dropped (and left out
-        of the batch std)."""
-        num_rewards = check_rewards(rollout, rewards)
-        rewards = rewards.float().cpu()
-        w = reward_weight_tensor(reward_weights, num_rewards)
-        valid = torch.isfinite(rewards).all(dim=-1).all(dim=0)  # [P]
-        adv = torch.zeros_like(rewards)  # [R, P, G]
-        if bool(valid.any()):
-            adv[:, valid] = core.flow_grpo_advantages(rewards[:, valid], ADVANTAGE_EPS, self.settings.global_std)
-        mixed = core.mix_advantages(adv[:, None], [1.0], w, self.config.advantage_clip)  # [P, G]
-        mixed = torch.where(valid[:, None], mixed, torch.zeros_like(mixed))
-        return Advantages(mixed, valid, dropped_groups=int((~valid).sum()), total_groups=int(valid.numel()))
+        """Rewards ``[R, P, G]`` → ``[P, G]`` (:func:`~g2rpo.strategies._shared.flow_grpo_terminal_advantages`)."""
+        return flow_grpo_terminal_advantages(self.config, rollout, rewards, reward_weights, self.settings.global_std)
 
     def loss_terms(self, model: VelocityModel, rollout: Rollout, advantages: Advantages) -> Iterator[LossTerm]:
         return trajectory_loss_terms(
