@@ -434,9 +434,10 @@ def describe(cls: type[BaseModel], prefix: str = "") -> list[str]:
         default = (
             "required"
             if info.is_required()
-            else json.dumps(to_jsonable_python(info.get_default(call_default_factory=True), exclude_none=True))
+            else "default "
+            + json.dumps(to_jsonable_python(info.get_default(call_default_factory=True), exclude_none=True))
         )
-        out.append(f"{dotted} ({type_name}; default {default}): {info.description or ''}".rstrip())
+        out.append(f"{dotted} ({type_name}; {default}): {info.description or ''}".rstrip())
     return out
 
 
