@@ -157,8 +157,8 @@ def _sample_chunks(model_uri, config, base_model_uri, settings, device, prompts,
         resume.write_chunk(store, chunk, [png_bytes(image) for image in images], scores)
         generated += len(rows)
         say(
-            f"chunk {chunk.name}: {len(rows)} image(s) sampled and scored ({done}/{len(chunks)} on this rank, "
-            f"{generated}/{total} images)"
+            f"chunk {chunk.name}: {len(rows)} image(s) sampled and scored ({done}/{len(chunks)} on this rank); "
+            f"{generated}/{total} images"
         )
         resume.fail_point(done)
     return generated

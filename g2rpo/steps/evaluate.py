@@ -157,10 +157,21 @@ def evaluate(
         with tempfile.TemporaryDirectory(prefix="g2rpo-eval-") as tmp:
             root = Path(tmp)
             metadata = assemble(
-                root, model_uri, config, prompt_set, chunks, store, output_uri, baseline, paired_steps, baseline_label
+                root,
+                model_uri,
+                config,
+                prompt_set,
+                chunks,
+                store,
+                output_uri,
+                baseline,
+                paired_steps,
+                baseline_label,
+                say=say,
             )
             if identity is not None:  # what these scores are of, so they can be found and reused (identity.py)
                 metadata[IDENTITY_KEY] = identity.model_dump(mode="json")
+            say(f"publishing {sum(1 for path in root.rglob('*') if path.is_file())} file(s) → {output_uri}")
             publish_dir(
                 root,
                 output_uri,

@@ -205,6 +205,13 @@ def train_task(
     record_dir.mkdir(parents=True, exist_ok=True)
     (record_dir / RUN_CONFIG_FILE).write_text(to_yaml(config), encoding="utf-8")
     config_hash = resume_hash(config)
+    # The first line of the task's log, before the seconds of loading (the trainer's records follow).
+    print(
+        f"training {config.algorithm.strategy} for {config.train.iterations} iteration(s) from {base_model_uri}: "
+        f"loading the model, {len(config.rewards.models)} reward model(s) and the prompts"
+        + (", then validating iteration 0" if config.train.validation.enabled else ""),
+        flush=True,
+    )
     if nodes > 1:
         if trainjob is not None and trainjob.placement.gpus_per_node != gpus_per_node:
             trainjob = replace(trainjob, placement=replace(trainjob.placement, gpus_per_node=gpus_per_node))

@@ -74,13 +74,15 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     assert "[KFP Executor" not in printed and "executor_input" not in printed and " - INFO - " not in printed
     assert "train: SUCCESS" in printed and "evaluate: SUCCESS" in printed
     assert "train 1/1: hps_v21 " in printed  # the training record, read while the task ran
+    # the train task says what it loads before its first record
+    assert printed.index("    training g2rpo for 1 iteration(s) from ") < printed.index("train 1/1: hps_v21 ")
     assert printed.index("train 1/1: hps_v21 ") < printed.index("train: SUCCESS") < printed.index("evaluate …")
     # the decision report, at a path a browser opens as a page
     report_path = out / "first" / "decision-report.html"
     assert f"  decision report        {report_path.as_uri()}\n" in printed  # a link, as the other outputs
     # The evaluate task says how far it is: a line per chunk of each evaluation, under its label.
     assert "[evaluate base model " in printed and "[evaluate challenger " in printed
-    assert "(8/8 on this rank, 256/256 images)" in printed
+    assert "(8/8 on this rank); 256/256 images" in printed
     # The README's table: the trained rewards first, a column per model, the paired Δ with its interval.
     lines = printed.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("  held-out means (256 samples)"))
