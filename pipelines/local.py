@@ -146,6 +146,7 @@ def run_local(
             )
         )
     # Every value, as the tasks will build it, before the pretraining (minutes) and the first folder.
+    echo("checking the pipeline's parameters as its tasks will read them …")
     check_arguments({**local_arguments(shared, iterations, model), **(parameters or {})}, load_profile())
     # A run that fails before its pipeline starts removes the run folder it made, so the same command
     # again starts clean (a failure inside the pipeline keeps its pipeline root, refused above with the fix).
