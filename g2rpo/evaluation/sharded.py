@@ -17,11 +17,11 @@ from dataclasses import dataclass
 
 import torch
 
-from g2rpo.artifacts.manifest import has_manifest
+from g2rpo.artifacts.manifest import has_manifest, read_manifest
 from g2rpo.artifacts.storage import S3Settings, Store, open_store
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation import resume
-from g2rpo.evaluation.artifact import PromptSet, png_bytes
+from g2rpo.evaluation.artifact import Baseline, PromptSet, png_bytes
 from g2rpo.evaluation.config import EvaluationConfig
 from g2rpo.evaluation.identity import sampling_settings
 from g2rpo.evaluation.policy import load_policy, sigma_grid
@@ -94,9 +94,14 @@ def sample_pending(
     base_model_uri: str | None,
     settings: S3Settings | None,
     say: Callable[[str], None],
+    scored: Baseline | None = None,
 ) -> int:
     """Sample every chunk of ``chunks`` not yet scored under ``store``, this rank its share; the images
-    sampled, all ranks together. A partial state of other inputs is refused before any sampling."""
+    sampled, all ranks together. A partial state of other inputs is refused before any sampling.
+
+    ``scored``: a published evaluation of this very model and settings (checked by the caller,
+    :func:`g2rpo.evaluation.identity.check_reusable`): its images and scores fill the chunks instead of
+    sampling them again (rank 0; nothing is sampled, 0 is returned)."""
     prompts = prompt_set.prompts
     state = resume.PartialState(
         model_uri=model_uri,
@@ -118,12 +123,34 @@ def sample_pending(
             f"{len(prompts)} prompts × seeds {config.seeds} × T {config.step_counts} from {config.prompts}: "
             f"{len(chunks)} chunk(s)" + (f", {len(chunks) - len(todo)} already scored (resumed)" if resumed else "")
         )
+    if scored is not None:
+        if ranks.rank == 0 and todo:
+            _copy_chunks(scored, store, todo, say)
+        return 0
     todo = ranks.broadcast(todo)
     mine = todo[ranks.rank :: ranks.world]
     generated = 0
     if mine:
         generated = _sample_chunks(model_uri, config, base_model_uri, settings, device, prompts, mine, store, say)
     return ranks.total(generated)
+
+
+def _copy_chunks(scored: Baseline, store: Store, chunks: list[resume.Chunk], say: Callable[[str], None]) -> None:
+    """Fill ``chunks`` from ``scored``'s published images and scores, as sampling would have."""
+    policy = read_manifest(open_store(scored.uri)).metadata
+    resume.write_policy(
+        store, resume.PolicyRecord(policy_kind=policy["policy_kind"], base_model_uri=policy["base_model_uri"])
+    )
+    by_item = {
+        (steps, int(item.prompt_id[1:]), item.seed): dict(item.scores)
+        for steps, table in scored.by_steps.items()
+        for item in table.items
+    }
+    for chunk in chunks:
+        keys = [(chunk.steps, p, seed) for p, seed in chunk.items]
+        pngs = [(scored.root / scored.images[key]).read_bytes() for key in keys]
+        resume.write_chunk(store, chunk, pngs, [by_item[key] for key in keys])
+    say(f"{sum(len(c.items) for c in chunks)} image(s) and their scores copied from {scored.uri}, not sampled again")
 
 
 def _sample_chunks(model_uri, config, base_model_uri, settings, device, prompts, chunks, store: Store, say) -> int:

@@ -80,6 +80,7 @@ def evaluate(
     baseline_label: str = "",
     label: str = "evaluate",
     log: Callable[[str], None] | None = None,
+    scored_uri: str | None = None,
 ) -> EvaluateResult:
     """Evaluate the model at ``model_uri`` on ``config``'s prompts × seeds × step counts; publish at
     ``output_uri``.
@@ -91,6 +92,9 @@ def evaluate(
     hold a published artifact yet; a partial evaluation there is continued when its inputs match
     (all checked before any sampling); one holding files that are not an evaluation's is refused. Every rank returns the result. With ``pushgateway`` rank 0
     pushes the summaries there, labelled ``version=version_label`` (a gateway that is down is a warning).
+    ``scored_uri``: a published evaluation of this very model and settings, already verified
+    (:func:`evaluate_once`): its images and scores are copied instead of sampled, and only the artifact
+    (with this call's baseline) is made again.
     With ``progress`` rank 0 writes a line per step to ``log`` (default stderr: loading, each chunk
     scored, the publish), each starting ``[<label> <seconds>s]``.
     """
@@ -150,6 +154,7 @@ def evaluate(
         base_model_uri=base_model_uri,
         settings=settings,
         say=say,
+        scored=None if scored_uri is None else load_baseline(scored_uri, settings, config.cache_dir),
     )
     ranks.barrier()
     if ranks.rank == 0:
@@ -207,8 +212,9 @@ def evaluate_once(
     content address under ``evaluations_uri`` and, when that already holds it — verified file by file,
     and refused when damaged or of other settings — read back instead of sampled again.
 
-    With ``baseline_uri`` the evaluation is paired with that baseline in its report, so a stored one
-    (paired with another, or none) is not reused; it is published beside it (a unique prefix).
+    With ``baseline_uri`` the evaluation is paired with that baseline in its report: a stored one (paired
+    with another, or none) gives its images and scores, copied rather than sampled again, and the paired
+    artifact is published beside it (a unique prefix).
     A model without a manifest has no content identity: it is evaluated afresh under a unique prefix.
     ``label`` (``challenger``, ``champion v3``, ``base model``) starts each progress line, written to ``log``
     (default stderr)."""
@@ -220,6 +226,7 @@ def evaluate_once(
     )
     fresh = f"{evaluations_uri.rstrip('/')}/{unique_prefix(label.replace(' ', '-'))}"
     output = fresh if identity is None else scored_uri(evaluations_uri, identity)
+    stored = None
     if identity is not None and check_reusable(output, identity, settings):
         if baseline_uri is None:
             if progress:
@@ -228,7 +235,8 @@ def evaluate_once(
                     f"reusing {output} (every file's sha256 checked)"
                 )
             return read_evaluation(output, config, settings)
-        output = fresh
+        # Paired with this baseline, the artifact is another; its images and scores are those stored.
+        stored, output = output, fresh
     return evaluate(
         model_uri,
         config,
@@ -240,6 +248,7 @@ def evaluate_once(
         progress=progress,
         label=f"evaluate {label}",
         log=log,
+        scored_uri=stored,
     )
 
 

@@ -69,9 +69,17 @@ def test_a_model_is_scored_once_per_settings_and_read_back_after(models, tmp_pat
     other = evaluate_once(first, _config(seeds=[0]), evaluations, label="base model")
     assert other.generated == 2 and other.output_uri != scored.output_uri
 
-    # Paired with a baseline, the report differs: a stored evaluation is not reused, one is published beside it.
-    paired = evaluate_once(first, _config(), evaluations, label="challenger", baseline_uri=scored.output_uri)
-    assert paired.generated == 4 and paired.output_uri != scored.output_uri and paired.scores == scored.scores
+    # Paired with a baseline, the artifact is another (its report pairs them), published beside the stored one;
+    # its images and scores are the stored ones, copied, not sampled again.
+    paired = evaluate_once(
+        first, _config(), evaluations, label="challenger", baseline_uri=scored.output_uri, progress=True
+    )
+    assert paired.generated == 0 and paired.output_uri != scored.output_uri and paired.scores == scored.scores
+    assert f"4 image(s) and their scores copied from {scored.output_uri}, not sampled again" in capsys.readouterr().err
+    copied, stored = Path(paired.output_uri), Path(scored.output_uri)
+    assert (copied / "images" / "p1_s5.png").read_bytes() == (stored / "images" / "p1_s5.png").read_bytes()
+    paired_with = json.loads((copied / "metrics.json").read_text())["baseline"]
+    assert paired_with["uri"] == scored.output_uri and paired_with["paired"]["2"]["jpeg_compressibility"]["delta"] == 0
 
 
 def test_damaged_or_mismatched_stored_scores_are_refused_with_the_fix(models, tmp_path):
