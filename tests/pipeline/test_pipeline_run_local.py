@@ -151,6 +151,8 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
         f"reusing {base_uri}" in printed  # fmt: skip
     assert f"reusing {first_evaluation['challenger_eval_uri']}" in printed and "[evaluate champion v1 " not in printed
     assert "[evaluate champion v1] scored before" in printed
+    # the same settings trained the same bytes: the challenger's images and scores are champion v1's, copied
+    assert f"copied from {first_evaluation['challenger_eval_uri']}, not sampled again" in printed
     base = json.loads((Path(base_uri.removeprefix("file://")) / "metrics.json").read_text())
     assert "base model on the held-out prompts: " in printed
     assert "  promote                skipped: v2 did not pass the gates" in printed
