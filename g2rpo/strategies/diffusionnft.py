@@ -161,6 +161,8 @@ class DiffusionNFTSettings(StrategySettings):
     """DiffusionNFT's own settings: β, the old policy's update schedule, timesteps, the KL to the reference."""
 
     strategy: ClassVar[str] = "diffusionnft"
+    default_learning_rate: ClassVar[float] = 3e-4
+    learning_rate_source: ClassVar[str] = "DiffusionNFT, LoRA: 3e-4"
 
     beta: float = Field(
         1.0,
@@ -224,12 +226,6 @@ class DiffusionNFTSettings(StrategySettings):
             "samples per prompt accumulated into each optimiser step; null = one step per iteration (DiffusionNFT's "
             "gradient_step_per_epoch 1; its OCR config steps twice)"
         ),
-    )
-    learning_rate: float = Field(
-        3e-4,
-        gt=0.0,
-        allow_inf_nan=False,
-        description="AdamW learning rate, constant, when train.learning_rate is null (DiffusionNFT, LoRA: 3e-4)",
     )
 
     def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:

@@ -79,6 +79,8 @@ class FlowGRPOSettings(StrategySettings):
     """Flow-GRPO's own settings: which steps train, the KL penalty, the advantage's std, optimiser stepping."""
 
     strategy: ClassVar[str] = "flowgrpo"
+    default_learning_rate: ClassVar[float] = 3e-4
+    learning_rate_source: ClassVar[str] = "Flow-GRPO base config, LoRA: 3e-4"
 
     train_fraction: float = Field(
         0.99,
@@ -107,12 +109,6 @@ class FlowGRPOSettings(StrategySettings):
             "trajectories per prompt accumulated into each optimiser step (Flow-GRPO steps twice per epoch: 6 "
             "at G = 12); null = one step per iteration"
         ),
-    )
-    learning_rate: float = Field(
-        3e-4,
-        gt=0.0,
-        allow_inf_nan=False,
-        description="AdamW learning rate, constant, when train.learning_rate is null (Flow-GRPO base config, LoRA: 3e-4)",
     )
 
     def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
