@@ -10,6 +10,9 @@ DEBS := prometheus prometheus-pushgateway
 DEB_STAMP := $(VENV)/.debs-installed
 # torch/torchvision first, pinned (both lie on local disk here; an unpinned torch downloads GBs).
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+# PyPI's torch brings 3.2 GB of CUDA libraries that a CPU run never loads (the venv is 6.5 GB with them);
+# TORCH_INDEX=https://download.pytorch.org/whl/cpu installs PyTorch's CPU-only build of the same versions.
+TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
 export OMP_NUM_THREADS ?= 1
@@ -19,7 +22,7 @@ export TOKENIZERS_PARALLELISM := false
 
 help:
 	@echo "make demo       create .venv, install, run the whole Kubeflow pipeline here (kfp.local, on the shipped"
-	@echo "                shapes model g2rpo/models/shapes_flux_unseen; a few minutes)"
+	@echo "                shapes model g2rpo/models/shapes_flux_unseen; minutes: docs/demo.md has measured times)"
 	@echo "make test       install what the tests need, check lint and import contracts, run the suite (CI)"
 	@echo "make lint       ruff (lint + format check) and the import contracts (lint-imports)"
 	@echo "make test-slow  the opt-in slow tier (full-size reward architectures, long runs)"
@@ -36,7 +39,7 @@ help:
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q $(TORCH_PINS)
+	$(PIP) install -q $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(TORCH_PINS)
 	$(PIP) install -q -c constraints.txt -e '.[test]'
 	touch $(STAMP)
 

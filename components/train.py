@@ -52,7 +52,7 @@ def train(
     metrics: Output[Metrics],
 ):
     """Train on ``data``'s train split; ``model`` receives the record of the export published under ``store_uri``."""
-    # The training choices (strategy ... validation_patience) are the rows of g2rpo.steps.train_task's
+    # The training choices (strategy ... validation_patience) are the rows of g2rpo.steps.parameters'
     # TRAIN_PARAMETERS, in its order (tests/pipeline/test_pipeline_parameters.py); read off the parameters
     # before any other name is bound here.
     given = dict(locals())

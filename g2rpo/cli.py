@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from types import ModuleType
 
 import g2rpo.commands.data
@@ -41,6 +42,13 @@ COMMAND_MODULES: list[ModuleType] = [
 ]
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Help lines wrapped between words only: a verb such as ``pretrain-shapes`` stays whole."""
+
+    def _split_lines(self, text: str, width: int) -> list[str]:
+        return textwrap.wrap(" ".join(text.split()), width, break_on_hyphens=False)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="g2rpo",
@@ -49,13 +57,29 @@ def build_parser() -> argparse.ArgumentParser:
             "train, evaluate, register and promote checkpoints, and build the Kubeflow pipeline. "
             "Run `g2rpo COMMAND --help` for each command."
         ),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Formatter,
     )
     parser.add_argument("--version", action="version", version=f"g2rpo {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in COMMAND_MODULES:
         module.add_commands(sub)
+    _name_the_verbs(sub)
     return parser
+
+
+def _name_the_verbs(commands: argparse._SubParsersAction) -> None:
+    """End each command's line of ``g2rpo --help`` with its verbs (``model: … [init-tiny, pretrain-shapes,
+    …]``), read off the command's own parser, so that the list cannot fall behind a new verb."""
+    for line in commands._choices_actions:
+        parser = commands.choices[line.dest]
+        verbs = [
+            verb
+            for action in parser._actions
+            if isinstance(action, argparse._SubParsersAction)
+            for verb in action.choices
+        ]
+        if verbs:
+            line.help = f"{line.help} [{', '.join(verbs)}]"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic_core import to_jsonable_python
 
 from g2rpo.errors import ConfigError, G2RPOError, closest
 from g2rpo.textfile import read_text_file
@@ -429,7 +430,77 @@ def describe(cls: type[BaseModel], prefix: str = "") -> list[str]:
             out.append(f"{dotted}:  {info.description or ''}".rstrip())
             out += describe(inner, prefix=dotted + ".")
             continue
-        type_name = getattr(info.annotation, "__name__", None) or str(info.annotation).replace("typing.", "")
-        default = "required" if info.is_required() else repr(info.get_default(call_default_factory=True))
-        out.append(f"{dotted} ({type_name}, default {default}): {info.description or ''}".rstrip())
+        type_name = type_description(info.annotation, info.metadata)
+        default = (
+            "required"
+            if info.is_required()
+            else "default "
+            + json.dumps(to_jsonable_python(info.get_default(call_default_factory=True), exclude_none=True))
+        )
+        out.append(f"{dotted} ({type_name}; {default}): {info.description or ''}".rstrip())
     return out
+
+
+_TYPE_NAMES = {int: "integer", float: "number", str: "string", bool: "true or false", Path: "path", type(None): "null"}
+_PLURALS = {"integer": "integers", "number": "numbers", "string": "strings", "path": "paths", "section": "sections"}
+_BOUNDS = (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"))
+_LENGTHS = (("min_length", "at least"), ("max_length", "at most"))
+
+
+def _constraints(metadata: typing.Iterable[Any]) -> list[Any]:
+    """The constraint objects of a field's metadata, those inside an ``Annotated`` FieldInfo included."""
+    out = []
+    for item in metadata:
+        out += [item, *getattr(item, "metadata", ())]
+    return [item for item in out if not isinstance(item, type)]
+
+
+def type_description(annotation: Any, metadata: typing.Iterable[Any] = ()) -> str:
+    """A field's type in words, with its bounds and allowed values: ``integer ≥ 2, ≤ 10000``,
+    ``one of 'mean', 'sum'``, ``list of integers ≤ 1000, or null`` (not the validator's ``Annotated[...]``)."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return type_description(args[0], [*args[1:], *metadata])
+    constraints = _constraints(metadata)
+    if origin in (typing.Union, types.UnionType):
+        kinds = [arg for arg in args if arg is not type(None)]
+        if len(kinds) == 1:  # Optional: the field's bounds are the value's
+            inner = type_description(kinds[0], metadata)
+        else:
+            inner = " or ".join(type_description(arg) for arg in kinds)
+        return f"{inner}, or null" if len(kinds) < len(args) else inner
+    bounds = [
+        f"{word} {getattr(c, key)}" for c in constraints for key, word in _BOUNDS if getattr(c, key, None) is not None
+    ]
+    lengths = [
+        f"{word} {getattr(c, key)} item{'' if getattr(c, key) == 1 else 's'}"
+        for c in constraints
+        for key, word in _LENGTHS
+        if getattr(c, key, None) is not None
+    ]
+    if origin is typing.Literal:
+        name = "one of " + ", ".join(json.dumps(value) for value in args)
+    elif origin in (list, tuple, set, frozenset):
+        items = [arg for arg in args if arg is not Ellipsis]
+        kind = "tuple" if origin is tuple else "list"
+        parts = [type_description(arg) for arg in items]
+        if not parts:
+            name = kind
+        elif len(set(parts)) == 1 and (origin is not tuple or Ellipsis in args):
+            head, _, rest = parts[0].partition(" ")
+            words = rest.split(" ")
+            if words[-1] in _PLURALS:  # "RewardModelConfig section" → "RewardModelConfig sections"
+                name = f"{kind} of {head} {' '.join([*words[:-1], _PLURALS[words[-1]]])}"
+            else:
+                name = f"{kind} of {_PLURALS.get(head, head)}{' ' + rest if rest else ''}"
+        else:
+            name = f"{kind} of ({'; '.join(parts)})"
+    elif origin is dict:
+        key, value = (type_description(arg) for arg in args) if args else ("string", "value")
+        name = f"mapping of {key} to {value}"
+    elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        name = f"{annotation.__name__} section"
+    else:
+        name = _TYPE_NAMES.get(annotation) or getattr(annotation, "__name__", None) or str(annotation)
+    name = f"{name} {', '.join(bounds)}" if bounds else name
+    return f"{name}, {', '.join(lengths)}" if lengths else name

@@ -43,7 +43,7 @@ from components.report_status import report_status
 from components.train import train
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.launch.trainjob import DEADLINE_GRACE_S
-from g2rpo.steps.train_task import TRAIN_PARAMETERS, train_parameter_defaults
+from g2rpo.steps.parameters import TRAIN_PARAMETERS, train_parameter_defaults
 from pipelines.placement import PlacementProfile, load_profile
 
 __all__ = ["DEFAULTS", "PIPELINE_NAME", "TASK_MARGIN_S", "build_pipeline", "compile_pipeline", "trainjob_deadline"]
@@ -58,7 +58,7 @@ DEFAULTS = {
     "registry_uri": "s3://g2rpo/registry",
     "model_name": "flux-g2rpo",
     # The training choices (strategy, T, G, Λ, rewards, iterations, learning rate, validation): one table,
-    # g2rpo.steps.train_task.TRAIN_PARAMETERS, with what each one's 0 / {} means.
+    # g2rpo.steps.parameters.TRAIN_PARAMETERS, with what each one's 0 / {} means.
     **train_parameter_defaults(),
     "overrides": [],
     "test_size": 400,
@@ -105,7 +105,7 @@ def _with_s3(task: dsl.PipelineTask, profile: PlacementProfile, timeout: int) ->
 
 
 def _with_train_parameters(after: str) -> Callable[[Callable], Callable]:
-    """Put the training choices of :data:`~g2rpo.steps.train_task.TRAIN_PARAMETERS` (typed, with their
+    """Put the training choices of :data:`~g2rpo.steps.parameters.TRAIN_PARAMETERS` (typed, with their
     defaults) into a pipeline function's signature after the parameter ``after``; the function takes them
     as ``**choices``. KFP reads a pipeline's parameters off ``inspect.signature`` and calls the function
     with them in that order, so the compiled pipeline has them as if written out."""

@@ -35,9 +35,10 @@ from g2rpo.evaluation.config import EvaluationConfig
 from g2rpo.launch.quantity import quantity_problem
 from g2rpo.rewards.registry import get_spec
 from g2rpo.steps.gate import gates_from
+from g2rpo.steps.parameters import PARAMETER_KEYS
 from g2rpo.steps.train import matching_evaluation
-from g2rpo.steps.train_task import PARAMETER_KEYS, run_config_for, trainjob_for
-from g2rpo.training.run_config import RunConfig, run_problems
+from g2rpo.steps.train_task import run_config_for, trainjob_for
+from g2rpo.training.run_config import RunConfig, deepspeed_rank_problem, run_problems
 from pipelines.alignment import DEFAULTS
 from pipelines.placement import PlacementProfile, load_profile
 
@@ -84,9 +85,8 @@ def argument_problems(values: dict[str, Any]) -> list[str]:
     if config is not None:
         world = values["nodes"] * _whole(values["gpus_per_node"]) if not placement else 1
         problems += [f"train task: {p}" for p in run_problems(SimpleNamespace(train=config.train), world)]
-        if world > 1 and not config.deepspeed.enabled:
-            fix = f"{world} ranks need DeepSpeed: set it in the config"
-            problems.append(f"train task: {problem('deepspeed.enabled', False, fix)}")
+        if ranks := deepspeed_rank_problem(config.deepspeed.enabled, world):
+            problems.append(f"train task: {ranks}")
     # These run on a config that did not build too (with the evaluation's own defaults, and without
     # the gated metrics' check), so that every problem is listed at once.
     problems += _evaluation_problems(values, config)

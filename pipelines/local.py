@@ -30,7 +30,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -43,11 +43,12 @@ from g2rpo.evaluation.shapes import HELD_OUT  # the task's 64 held-out prompts: 
 from g2rpo.models.shapes import UNSEEN_PRETRAINING, ShapesPretraining, ensure_shapes_model
 from g2rpo.rewards.shapes import IN_DOMAIN, IN_DOMAIN_CHECKS, OUT_OF_DOMAIN
 from g2rpo.rewards.shapes_learned import SHIPPED_SHAPES_CLIP, SHIPPED_SHAPES_PREF
-from g2rpo.steps.evaluate import evaluate
+from g2rpo.steps.evaluate import EvaluateResult, evaluate_once
+from g2rpo.steps.parameters import PARAMETER_KEYS
 from g2rpo.steps.prepare import prepare_data
-from g2rpo.steps.promote import write_gates
+from g2rpo.steps.promote import base_model_floors, write_gates
 from g2rpo.steps.train import matching_evaluation
-from g2rpo.steps.train_task import PARAMETER_KEYS, run_config_for
+from g2rpo.steps.train_task import run_config_for
 from g2rpo.tasks.shapes import write_prompts
 from g2rpo.textfile import read_json_file
 from g2rpo.training.metrics import read_metrics_records
@@ -81,6 +82,8 @@ class LocalRun:
     log: Path  # everything kfp.local printed
     base_means: dict[str, float]  # the base model on the evaluation's prompts and seeds; {} if not evaluated
     reports: dict[str, Path] = field(default_factory=dict)  # name -> an HTML report copied to a .html path
+    base_eval_uri: str = ""  # the base model's evaluation (content-addressed in the store); "" if not evaluated
+    metrics: list[str] = field(default_factory=list)  # the run's rewards, in its order
 
 
 def local_arguments(shared: Path, iterations: int, model: Path) -> dict[str, Any]:
@@ -143,6 +146,7 @@ def run_local(
             )
         )
     # Every value, as the tasks will build it, before the pretraining (minutes) and the first folder.
+    echo("checking the pipeline's parameters as its tasks will read them …")
     check_arguments({**local_arguments(shared, iterations, model), **(parameters or {})}, load_profile())
     # A run that fails before its pipeline starts removes the run folder it made, so the same command
     # again starts clean (a failure inside the pipeline keeps its pipeline root, refused above with the fix).
@@ -162,8 +166,11 @@ def run_local(
         write_prompts(shared / PROMPTS_FILE)  # every scene; the prepare task holds HELD_OUT of them out
         arguments = {**local_arguments(shared, iterations, model), **(parameters or {})}
         base_means: dict[str, float] = {}
+        base_eval_uri = ""
         if "gates_uri" not in (parameters or {}):
-            base_means = _evaluate_base(run_dir / "base", arguments)
+            echo("base model: evaluating it on the held-out prompts (the first version's floors)")
+            base = _evaluate_base(run_dir / "base", arguments, echo)
+            base_means, base_eval_uri = base.means, base.output_uri
             echo("base model on the held-out prompts: " + _means_line(base_means))
             arguments["gates_uri"] = str(_gates_with_floors(arguments["gates_uri"], base_means, run_dir / "gates.yaml"))
     except BaseException:
@@ -188,7 +195,8 @@ def run_local(
         else:
             os.environ["TMPDIR"] = previous_tmp
     (root / COMPLETE_MARKER).write_text(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()) + "\n")
-    return _collect(run_dir, root, arguments, log, base_means)
+    metrics = [str(reward["name"]) for reward in arguments.get("rewards") or []]
+    return replace(_collect(run_dir, root, arguments, log, base_means), base_eval_uri=base_eval_uri, metrics=metrics)
 
 
 # --------------------------------------------------------------------------- the console
@@ -372,10 +380,11 @@ def _iteration_line(record: dict[str, Any], iterations: int) -> str:
     return f"train {record['iteration'] + 1}/{iterations}: {rewards} ({seconds:.1f} s)"
 
 
-def _evaluate_base(folder: Path, arguments: dict[str, Any]) -> dict[str, float]:
+def _evaluate_base(folder: Path, arguments: dict[str, Any], echo: Callable[[str], None]) -> EvaluateResult:
     """The base model's means on what the pipeline's evaluate task will sample: the prepare task's
     held-out split (the same prompts, ``test_size`` and seed give the same split) × ``eval_seeds``,
-    sampled as the run config says."""
+    sampled as the run config says; published at its content address in the run's store, so that the
+    evaluate task (and every later run) reads it back instead of scoring the base model again."""
     data = prepare_data(
         arguments["prompts_uri"], folder / "data", test_size=arguments["test_size"], seed=arguments.get("split_seed", 0)
     )
@@ -394,26 +403,28 @@ def _evaluate_base(folder: Path, arguments: dict[str, Any]) -> dict[str, float]:
         num_prompts=arguments.get("eval_num_prompts") or None,
         seeds=arguments["eval_seeds"],
     )
-    return evaluate(arguments["base_model_uri"], evaluation, (folder / "evaluation").as_uri()).means
+    evaluations = f"{arguments['store_uri'].rstrip('/')}/evaluations"
+    # Scored once per settings: the evaluate task of a first version reads this evaluation back, and a
+    # later run reuses it (verified; g2rpo.evaluation.identity).
+    return evaluate_once(
+        arguments["base_model_uri"],
+        evaluation,
+        evaluations,
+        label="base model",
+        progress=True,
+        log=lambda line: echo(f"    {line}"),
+    )
 
 
 def _gates_with_floors(gates_uri: str, base: dict[str, float], path: Path) -> Path:
-    """``gates_uri``'s gates with floors for a first version (no champion): an in-domain reward must
-    beat the base model's mean by its ``min_improvement`` (what a champion would be held to), an
-    out-of-domain metric may fall at most its ``max_regression`` below it."""
+    """``gates_uri``'s gates with the base model's floors (:func:`g2rpo.steps.promote.base_model_floors`), written to ``path``."""
     gates, _ = load_gates(gates_uri)
-    metrics = {}
-    for name, gate in gates.metrics.items():
-        sign = 1 if gate.direction == "higher" else -1
-        margin = (gate.min_improvement or 0.0) if gate.domain == "in" else -(gate.max_regression or 0.0)
-        floor = None if name not in base else base[name] + sign * margin
-        metrics[name] = gate.model_copy(update={"floor": floor})
     comment = (
         f"{gates_uri} with floors for a first version (no champion): the base model's means on the same\n"
         "held-out prompts and seeds plus the required improvement (in-domain), less the allowed regression\n"
         "(out-of-domain)."
     )
-    return write_gates(gates.model_copy(update={"metrics": metrics}), path, comment=comment)[0]
+    return write_gates(base_model_floors(gates, base), path, comment=comment)[0]
 
 
 def _means_line(means: dict[str, float]) -> str:

@@ -26,6 +26,7 @@ decision compared against a champion that is no longer the champion.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -297,13 +298,25 @@ def _fmt(x: float | None) -> str:
     return "—" if x is None else f"{x:.4f}"
 
 
-def format_decision(decision: Decision) -> str:
+def format_decision(
+    decision: Decision,
+    baseline_label: str = "",
+    baseline_means: Mapping[str, float] | None = None,
+    paired: Mapping[str, Mapping[str, float]] | None = None,
+) -> str:
     """A plain-text table of the decision (what the CLI prints): one row per gate with its numbers,
     pass or FAIL, and the reason, so that each reason is said once.
+
+    A first version's floors compare with no champion; given the baseline it was evaluated against
+    (``baseline_label``, e.g. ``base model``, its means, and the challenger's ``paired`` differences to
+    it: metric -> delta, ci_low, ci_high), those rows show that baseline's mean and the paired Δ with
+    its interval instead of dashes.
 
     The head says whether the gates are *met*: "passed" and "failed" are left to the tasks and the
     run, so that a run that succeeded and a model that was refused are never worded alike.
     """
+    versus = decision.champion is None and bool(baseline_label) and bool(paired)
+    baseline_means, paired = baseline_means or {}, paired or {}
     against = f"champion v{decision.champion}" if decision.champion is not None else "absolute floors (no champion)"
     failed = sum(not r.passed for r in decision.results)
     met = (
@@ -312,16 +325,23 @@ def format_decision(decision: Decision) -> str:
         else f"{failed} of {len(decision.results)} gate(s) not met"
     )
     head = f"{decision.model} v{decision.challenger} vs {against}: {met}"
-    rows = [("gate", "metric", "challenger", "champion", "Δ", "95% CI", "result", "reason")]
+    rows = [
+        ("gate", "metric", "challenger", baseline_label if versus else "champion", "Δ", "95% CI", "result", "reason")
+    ]
     for r in decision.results:
-        ci = "—" if r.ci_low is None else f"[{r.ci_low:+.4f}, {r.ci_high:+.4f}]"
+        delta, low, high, other = r.delta, r.ci_low, r.ci_high, r.champion_mean
+        if versus and delta is None and r.metric in paired:
+            pair = paired[r.metric]
+            delta, low, high = pair["delta"], pair["ci_low"], pair["ci_high"]
+            other = baseline_means.get(r.metric)
+        ci = "—" if low is None else f"[{low:+.4f}, {high:+.4f}]"
         rows.append(
             (
                 r.kind,
                 r.metric,
                 _fmt(r.challenger_mean),
-                _fmt(r.champion_mean),
-                "—" if r.delta is None else f"{r.delta:+.4f}",
+                _fmt(other),
+                "—" if delta is None else f"{delta:+.4f}",
                 ci,
                 "pass" if r.passed else "FAIL",
                 r.reason,

@@ -129,11 +129,13 @@ def paired_differences(challenger: EvalScores, champion: EvalScores, metric: str
 
     Refuses comparisons on different prompt sets or seeds: a paired difference needs the same items.
     """
-    if challenger.prompt_set != champion.prompt_set or (
-        challenger.prompt_set_sha256
-        and champion.prompt_set_sha256
-        and challenger.prompt_set_sha256 != champion.prompt_set_sha256
-    ):
+    # A prompt set is its content: the same file read from another path (a later run's copy) is the same
+    # set; the names are compared only when a digest is missing.
+    if challenger.prompt_set_sha256 and champion.prompt_set_sha256:
+        same_set = challenger.prompt_set_sha256 == champion.prompt_set_sha256
+    else:
+        same_set = challenger.prompt_set == champion.prompt_set
+    if not same_set:
         raise G2RPOError(
             problem(
                 "prompt_set",

@@ -62,7 +62,6 @@ __all__ = [
     "WriteConflict",
     "ObjectNotFound",
     "validate_key",
-    "join_key",
     "open_store",
     "locate",
     "part_size_for",
@@ -126,12 +125,6 @@ def validate_key(key: str, field: str = "key", allow_empty: bool = False) -> str
         if segment.startswith(_RESERVED):
             raise G2RPOError(problem(field, key, f"segments starting with {_RESERVED!r} are reserved; rename it"))
     return key
-
-
-def join_key(*parts: str) -> str:
-    """Join key parts with '/' (empty parts skipped) and validate the result."""
-    key = "/".join(p.strip("/") for p in parts if p and p.strip("/"))
-    return validate_key(key)
 
 
 def _parse(uri: str) -> tuple[str, str, str]:

@@ -5,8 +5,17 @@ from __future__ import annotations
 
 import argparse
 
-from g2rpo.commands.pipeline import add_run_local_args, run_local_command
+from g2rpo.commands.pipeline import RUN_LOCAL_ITERATIONS, add_run_local_args, run_local_command
 from g2rpo.errors import G2RPOError
+
+TOY_ITERATIONS = 30  # the toy sketch's default (docs/core.md)
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Defaults shown, except where the help itself says them (``--iterations``: one per mode)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        return action.help if action.default is None else super()._get_help_string(action)
 
 
 def add_commands(subparsers) -> None:
@@ -20,9 +29,16 @@ def add_commands(subparsers) -> None:
             "--toy instead runs G²RPO's rollout and updates on a small toy velocity model with an exact reward "
             "(no pipeline; its options are --set, --seed, --lr, --prompts, --no-progress)."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_Formatter,
     )
     add_run_local_args(parser)
+    # One flag, two defaults: the pipeline's recipe, or the toy sketch's (docs/core.md).
+    (iterations,) = [action for action in parser._actions if action.dest == "iterations"]
+    iterations.default = None
+    iterations.help = (
+        f"training iterations (default {RUN_LOCAL_ITERATIONS}: the shapes recipe, docs/demo.md; "
+        f"with --toy {TOY_ITERATIONS}, docs/core.md)"
+    )
     toy = parser.add_argument_group("--toy")
     toy.add_argument("--toy", action="store_true", help="run G²RPO on the toy velocity model instead of the pipeline")
     toy.add_argument(
@@ -41,6 +57,8 @@ def add_commands(subparsers) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    if args.iterations is None:
+        args.iterations = TOY_ITERATIONS if args.toy else RUN_LOCAL_ITERATIONS
     if args.iterations < 1:
         raise G2RPOError(f"--iterations={args.iterations}: run at least one iteration, e.g. --iterations 30")
     if not args.toy:

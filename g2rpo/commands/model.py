@@ -22,7 +22,7 @@ OVERWRITE_HELP = (
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     model = subparsers.add_parser(
         "model",
-        help="make the tiny test model, check a model directory",
+        help="the tiny test model, the shapes task's models and learned rewards, their quality, model checks",
         description="Model utilities. See docs/models.md.",
     )
     sub = model.add_subparsers(dest="model_command", metavar="SUBCOMMAND")
@@ -99,7 +99,13 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
             "colour signal). See docs/models.md."
         ),
     )
-    quality.add_argument("model", nargs="?", default=None, help="the model folder (default: the shipped shapes model)")
+    quality.add_argument(
+        "model",
+        nargs="?",
+        default=None,
+        help="the model folder (default: g2rpo/models/shapes_flux_unseen, the demo's base model; "
+        "g2rpo/models/shapes_flux for the model that saw every scene)",
+    )
     quality.add_argument("--seeds", default="0,1,2,3", help="comma-separated sampling seeds (default 0,1,2,3)")
     quality.add_argument(
         "--num-steps", type=int, default=6, help="Euler steps on Flux's grid (default 6, the demo's T)"
@@ -271,7 +277,13 @@ def _quality_shapes(args: argparse.Namespace) -> int:
     import json as _json
 
     from g2rpo.evaluation.shapes import shapes_quality
-    from g2rpo.models.shapes import SHIPPED_SHAPES_MODEL, check_shapes_model
+    from g2rpo.models.shapes import (
+        SHIPPED_SHAPES_MODEL,
+        SHIPPED_UNSEEN_MODEL,
+        UNSEEN_PRETRAINING,
+        ShapesPretraining,
+        check_shapes_model,
+    )
 
     try:
         seeds = [int(v) for v in args.seeds.split(",")]
@@ -279,9 +291,11 @@ def _quality_shapes(args: argparse.Namespace) -> int:
         raise G2RPOError(problem("--seeds", args.seeds, "give comma-separated integers, e.g. 0,1,2,3")) from None
     if args.num_steps < 1:
         raise G2RPOError(problem("--num-steps", args.num_steps, "use at least 1 step"))
-    model = Path(args.model) if args.model else SHIPPED_SHAPES_MODEL
-    if model == SHIPPED_SHAPES_MODEL:
-        check_shapes_model(model)
+    # The demo's base model by default: the numbers it prints are those `make demo` starts from.
+    model = Path(args.model).resolve() if args.model else SHIPPED_UNSEEN_MODEL
+    shipped = {SHIPPED_UNSEEN_MODEL: UNSEEN_PRETRAINING, SHIPPED_SHAPES_MODEL: ShapesPretraining()}
+    if model in shipped:
+        check_shapes_model(model, shipped[model])
     report = shapes_quality(model, seeds=seeds, num_steps=args.num_steps)
     print(f"{model}: {report.table()}")
     if args.json:

@@ -25,6 +25,7 @@ _PARAMS_HELP = (
     "is checked as the tasks will use it before anything is sent. node_selector is MERGED over the profile's "
     "labels ({pool: h200-spot} keeps nvidia.com/gpu.product); a label set to null is removed"
 )
+RUN_LOCAL_ITERATIONS = 40  # the shapes recipe's (docs/demo.md)
 _CRON_HELP = (
     "KFP cron: SIX fields, seconds first — 'sec min hour day-of-month month day-of-week' — evaluated in UTC "
     "by the KFP scheduler, e.g. '0 0 3 * * *' = 03:00 UTC every day, '0 30 2 * * MON' = Mondays 02:30 UTC"
@@ -97,7 +98,10 @@ def add_run_local_args(local: argparse.ArgumentParser) -> None:
     local.add_argument("--shared", default="runs/pipeline-shared", help="prompts, store and registry of every run")
     add_shapes_model_args(local)
     local.add_argument(
-        "--iterations", type=int, default=40, help="training iterations (default 40: the shapes recipe, docs/demo.md)"
+        "--iterations",
+        type=int,
+        default=RUN_LOCAL_ITERATIONS,
+        help=f"training iterations (default {RUN_LOCAL_ITERATIONS}: the shapes recipe, docs/demo.md)",
     )
     local.add_argument(
         "--verbose",
@@ -151,6 +155,8 @@ def _use_source_tree() -> None:
 
 def _compile(args: argparse.Namespace) -> int:
     _use_source_tree()
+    # The first line before the imports (kfp, the components, the train step's parameters: seconds).
+    print(f"compiling the alignment pipeline into {args.output} (loading kfp and the components) …", file=sys.stderr)
     from pipelines.alignment import compile_pipeline
 
     print(f"wrote {compile_pipeline(args.output, args.profile)}")
@@ -214,6 +220,8 @@ def _schedule(args: argparse.Namespace) -> int:
 def run_local_command(args: argparse.Namespace) -> int:
     """``g2rpo pipeline run-local`` (and ``g2rpo demo``): the pipeline here, then its summary and verdict."""
     _use_source_tree()
+    # A line at once: the imports below (torch, diffusers, transformers, kfp) take seconds, more on a busy CPU.
+    print("g2rpo pipeline run-local: loading torch, diffusers and kfp …", flush=True)
     from g2rpo.errors import G2RPOError, problem
     from g2rpo.models.shapes import UNSEEN_PRETRAINING
     from pipelines.local import run_local
@@ -259,19 +267,42 @@ def print_summary(run: Any, seconds: float) -> None:  # run: pipelines.local.Loc
         record = read_record(CandidatesRecord, evaluation, field="evaluate/evaluation")
         where = record.challenger_eval_uri
         print(f"  challenger images      {where}/images  (grid pages {where}/grid/, metrics {where}/metrics.json)")
-        columns = {"base model": run.base_means, "challenger": record.challenger_means}
-        if record.champion_means:
-            columns[f"champion v{record.champion_version}"] = record.champion_means
-        print(f"  {'held-out means':<22} " + "".join(f"{name:>14}" for name in columns))
-        for metric in record.challenger_means:
-            values = (f"{means[metric]:.4f}" if metric in means else "—" for means in columns.values())
-            print(f"  {metric:<22} " + "".join(f"{value:>14}" for value in values))
+        for line in means_table(record, run.base_means, run.metrics):
+            print(f"  {line}")
         print(f"  evaluation report      {where}/report.html")
     for name, path in run.reports.items():
-        print(f"  {name.removesuffix('.html').replace('-', ' '):<22} {path}")
+        print(f"  {name.removesuffix('.html').replace('-', ' '):<22} {path.resolve().as_uri()}")
+    if run.decision and not run.decision["passed"] and not any(key.startswith("promote/") for key in run.outputs):
+        print(f"  {'promote':<22} skipped: v{run.decision['version']} did not pass the gates (the DAG's dsl.If)")
     print(f"  champion now           {'none' if run.champion is None else f'v{run.champion}'}")
     print(f"  log                    {run.log}")
     print(verdict(run))
+
+
+def means_table(record: Any, base_means: dict[str, float], order: list[str] = ()) -> list[str]:  # CandidatesRecord
+    """The held-out means as the README shows them: the trained rewards first, then the others in the run's
+    order (``order``: its rewards), a column per model (base model, the champion when there is one, the
+    challenger) and the challenger's paired difference to its baseline with the 95 % bootstrap interval."""
+    trained = [m for m in record.trained_metrics if m in record.challenger_means]
+    rest = [m for m in order if m in record.challenger_means and m not in trained]
+    metrics = trained + rest + sorted(set(record.challenger_means) - set(trained) - set(rest))
+    # A first version's baseline is the base model: its evaluation stands in when none was made before the DAG.
+    columns = {"base model": base_means or (record.baseline_means if record.baseline_label == "base model" else {})}
+    if record.champion_means:
+        columns[f"champion v{record.champion_version}"] = record.champion_means
+    columns["challenger"] = record.challenger_means
+    n = next((int(p["n"]) for p in record.paired.values()), None)
+    versus = record.baseline_label or "baseline"
+    head = f"held-out means ({n} samples)" if n else "held-out means"
+    width = max(len(head), *(len(f"{m} (trained)") for m in metrics))
+    lines = [f"{head:<{width}} " + "".join(f"{name:>14}" for name in columns) + f"   Δ vs {versus} (95 % CI)"]
+    for metric in metrics:
+        values = "".join(f"{means[metric]:>14.4f}" if metric in means else f"{'—':>14}" for means in columns.values())
+        paired = record.paired.get(metric)
+        delta = "—" if paired is None else f"{paired['delta']:+.3f} [{paired['ci_low']:+.3f}, {paired['ci_high']:+.3f}]"
+        name = f"{metric} (trained)" if metric in trained else metric
+        lines.append(f"{name:<{width}} {values}   {delta}")
+    return lines
 
 
 def quiet_libraries() -> None:

@@ -10,6 +10,7 @@ paired numbers, scatters and images. It returns the manifest's metadata; the cal
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from g2rpo.artifacts.scores import EvalScores, ScoreItem
@@ -34,9 +35,10 @@ def assemble(
     baseline: Baseline | None,
     paired_steps: list[int],
     baseline_label: str = "",
+    say: Callable[[str], None] = lambda _: None,
 ) -> dict:
     """Gather every chunk from the output's partial state into the artifact's files under ``root``;
-    the manifest's metadata."""
+    the manifest's metadata. ``say`` gets a line as each part is drawn (the figures take seconds)."""
     prompts, seeds, num_steps = prompt_set.prompts, config.seeds, config.num_steps
     done = resume.done_chunks(store)
     missing = [chunk.name for chunk in chunks if chunk.name not in done]
@@ -101,6 +103,7 @@ def assemble(
     for metric in metric_names:
         plots.append(f"plots/distribution_{metric}.png")
         report.save_distribution_plot(by_steps, metric, root / plots[-1])
+    say(f"{len(metric_names)} distribution plot(s) drawn")
     baseline_images = {}
     if baseline is not None:
         for steps in paired_steps:
@@ -118,6 +121,7 @@ def assemble(
                     (root / name).parent.mkdir(parents=True, exist_ok=True)
                     (root / name).write_bytes((baseline.root / baseline.images[(steps, p, seed)]).read_bytes())
                     baseline_images[(steps, p, seed)] = name
+        say(f"paired with the baseline: {sum(len(v) for v in paired.values())} scatter plot(s) drawn")
     _write_json(
         root / "metrics.json",
         {
@@ -133,6 +137,7 @@ def assemble(
     )
     primary = eval_result_from(root, prompts, seeds, scores, output_uri)
     pages = save_score_grid_pages(primary, root)
+    say(f"{len(pages)} grid page(s) drawn")
     report.write_report_html(
         root / "report.html",
         title=f"Evaluation of {model_uri}",
@@ -171,6 +176,7 @@ def assemble(
         baseline_image_of=lambda steps, p, seed: baseline_images[(steps, p, seed)],
         trained_metrics=config.trained_metrics,
     )
+    say("report.html written")
     return {
         "kind": "evaluation",
         "model_uri": model_uri,

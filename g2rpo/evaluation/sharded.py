@@ -17,12 +17,13 @@ from dataclasses import dataclass
 
 import torch
 
-from g2rpo.artifacts.manifest import has_manifest
+from g2rpo.artifacts.manifest import has_manifest, read_manifest
 from g2rpo.artifacts.storage import S3Settings, Store, open_store
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation import resume
-from g2rpo.evaluation.artifact import PromptSet, png_bytes
+from g2rpo.evaluation.artifact import Baseline, PromptSet, png_bytes
 from g2rpo.evaluation.config import EvaluationConfig
+from g2rpo.evaluation.identity import sampling_settings
 from g2rpo.evaluation.policy import load_policy, sigma_grid
 from g2rpo.evaluation.sampling import sample_rows
 from g2rpo.models.flux import FluxConditioning
@@ -32,17 +33,6 @@ from g2rpo.rewards.scoring import score_rewards
 __all__ = ["Ranks", "join_ranks", "sample_pending"]
 
 _ENCODE_BATCH = 16  # prompts per text-encoder call
-# Config keys that change no image and no score: the rest must match for a resume.
-_NOT_SAMPLING = {
-    "prompts",
-    "num_prompts",
-    "seeds",
-    "num_steps",
-    "extra_steps",
-    "cache_dir",
-    "device",
-    "trained_metrics",
-}
 
 
 @dataclass(frozen=True)
@@ -104,9 +94,14 @@ def sample_pending(
     base_model_uri: str | None,
     settings: S3Settings | None,
     say: Callable[[str], None],
+    scored: Baseline | None = None,
 ) -> int:
     """Sample every chunk of ``chunks`` not yet scored under ``store``, this rank its share; the images
-    sampled, all ranks together. A partial state of other inputs is refused before any sampling."""
+    sampled, all ranks together. A partial state of other inputs is refused before any sampling.
+
+    ``scored``: a published evaluation of this very model and settings (checked by the caller,
+    :func:`g2rpo.evaluation.identity.check_reusable`): its images and scores fill the chunks instead of
+    sampling them again (rank 0; nothing is sampled, 0 is returned)."""
     prompts = prompt_set.prompts
     state = resume.PartialState(
         model_uri=model_uri,
@@ -117,10 +112,7 @@ def sample_pending(
         seeds=config.seeds,
         step_counts=config.step_counts,
         metrics=metrics,
-        sampling={
-            "device": device.type,
-            **{k: v for k, v in config.model_dump(mode="json").items() if k not in _NOT_SAMPLING},
-        },
+        sampling=sampling_settings(config, device.type),
     )
     todo: list[resume.Chunk] = []
     if ranks.rank == 0:
@@ -131,12 +123,34 @@ def sample_pending(
             f"{len(prompts)} prompts × seeds {config.seeds} × T {config.step_counts} from {config.prompts}: "
             f"{len(chunks)} chunk(s)" + (f", {len(chunks) - len(todo)} already scored (resumed)" if resumed else "")
         )
+    if scored is not None:
+        if ranks.rank == 0 and todo:
+            _copy_chunks(scored, store, todo, say)
+        return 0
     todo = ranks.broadcast(todo)
     mine = todo[ranks.rank :: ranks.world]
     generated = 0
     if mine:
         generated = _sample_chunks(model_uri, config, base_model_uri, settings, device, prompts, mine, store, say)
     return ranks.total(generated)
+
+
+def _copy_chunks(scored: Baseline, store: Store, chunks: list[resume.Chunk], say: Callable[[str], None]) -> None:
+    """Fill ``chunks`` from ``scored``'s published images and scores, as sampling would have."""
+    policy = read_manifest(open_store(scored.uri)).metadata
+    resume.write_policy(
+        store, resume.PolicyRecord(policy_kind=policy["policy_kind"], base_model_uri=policy["base_model_uri"])
+    )
+    by_item = {
+        (steps, int(item.prompt_id[1:]), item.seed): dict(item.scores)
+        for steps, table in scored.by_steps.items()
+        for item in table.items
+    }
+    for chunk in chunks:
+        keys = [(chunk.steps, p, seed) for p, seed in chunk.items]
+        pngs = [(scored.root / scored.images[key]).read_bytes() for key in keys]
+        resume.write_chunk(store, chunk, pngs, [by_item[key] for key in keys])
+    say(f"{sum(len(c.items) for c in chunks)} image(s) and their scores copied from {scored.uri}, not sampled again")
 
 
 def _sample_chunks(model_uri, config, base_model_uri, settings, device, prompts, chunks, store: Store, say) -> int:
@@ -149,7 +163,8 @@ def _sample_chunks(model_uri, config, base_model_uri, settings, device, prompts,
     ).to("cpu")
     rewards = [build_reward(spec, device=device, cache_dir=config.rewards.cache_dir) for spec in config.rewards.models]
     names = [spec.name for spec in config.rewards.models]
-    generated = 0
+    generated, total = 0, sum(len(chunk.items) for chunk in chunks)
+    say(f"{len(rewards)} reward model(s) loaded; sampling {total} image(s) in {len(chunks)} chunk(s)")
     for done, chunk in enumerate(chunks, start=1):
         rows = [p for p, _ in chunk.items]
         seeds = [seed for _, seed in chunk.items]
@@ -168,7 +183,10 @@ def _sample_chunks(model_uri, config, base_model_uri, settings, device, prompts,
         scores = [{name: float(table[r, i]) for r, name in enumerate(names)} for i in range(len(rows))]
         resume.write_chunk(store, chunk, [png_bytes(image) for image in images], scores)
         generated += len(rows)
-        say(f"chunk {chunk.name}: {len(rows)} image(s) scored ({done}/{len(chunks)} on this rank)")
+        say(
+            f"chunk {chunk.name}: {len(rows)} image(s) sampled and scored ({done}/{len(chunks)} on this rank); "
+            f"{generated}/{total} images"
+        )
         resume.fail_point(done)
     return generated
 

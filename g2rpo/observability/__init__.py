@@ -9,7 +9,7 @@ How the numbers leave the process, as Prometheus recommends for each kind of job
   replaces that step's previous push. A Pushgateway that cannot be reached is a warning, never a failure.
 
 This package imports nothing of training or the steps: the exporter reads the trainer's records by
-duck typing (the :class:`g2rpo.training.trainer.TrainerCallback` protocol) and the pushes take plain
+duck typing (the :class:`g2rpo.training.callbacks.TrainerCallback` protocol) and the pushes take plain
 values. The metric names, types and labels are defined in :mod:`g2rpo.observability.metrics`.
 """
 

@@ -1,7 +1,7 @@
 """Serve the training metrics on ``/metrics`` from rank 0 while the trainer runs.
 
 :class:`TrainingExporter` is a trainer callback (it implements the
-:class:`g2rpo.training.trainer.TrainerCallback` protocol by its method names, without importing
+:class:`g2rpo.training.callbacks.TrainerCallback` protocol by its method names, without importing
 training): ``on_iteration_end`` copies the iteration's record into
 :class:`~g2rpo.observability.metrics.TrainingMetrics`, ``on_checkpoint`` the checkpoint's time,
 ``on_validation`` each validation pass (``train.validation``) and whether the run stopped early. The

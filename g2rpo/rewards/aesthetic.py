@@ -33,7 +33,8 @@ __all__ = ["Aesthetic", "AestheticMLP"]
 
 
 class AestheticMLP(nn.Module):
-    """The predictor's MLP; Linear layers at ``layers.{0,2,4,6,7}`` as in the published file."""
+    """The predictor's MLP; Linear layers at ``layers.{0,2,4,6,7}`` as in the published file. ImageReward's
+    head is the same network (its checkpoint's ``mlp.layers.*``), so it uses this class too."""
 
     def __init__(self, input_size: int = 768):
         super().__init__()

@@ -37,16 +37,16 @@ from g2rpo.rewards.openclip_loading import (
     open_clip_preprocess,
 )
 
-__all__ = ["CLIPScore", "load_open_clip_weights", "find_open_clip_weights", "DEFAULT_CLIP_ARCH"]
+__all__ = ["CLIPScore", "OpenClipCosine", "load_open_clip_weights", "find_open_clip_weights", "DEFAULT_CLIP_ARCH"]
 
 # What the reference scripts load: hf-hub:apple/DFN5B-CLIP-ViT-H-14-384, here from a local folder.
 DEFAULT_CLIP_ARCH = "apple/DFN5B-CLIP-ViT-H-14-384 (local-dir)"
 
 
-class CLIPScore(RewardModel):
-    """Cosine similarity of open_clip embeddings (no logit scale)."""
-
-    name = "clip"
+class OpenClipCosine(RewardModel):
+    """The cosine of an open_clip model's normalised image and text embeddings (no logit scale), after
+    the head's own :meth:`preprocess`: what CLIP score and HPS-v2.1 share (they differ in preprocessing
+    and weights only)."""
 
     def __init__(self, model: torch.nn.Module, tokenizer, preprocess_cfg: dict, *, device="cpu", dtype=torch.float32):
         self.model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
@@ -54,6 +54,24 @@ class CLIPScore(RewardModel):
         self.preprocess_cfg = preprocess_cfg
         self.device = torch.device(device)
         self.dtype = dtype
+
+    def preprocess(self, images: torch.Tensor) -> torch.Tensor:
+        """open_clip's eval transform from ``preprocess_cfg`` on a float batch in [0, 1]."""
+        return open_clip_preprocess(images, self.preprocess_cfg)
+
+    def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        x = images.to(device=self.device, dtype=torch.float32)
+        x = self.preprocess(x).to(self.dtype)  # [B, 3, S, S]
+        tokens = self.tokenizer(prompts).to(self.device)  # [B, L]
+        image_features = self.model.encode_image(x, normalize=True)  # [B, D], unit norm
+        text_features = self.model.encode_text(tokens, normalize=True)  # [B, D], unit norm
+        return (image_features * text_features).sum(dim=-1)  # [B] = diag(I Tᵀ)
+
+
+class CLIPScore(OpenClipCosine):
+    """Cosine similarity of open_clip embeddings (no logit scale), open_clip's own preprocessing."""
+
+    name = "clip"
 
     @classmethod
     def from_local_dir(cls, folder: str | Path, *, device="cpu", dtype=torch.float32) -> CLIPScore:
@@ -84,11 +102,3 @@ class CLIPScore(RewardModel):
         model, preprocess_cfg, tokenizer = build_open_clip("clip", arch, open_clip_config)
         load_open_clip_state_dict(field, path, model, load_open_clip_weights(field, path))
         return cls(model, tokenizer, preprocess_cfg, device=device, dtype=dtype)
-
-    def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        x = images.to(device=self.device, dtype=torch.float32)
-        x = open_clip_preprocess(x, self.preprocess_cfg).to(self.dtype)  # [B, 3, S, S]
-        tokens = self.tokenizer(prompts).to(self.device)  # [B, L]
-        image_features = self.model.encode_image(x, normalize=True)  # [B, D]
-        text_features = self.model.encode_text(tokens, normalize=True)  # [B, D]
-        return (image_features * text_features).sum(dim=-1)  # [B]

@@ -44,7 +44,8 @@ from pathlib import Path
 
 import torch
 
-from g2rpo.rewards.base import RewardModel, normalize, require_file, resize_longest_pad
+from g2rpo.rewards.base import normalize, require_file, resize_longest_pad
+from g2rpo.rewards.clip_score import OpenClipCosine
 from g2rpo.rewards.openclip_loading import (
     OpenClipConfig,
     build_open_clip,
@@ -55,17 +56,10 @@ from g2rpo.rewards.openclip_loading import (
 __all__ = ["HPSv21"]
 
 
-class HPSv21(RewardModel):
-    """HPS-v2.1 reward: cosine of open_clip image and text embeddings."""
+class HPSv21(OpenClipCosine):
+    """HPS-v2.1 reward: cosine of open_clip image and text embeddings, hpsv2's preprocessing."""
 
     name = "hps_v21"
-
-    def __init__(self, model: torch.nn.Module, tokenizer, preprocess_cfg: dict, *, device="cpu", dtype=torch.float32):
-        self.model = model.to(device=device, dtype=dtype).eval().requires_grad_(False)
-        self.tokenizer = tokenizer
-        self.preprocess_cfg = preprocess_cfg
-        self.device = torch.device(device)
-        self.dtype = dtype
 
     @classmethod
     def from_checkpoint(
@@ -92,11 +86,3 @@ class HPSv21(RewardModel):
         size = size if isinstance(size, int) else size[0]
         x = resize_longest_pad(images, size, fill=0.0, interpolation="bicubic")  # [B, 3, S, S]
         return normalize(x, self.preprocess_cfg["mean"], self.preprocess_cfg["std"])
-
-    def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        x = images.to(device=self.device, dtype=torch.float32)
-        x = self.preprocess(x).to(self.dtype)  # [B, 3, S, S]
-        tokens = self.tokenizer(prompts).to(self.device)  # [B, 77]
-        image_features = self.model.encode_image(x, normalize=True)  # [B, D], unit norm
-        text_features = self.model.encode_text(tokens, normalize=True)  # [B, D], unit norm
-        return (image_features * text_features).sum(dim=-1)  # [B] = diag(I Tᵀ)

@@ -55,6 +55,7 @@ from torch import nn
 
 from g2rpo.config import CONFIG_MAX_BYTES
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.rewards.aesthetic import AestheticMLP
 from g2rpo.rewards.base import (
     OPENAI_CLIP_MEAN,
     OPENAI_CLIP_STD,
@@ -139,26 +140,6 @@ def map_image_reward_keys(state_dict: dict[str, torch.Tensor]) -> tuple[dict[str
     return mapped, unmapped
 
 
-class _MLPHead(nn.Module):
-    """The reference MLP: Linear layers at indices 0, 2, 4, 6, 7 of ``layers`` (dropouts between)."""
-
-    def __init__(self, input_size: int):
-        super().__init__()
-        self.layers = nn.Sequential(
-            nn.Linear(input_size, 1024),
-            nn.Dropout(0.2),
-            nn.Linear(1024, 128),
-            nn.Dropout(0.2),
-            nn.Linear(128, 64),
-            nn.Dropout(0.1),
-            nn.Linear(64, 16),
-            nn.Linear(16, 1),
-        )
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.layers(h)  # [B, 1]
-
-
 class ImageRewardNet(nn.Module):
     """BLIP ViT + BLIP image-grounded text encoder + MLP head, as transformers modules."""
 
@@ -191,7 +172,7 @@ class ImageRewardNet(nn.Module):
         )
         self.vision = BlipVisionModel(vcfg)
         self.text = BlipTextModel(tcfg, add_pooling_layer=False)
-        self.head = _MLPHead(tcfg.hidden_size)
+        self.head = AestheticMLP(tcfg.hidden_size)  # the same layers as the LAION aesthetic head
         self.image_size = vcfg.image_size
 
     def forward(self, pixels: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -206,7 +187,7 @@ class ImageRewardNet(nn.Module):
             use_cache=False,
         )
         h = text.last_hidden_state[:, 0, :].float()  # [B, D_t], the [CLS] output
-        r = self.head(h.to(self.head.layers[0].weight.dtype)).squeeze(-1).float()  # [B]
+        r = self.head(h.to(self.head.layers[0].weight.dtype)).float()  # [B]
         return (r - REWARD_MEAN) / REWARD_STD
 
 

@@ -19,13 +19,12 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
-from g2rpo.artifacts.publish import unique_prefix
 from g2rpo.artifacts.registry import Registry
 from g2rpo.artifacts.storage import S3Settings, open_store
 from g2rpo.config import load_config
 from g2rpo.evaluation.artifact import grid_page_files
 from g2rpo.observability.push import PushTarget, push_evaluations
-from g2rpo.steps.evaluate import EvaluateResult, evaluate
+from g2rpo.steps.evaluate import EvaluateResult, evaluate_once
 from g2rpo.steps.records import CandidatesRecord, TrainRecord, read_record, write_record
 from g2rpo.steps.train import matching_evaluation
 from g2rpo.training.run_config import RunConfig
@@ -66,8 +65,11 @@ def evaluate_candidates(
     settings: S3Settings | None = None,
     pushgateway_url: str = "",
     pipeline: str = "g2rpo-alignment",
+    progress: bool = True,
 ) -> CandidatesRecord:
-    """Evaluate the challenger of ``train_dir`` (and the champion, if any) on ``prompts`` × ``seeds``.
+    """Evaluate the challenger of ``train_dir`` (and the champion, if any) on ``prompts`` × ``seeds``;
+    with ``progress`` (the pipeline's task: its log then says how far each evaluation is) a line per
+    chunk on stderr.
 
     With ``pushgateway_url`` both summaries go there in one push, labelled ``version="challenger"`` and
     ``version="v<champion>"``, under ``pipeline`` (a gateway that is down is a warning)."""
@@ -77,29 +79,35 @@ def evaluate_candidates(
     base = f"{store_uri.rstrip('/')}/evaluations"
     champion_ref = champion_of(registry_uri, model, settings)
     champion = None
+    # Each model scored once per settings (evaluate_once): the base model evaluated before the DAG, and a
+    # champion that was a challenger before, are read back from the store, verified, not sampled again.
     if champion_ref is not None:
         # The champion on the pipeline's base model: a retraining run keeps its model's base.
-        champion = evaluate(
+        champion = evaluate_once(
             champion_ref.export_uri,
             evaluation,
-            f"{base}/{unique_prefix(f'champion-v{champion_ref.version}')}",
+            base,
+            label=f"champion v{champion_ref.version}",
             base_model_uri=trained.base_model_uri,
             settings=settings,
+            progress=progress,
         )
         baseline, baseline_label = champion, f"champion v{champion_ref.version}"
     else:  # a first version: the base model is what it must be compared with
-        baseline = evaluate(
-            trained.base_model_uri, evaluation, f"{base}/{unique_prefix('base-model')}", settings=settings
+        baseline = evaluate_once(
+            trained.base_model_uri, evaluation, base, label="base model", settings=settings, progress=progress
         )
         baseline_label = "base model"
-    challenger = evaluate(
+    challenger = evaluate_once(
         trained.export_uri,
         evaluation,
-        f"{base}/{unique_prefix('challenger')}",
+        base,
+        label="challenger",
         base_model_uri=trained.base_model_uri,
         baseline_uri=baseline.output_uri,
         settings=settings,
         baseline_label=baseline_label,
+        progress=progress,
     )
     record = CandidatesRecord(
         challenger_eval_uri=challenger.output_uri,
@@ -111,6 +119,10 @@ def evaluate_candidates(
         baseline_eval_uri=baseline.output_uri,
         baseline_means=baseline.means,
         trained_metrics=evaluation.trained_metrics or [],
+        paired={
+            metric: {key: float(summary[key]) for key in ("delta", "ci_low", "ci_high", "n")}
+            for metric, summary in challenger.paired.get(evaluation.num_steps, {}).items()
+        },
     )
     if pushgateway_url:
         # One push for both: a second push of the job would replace the first.

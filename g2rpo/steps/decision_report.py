@@ -25,7 +25,7 @@ from g2rpo.evaluation.artifact import MetricsDocument, PromptsDocument, read_doc
 from g2rpo.steps.records import CandidatesRecord
 from g2rpo.training.metrics import read_iteration_records
 
-__all__ = ["binary_checks", "write_decision_report"]
+__all__ = ["binary_checks", "curve_title", "reward_curves_png", "write_decision_report"]
 
 _STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; max-width: 80em; }
@@ -94,24 +94,38 @@ def _png(path: Path) -> str:
     return "data:image/png;base64," + base64.b64encode(path.read_bytes()).decode("ascii")
 
 
+CURVE_COLUMNS = 4  # panels per row: eight rewards make two rows that keep their labels legible on a page
+
+
+def curve_title(name: str, trained: set[str]) -> str:
+    """A training curve's title: the reward and whether it was trained on (the curves are of training
+    prompts, so an untrained reward there is "not trained", not "held-out")."""
+    return f"{name} ({'trained' if name in trained else 'not trained'})"
+
+
 def reward_curves_png(records: list[dict], trained: set[str]) -> bytes:
-    """One panel per reward: its rollout mean per training iteration (the training prompts, before that
-    iteration's update), titled trained or held-out."""
+    """One panel per reward, :data:`CURVE_COLUMNS` to a row: its rollout mean per training iteration (the
+    training prompts, before that iteration's update), titled trained or not trained (a weight-0 reward:
+    scored on the same training rollouts, never optimised — not the held-out evaluation)."""
     import matplotlib  # heavy: only this figure needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = records[0]["reward_names"]
+    columns = min(CURVE_COLUMNS, len(names))
+    rows = -(-len(names) // columns)
     fig, axes = plt.subplots(
-        1, len(names), figsize=(2.6 * len(names), 2.6), dpi=100, squeeze=False, layout="constrained"
+        rows, columns, figsize=(3.2 * columns, 2.6 * rows), dpi=100, squeeze=False, layout="constrained"
     )
-    for r, (ax, name) in enumerate(zip(axes[0], names, strict=True)):
+    for ax in axes.flat[len(names) :]:
+        ax.set_visible(False)
+    for r, (ax, name) in enumerate(zip(axes.flat, names, strict=False)):
         curve = [sum(rec["reward_mean"][r]) / len(rec["reward_mean"][r]) for rec in records]
-        ax.plot(range(1, len(curve) + 1), curve, marker="o", markersize=2)
-        ax.set_title(f"{name}\n({'trained' if name in trained else 'held-out'})", fontsize=8)
-        ax.set_xlabel("iteration", fontsize=8)
-        ax.tick_params(labelsize=7)
+        ax.plot(range(1, len(curve) + 1), curve, marker="o", markersize=3)
+        ax.set_title(curve_title(name, trained), fontsize=11)
+        ax.set_xlabel("iteration", fontsize=10)
+        ax.tick_params(labelsize=9)
         ax.grid(alpha=0.3)
     buffer = io.BytesIO()
     fig.savefig(buffer, format="png")
@@ -199,8 +213,9 @@ def write_decision_report(
             png = base64.b64encode(reward_curves_png(records, trained)).decode("ascii")
             parts += [
                 "<h2>Training</h2>",
-                f"<p>Each reward's rollout mean over the {len(records)} iteration(s), on the training prompts "
-                "(the evaluation above is on held-out prompts).</p>",
+                f"<p>Each reward's rollout mean over the {len(records)} iteration(s), on the training prompts: "
+                "the rewards of weight 0 were scored on the same rollouts but not trained on (the evaluation "
+                "above is on held-out prompts).</p>",
                 f"<img id='curves' alt='reward curves' src='data:image/png;base64,{png}'>",
             ]
 

@@ -22,13 +22,14 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from g2rpo import __version__
 from g2rpo.artifacts.cache import check_cache_writable, fetch_to_cache
 from g2rpo.artifacts.manifest import Manifest, has_manifest, read_manifest
-from g2rpo.artifacts.publish import publish_dir
+from g2rpo.artifacts.publish import publish_dir, unique_prefix
 from g2rpo.artifacts.scores import EvalScores
 from g2rpo.artifacts.storage import S3Settings, check_writable, open_store
 from g2rpo.config import config_hash
@@ -37,13 +38,14 @@ from g2rpo.evaluation import resume
 from g2rpo.evaluation.artifact import check_baseline, eval_result_from, load_baseline, read_prompt_set
 from g2rpo.evaluation.assemble import assemble
 from g2rpo.evaluation.config import IMAGES_MAX, EvaluationConfig
+from g2rpo.evaluation.identity import IDENTITY_KEY, check_reusable, scored_uri, scoring_identity
 from g2rpo.evaluation.policy import resolve_device
 from g2rpo.evaluation.sampling import EvalResult
 from g2rpo.evaluation.sharded import join_ranks, sample_pending
 from g2rpo.observability.push import PushTarget, push_evaluation
 from g2rpo.rewards.registry import get_spec
 
-__all__ = ["EvaluateResult", "evaluate"]
+__all__ = ["EvaluateResult", "evaluate", "evaluate_once", "read_evaluation"]
 
 PRODUCER = f"g2rpo.steps.evaluate {__version__}"
 
@@ -76,6 +78,9 @@ def evaluate(
     pushgateway: PushTarget | None = None,
     version_label: str = "",
     baseline_label: str = "",
+    label: str = "evaluate",
+    log: Callable[[str], None] | None = None,
+    scored_uri: str | None = None,
 ) -> EvaluateResult:
     """Evaluate the model at ``model_uri`` on ``config``'s prompts × seeds × step counts; publish at
     ``output_uri``.
@@ -87,6 +92,11 @@ def evaluate(
     hold a published artifact yet; a partial evaluation there is continued when its inputs match
     (all checked before any sampling); one holding files that are not an evaluation's is refused. Every rank returns the result. With ``pushgateway`` rank 0
     pushes the summaries there, labelled ``version=version_label`` (a gateway that is down is a warning).
+    ``scored_uri``: a published evaluation of this very model and settings, already verified
+    (:func:`evaluate_once`): its images and scores are copied instead of sampled, and only the artifact
+    (with this call's baseline) is made again.
+    With ``progress`` rank 0 writes a line per step to ``log`` (default stderr: loading, each chunk
+    scored, the publish), each starting ``[<label> <seconds>s]``.
     """
     started = time.perf_counter()
     device = resolve_device(config.device)
@@ -94,7 +104,7 @@ def evaluate(
 
     def say(text: str) -> None:
         if progress and ranks.rank == 0:
-            print(f"[evaluate {time.perf_counter() - started:5.1f}s] {text}", file=sys.stderr, flush=True)
+            (log or _stderr)(f"[{label} {time.perf_counter() - started:5.1f}s] {text}")
 
     if not model_uri:
         raise G2RPOError(problem("model_uri", model_uri, "name the model to evaluate (a folder or s3:// URI)"))
@@ -131,6 +141,9 @@ def evaluate(
                 "(num_prompts) or seeds, or split the prompt set into several evaluations",
             )
         )
+    identity = scoring_identity(
+        model_uri, config, prompt_set, metrics, device.type, base_model_uri=base_model_uri, settings=settings
+    )
     baseline, paired_steps = None, []
     if baseline_uri:
         baseline = load_baseline(baseline_uri, settings, config.cache_dir)
@@ -149,6 +162,7 @@ def evaluate(
         base_model_uri=base_model_uri,
         settings=settings,
         say=say,
+        scored=None if scored_uri is None else load_baseline(scored_uri, settings, config.cache_dir),
     )
     ranks.barrier()
     if ranks.rank == 0:
@@ -156,8 +170,21 @@ def evaluate(
         with tempfile.TemporaryDirectory(prefix="g2rpo-eval-") as tmp:
             root = Path(tmp)
             metadata = assemble(
-                root, model_uri, config, prompt_set, chunks, store, output_uri, baseline, paired_steps, baseline_label
+                root,
+                model_uri,
+                config,
+                prompt_set,
+                chunks,
+                store,
+                output_uri,
+                baseline,
+                paired_steps,
+                baseline_label,
+                say=say,
             )
+            if identity is not None:  # what these scores are of, so they can be found and reused (identity.py)
+                metadata[IDENTITY_KEY] = identity.model_dump(mode="json")
+            say(f"publishing {sum(1 for path in root.rglob('*') if path.is_file())} file(s) → {output_uri}")
             publish_dir(
                 root,
                 output_uri,
@@ -169,19 +196,85 @@ def evaluate(
         resume.clear(store)
     ranks.barrier()
     say("done")
-    result = _result(output_uri, config, generated, settings)
+    result = read_evaluation(output_uri, config, settings, generated=generated)
     if pushgateway is not None and ranks.rank == 0:
         push_evaluation(pushgateway, result.by_steps, version=version_label)
     return result
 
 
-def _result(output_uri: str, config: EvaluationConfig, generated: int, settings: S3Settings | None) -> EvaluateResult:
-    """The published artifact, read back (every rank reads the same files)."""
+def evaluate_once(
+    model_uri: str,
+    config: EvaluationConfig,
+    evaluations_uri: str,
+    *,
+    label: str,
+    base_model_uri: str | None = None,
+    baseline_uri: str | None = None,
+    baseline_label: str = "",
+    settings: S3Settings | None = None,
+    progress: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> EvaluateResult:
+    """``model_uri`` scored once per identity (:mod:`g2rpo.evaluation.identity`: the model's and base
+    model's bytes, the prompts, seeds, step counts, metrics and sampling settings): published at its
+    content address under ``evaluations_uri`` and, when that already holds it — verified file by file,
+    and refused when damaged or of other settings — read back instead of sampled again.
+
+    With ``baseline_uri`` the evaluation is paired with that baseline in its report: a stored one (paired
+    with another, or none) gives its images and scores, copied rather than sampled again, and the paired
+    artifact is published beside it (a unique prefix).
+    A model without a manifest has no content identity: it is evaluated afresh under a unique prefix.
+    ``label`` (``challenger``, ``champion v3``, ``base model``) starts each progress line, written to ``log``
+    (default stderr)."""
+    prompt_set = read_prompt_set(config.prompts, config.num_prompts, settings)
+    metrics = [get_spec(spec.name).name for spec in config.rewards.models]
+    device = resolve_device(config.device)
+    identity = scoring_identity(
+        model_uri, config, prompt_set, metrics, device.type, base_model_uri=base_model_uri, settings=settings
+    )
+    fresh = f"{evaluations_uri.rstrip('/')}/{unique_prefix(label.replace(' ', '-'))}"
+    output = fresh if identity is None else scored_uri(evaluations_uri, identity)
+    stored = None
+    if identity is not None and check_reusable(output, identity, settings):
+        if baseline_uri is None:
+            if progress:
+                (log or _stderr)(
+                    f"[evaluate {label}] scored before with the same model bytes, prompts, seeds and settings: "
+                    f"reusing {output} (every file's sha256 checked)"
+                )
+            return read_evaluation(output, config, settings)
+        # Paired with this baseline, the artifact is another; its images and scores are those stored.
+        stored, output = output, fresh
+    return evaluate(
+        model_uri,
+        config,
+        output,
+        base_model_uri=base_model_uri,
+        baseline_uri=baseline_uri,
+        baseline_label=baseline_label,
+        settings=settings,
+        progress=progress,
+        label=f"evaluate {label}",
+        log=log,
+        scored_uri=stored,
+    )
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def read_evaluation(
+    output_uri: str, config: EvaluationConfig, settings: S3Settings | None = None, *, generated: int = 0
+) -> EvaluateResult:
+    """The published evaluation at ``output_uri``, read back (every rank reads the same files);
+    ``generated``: the images this call sampled for it."""
     store = open_store(output_uri, settings)
     manifest = read_manifest(store)
     root = fetch_to_cache(output_uri, cache_dir=config.cache_dir, settings=settings)
     # Read without the strict reader on purpose: this call's rank 0 assembled and published these files
-    # moments ago (an output already published is refused above), and fetch_to_cache matched their bytes.
+    # moments ago (an output already published is refused above), and fetch_to_cache matched their bytes;
+    # a stored evaluation is read here only after check_reusable matched every file's sha256.
     scores = EvalScores.model_validate_json((root / "scores.json").read_text(encoding="utf-8"))
     document = json.loads((root / "metrics.json").read_text(encoding="utf-8"))
     prompts = [entry["prompt"] for entry in json.loads((root / "prompts.json").read_text(encoding="utf-8"))["prompts"]]

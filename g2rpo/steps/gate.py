@@ -115,7 +115,11 @@ def decide_challenger(
         )
         if target is not None:
             push_decision(target, result.decision, result.champion)
-    print(format_decision(result.decision), flush=True)
+    # Floors have no champion to pair with: the table shows the baseline the challenger was evaluated against.
+    print(
+        format_decision(result.decision, candidates.baseline_label, candidates.baseline_means, candidates.paired),
+        flush=True,
+    )
     record = DecisionRecord(
         model=model,
         version=registered.version,

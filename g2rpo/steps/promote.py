@@ -4,9 +4,10 @@
 (:func:`g2rpo.artifacts.promotion.promote`: the decision is stored with the version, and the
 champion alias moves by one conditional write iff every gate passed).
 
-:func:`floor_gates_from` is the policy for a first version (no champion to compare with): each
-reward must reach a floor, e.g. the untrained base model's mean on the same evaluation set, so the
-version is promoted iff training raised the reward. :func:`write_gates` stores gates as YAML.
+:func:`base_model_floors` is the policy for a first version (no champion to compare with): each
+gate gets a floor from the untrained base model's mean on the same evaluation items, so the version
+is promoted iff training raised what it trained on by the gate's margin and lowered no held-out
+metric beyond its tolerance. :func:`write_gates` stores gates as YAML.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from pathlib import Path
 
 import yaml
 
-from g2rpo.artifacts.promotion import Decision, Gates, MetricGate, promote
+from g2rpo.artifacts.promotion import Decision, Gates, promote
 from g2rpo.artifacts.registry import Registry
 from g2rpo.artifacts.scores import EvalScores
 from g2rpo.artifacts.storage import S3Settings
 from g2rpo.observability.push import PushTarget, push_promotion
 
-__all__ = ["PromoteResult", "decide_and_promote", "floor_gates_from", "push_decision", "write_gates"]
+__all__ = ["PromoteResult", "base_model_floors", "decide_and_promote", "push_decision", "write_gates"]
 
 
 @dataclass(frozen=True)
@@ -105,26 +106,18 @@ def push_decision(target: PushTarget, decision: Decision, champion: int | None, 
     )
 
 
-def floor_gates_from(
-    means: Mapping[str, float], min_improvement: float = 0.0, out_of_domain: Mapping[str, float] | None = None
-) -> Gates:
-    """Gates for a first version, higher is better for every metric of ``means``: an in-domain metric
-    must reach its mean here as a floor (the base model's scores make "training raised it" the test);
-    a metric named in ``out_of_domain`` (metric -> largest allowed regression) is held out and may
-    fall by at most that much below its mean here."""
-    held_out = dict(out_of_domain or {})
-    gates = {}
-    for name, mean in means.items():
-        if name in held_out:
-            tolerance = held_out[name]
-            gates[name] = MetricGate(
-                direction="higher", domain="out", max_regression=tolerance, floor=float(mean) - tolerance
-            )
-        else:
-            gates[name] = MetricGate(
-                direction="higher", domain="in", min_improvement=min_improvement, floor=float(mean)
-            )
-    return Gates(metrics=gates)
+def base_model_floors(gates: Gates, base: Mapping[str, float]) -> Gates:
+    """``gates`` with floors for a first version (no champion to compare with) from ``base``, the base
+    model's means on the same items: a trained (in-domain) metric must beat its base mean by its
+    ``min_improvement`` (what a champion would be held to), a held-out (out-of-domain) one may fall at
+    most its ``max_regression`` below it; a metric the base model was not scored on gets no floor."""
+    metrics = {}
+    for name, gate in gates.metrics.items():
+        sign = 1 if gate.direction == "higher" else -1
+        margin = (gate.min_improvement or 0.0) if gate.domain == "in" else -(gate.max_regression or 0.0)
+        floor = None if name not in base else float(base[name]) + sign * margin
+        metrics[name] = gate.model_copy(update={"floor": floor})
+    return gates.model_copy(update={"metrics": metrics})
 
 
 def write_gates(gates: Gates, path: str | Path, comment: str = "") -> tuple[Path, str]:

@@ -67,6 +67,11 @@ class CandidatesRecord(Section):
     )
     baseline_means: dict[str, float] = Field(default_factory=dict)
     trained_metrics: list[str] = Field(default_factory=list, description="the rewards the challenger was trained on")
+    paired: dict[str, dict[str, float]] = Field(
+        default_factory=dict,
+        description="metric -> the challenger minus the baseline on the same items: delta, its 95 % bootstrap "
+        "interval ci_low..ci_high, n",
+    )
 
 
 class DecisionRecord(Section):

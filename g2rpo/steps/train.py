@@ -15,7 +15,6 @@ With ``nodes > 1`` the step trains nothing itself: it launches (or, on a retry, 
 Kubeflow Trainer ``TrainJob`` (:mod:`g2rpo.launch.trainjob`), which runs ``g2rpo train`` under
 torchrun on ``nodes`` nodes, waits for it and returns where it published the export.
 
-:func:`~g2rpo.training.metrics.read_iteration_records` (re-exported here) reads ``metrics.jsonl`` back.
 :func:`matching_evaluation` is the evaluation config that samples as a run does (for before/after
 comparisons on the run's own sampler).
 """
@@ -37,19 +36,18 @@ from g2rpo.errors import ConfigError, G2RPOError, problem
 from g2rpo.evaluation.config import EvaluationConfig
 from g2rpo.launch.trainjob import TrainJobLaunch, job_name, launch_trainjob
 from g2rpo.observability import TrainingExporter
+from g2rpo.training.callbacks import TrainerCallback
 from g2rpo.training.checkpoint import manifest_metadata
-from g2rpo.training.metrics import read_iteration_records
 from g2rpo.training.mirror import CheckpointMirror
 from g2rpo.training.run_config import RunConfig, resume_hash, run_problems
 from g2rpo.training.run_dir import RunDir
-from g2rpo.training.trainer import TrainerCallback, train_from_config
+from g2rpo.training.trainer import train_from_config
 
 __all__ = [
     "PublishedExport",
     "TrainResult",
     "matching_evaluation",
     "publish_export",
-    "read_iteration_records",
     "train",
     "training_exporter",
 ]

@@ -21,16 +21,15 @@ and task, the placement), which trains, mirrors and publishes; the record is rea
 
 from __future__ import annotations
 
-import copy
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -40,6 +39,7 @@ from g2rpo.config import load_config, parse_overrides, to_yaml
 from g2rpo.errors import G2RPOError, did_you_mean, problem
 from g2rpo.launch.quantity import quantity_problem
 from g2rpo.launch.trainjob import DEFAULT_DEADLINE_S, Placement, TrainJobLaunch
+from g2rpo.steps.parameters import BY_NAME, PARAMETER_KEYS
 from g2rpo.steps.records import TrainRecord, write_record
 from g2rpo.steps.train import publish_export, train
 from g2rpo.textfile import JSON_MAX_BYTES, decode_record
@@ -47,112 +47,13 @@ from g2rpo.training.run_config import RunConfig, resume_hash
 from g2rpo.training.run_dir import RunDir
 
 __all__ = [
-    "PARAMETER_KEYS",
-    "TRAIN_PARAMETERS",
-    "TrainParameter",
     "RUN_CONFIG_FILE",
     "checkpoint_uri_for",
     "resolve_config_path",
     "run_config_for",
-    "train_parameter_defaults",
     "train_task",
     "trainjob_for",
 ]
-
-
-@dataclass(frozen=True)
-class TrainParameter:
-    """One training choice of the pipeline: a run parameter that the train task turns into a run-config key.
-
-    A KFP parameter has no null, so ``unset`` says what its 0 (or ``{}``) means: ``"file"`` the base
-    config file's setting, ``"strategy"`` the strategy section's own value; None: 0 is a value like any.
-    """
-
-    name: str  # the pipeline's and the train component's parameter
-    type: type  # its KFP type: str, int, float, list or dict (STRING, NUMBER_INTEGER, NUMBER_DOUBLE, LIST, STRUCT)
-    default: Any  # the pipeline's default (FLUX.1-dev with the paper's settings, configs/flux-dev-h200.yaml)
-    key: str  # the run-config key it sets
-    help: str
-    unset: Literal["file", "strategy"] | None = None
-    when_set: tuple[str, ...] = ()  # further key=value overrides when it is set (not unset)
-
-    def is_unset(self, value: Any) -> bool:
-        if self.unset == "strategy":
-            return value == 0
-        return self.unset == "file" and value in (0, {})
-
-
-# What a retraining run changes, in the pipeline's parameter order. A new knob is a row here, the
-# parameter in components/train.py's signature (tests/pipeline/test_pipeline_parameters.py holds them
-# together), and the recompiled pipeline YAML.
-TRAIN_PARAMETERS: tuple[TrainParameter, ...] = (
-    TrainParameter("strategy", str, "g2rpo", "algorithm.strategy", "g2rpo, dancegrpo, mixgrpo or flowgrpo"),
-    TrainParameter("num_steps", int, 16, "algorithm.num_steps", "T, the sampler's steps"),
-    TrainParameter("group_size", int, 12, "algorithm.group_size", "G, images per prompt"),
-    TrainParameter("granularities", list, [1, 2, 3], "algorithm.g2rpo.granularities", "Λ, a G²RPO setting"),
-    TrainParameter(
-        "rewards",
-        list,
-        [
-            {"name": "hps_v21", "weight": 1.0, "weights": "s3://g2rpo/models/rewards/HPS_v2.1_compressed.pt"},
-            {"name": "clip", "weight": 1.0, "weights": "s3://g2rpo/models/rewards/DFN5B-CLIP-ViT-H-14"},
-        ],
-        "rewards.models",
-        "[{name, weight, weights, ...}, ...]",
-    ),
-    TrainParameter("iterations", int, 300, "train.iterations", "training iterations"),
-    TrainParameter(
-        "learning_rate",
-        float,
-        0.0,
-        "train.learning_rate",
-        "0: the strategy's own (G²RPO 2e-6, DanceGRPO and MixGRPO 1e-5: algorithm.<strategy>.learning_rate)",
-        unset="strategy",
-    ),
-    # Validation during training (g2rpo.training.validation); 0 / {} keeps the config file's setting.
-    TrainParameter(
-        "validation_every",
-        int,
-        0,
-        "train.validation.every",
-        "> 0: validate every N iterations (turns validation on) and export the best validated checkpoint",
-        unset="file",
-        when_set=("train.validation.enabled=true",),
-    ),
-    TrainParameter("validation_num_prompts", int, 0, "train.validation.num_prompts", "prompts validated", unset="file"),
-    TrainParameter(
-        "validation_max_regression",
-        dict,
-        {},
-        "train.validation.max_regression",
-        "out-of-domain metric -> allowed drop (as the gates' max_regression)",
-        unset="file",
-    ),
-    TrainParameter(
-        "validation_stop_after_breaches",
-        int,
-        0,
-        "train.validation.stop_after_breaches",
-        "early stop after this many breaching validations in a row",
-        unset="file",
-    ),
-    TrainParameter(
-        "validation_patience",
-        int,
-        0,
-        "train.validation.patience",
-        "early stop when the objective has not improved for this many validations",
-        unset="file",
-    ),
-)
-# The pipeline parameters that set a run-config key, read off the table.
-PARAMETER_KEYS = {p.name: p.key for p in TRAIN_PARAMETERS}
-_BY_NAME = {p.name: p for p in TRAIN_PARAMETERS}
-
-
-def train_parameter_defaults() -> dict[str, Any]:
-    """The pipeline's default of each training choice (fresh copies: a caller may change them)."""
-    return {p.name: copy.deepcopy(p.default) for p in TRAIN_PARAMETERS}
 
 
 RUN_CONFIG_FILE = "run-config.yaml"
@@ -171,11 +72,6 @@ def resolve_config_path(config_uri: str) -> Path:
     raise G2RPOError(problem("config_uri", config_uri, "no such config file; e.g. configs/flux-dev-h200.yaml"))
 
 
-# Parameters whose value 0 leaves the key to the strategy section, or (0 or {}) to the config file.
-STRATEGY_DEFAULT_WHEN_ZERO = frozenset(p.name for p in TRAIN_PARAMETERS if p.unset == "strategy")
-FILE_VALUE_WHEN_UNSET = frozenset(p.name for p in TRAIN_PARAMETERS if p.unset == "file")
-
-
 def run_config_for(
     config_uri: str,
     choices: dict[str, Any],
@@ -192,9 +88,9 @@ def run_config_for(
         guesses = "".join(did_you_mean(name, PARAMETER_KEYS) for name in unknown)
         raise G2RPOError(problem("choices", unknown, f"unknown{guesses}; valid: {', '.join(PARAMETER_KEYS)}"))
     # A KFP parameter has no null: an unset choice (TrainParameter.unset) leaves its key alone.
-    given = {name: value for name, value in choices.items() if not _BY_NAME[name].is_unset(value)}
+    given = {name: value for name, value in choices.items() if not BY_NAME[name].is_unset(value)}
     items = [f"{PARAMETER_KEYS[name]}={json.dumps(value)}" for name, value in given.items()]
-    items += [item for name in given for item in _BY_NAME[name].when_set]
+    items += [item for name in given for item in BY_NAME[name].when_set]
     items += list(overrides)
     items += [
         f"model.path={json.dumps(base_model_uri)}",
@@ -312,6 +208,13 @@ def train_task(
     record_dir.mkdir(parents=True, exist_ok=True)
     (record_dir / RUN_CONFIG_FILE).write_text(to_yaml(config), encoding="utf-8")
     config_hash = resume_hash(config)
+    # The first line of the task's log, before the seconds of loading (the trainer's records follow).
+    print(
+        f"training {config.algorithm.strategy} for {config.train.iterations} iteration(s) from {base_model_uri}: "
+        f"loading the model, {len(config.rewards.models)} reward model(s) and the prompts"
+        + (", then validating iteration 0" if config.train.validation.enabled else ""),
+        flush=True,
+    )
     if nodes > 1:
         if trainjob is not None and trainjob.placement.gpus_per_node != gpus_per_node:
             trainjob = replace(trainjob, placement=replace(trainjob.placement, gpus_per_node=gpus_per_node))

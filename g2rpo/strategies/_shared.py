@@ -195,6 +195,31 @@ def terminal_advantages(
     return Advantages(mixed, valid, dropped_groups=int((~valid).sum()), total_groups=int(valid.numel()))
 
 
+FLOW_GRPO_ADVANTAGE_EPS = 1e-4  # flow_grpo/stat_tracking.py: std + 1e-4 (DiffusionNFT's script uses it too)
+
+
+def flow_grpo_terminal_advantages(
+    config: AlgorithmConfig,
+    rollout: Rollout,
+    rewards: torch.Tensor,
+    reward_weights: Sequence[float] | None,
+    global_std: bool,
+) -> Advantages:
+    """Flow-GRPO's whole-trajectory advantages (Flow-GRPO, DiffusionNFT): rewards ``[R, P, G]`` → ``[P, G]``
+    by :func:`g2rpo.core.flow_grpo_advantages` (the batch std when ``global_std``); a prompt with a NaN/inf
+    reward is dropped and left out of the batch std."""
+    num_rewards = check_rewards(rollout, rewards)
+    rewards = rewards.float().cpu()
+    w = reward_weight_tensor(reward_weights, num_rewards)
+    valid = torch.isfinite(rewards).all(dim=-1).all(dim=0)  # [P]
+    adv = torch.zeros_like(rewards)  # [R, P, G]
+    if bool(valid.any()):
+        adv[:, valid] = core.flow_grpo_advantages(rewards[:, valid], FLOW_GRPO_ADVANTAGE_EPS, global_std)
+    mixed = core.mix_advantages(adv[:, None], [1.0], w, config.advantage_clip)  # [P, G]
+    mixed = torch.where(valid[:, None], mixed, torch.zeros_like(mixed))
+    return Advantages(mixed, valid, dropped_groups=int((~valid).sum()), total_groups=int(valid.numel()))
+
+
 def surrogate_term(
     config: AlgorithmConfig,
     log_prob_new: torch.Tensor,

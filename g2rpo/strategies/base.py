@@ -50,6 +50,7 @@ belongs to, so a reward that needs the prompt text can look it up. Rewards come 
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
@@ -338,6 +339,10 @@ class StrategySettings(Section):
     """
 
     strategy: ClassVar[str]  # the strategy's registry name, which is also the section's key
+    # The strategy's own learning rate and where it comes from: each section sets these two, and the one
+    # ``learning_rate`` field below takes them as its default and help (__pydantic_init_subclass__).
+    default_learning_rate: ClassVar[float] = 2e-6
+    learning_rate_source: ClassVar[str] = "G²RPO paper 2e-6"
 
     learning_rate: float = Field(
         2e-6,
@@ -345,6 +350,17 @@ class StrategySettings(Section):
         allow_inf_nan=False,
         description="AdamW learning rate, constant, when train.learning_rate is null (G²RPO paper 2e-6)",
     )
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        field = copy.copy(cls.__pydantic_fields__["learning_rate"])
+        field.default = cls.default_learning_rate
+        field.description = (
+            f"AdamW learning rate, constant, when train.learning_rate is null ({cls.learning_rate_source})"
+        )
+        cls.__pydantic_fields__["learning_rate"] = field
+        cls.model_rebuild(force=True)
 
     def cross_checks(self, config: AlgorithmConfig) -> list[str]:
         """Problems (``field=value: fix``, fields named from the ``algorithm`` section) with the shared settings."""

@@ -85,6 +85,8 @@ class BranchGRPOSettings(StrategySettings):
     """BranchGRPO's own settings: where the tree branches and how wide, which depths train, learning rate."""
 
     strategy: ClassVar[str] = "branchgrpo"
+    default_learning_rate: ClassVar[float] = 1e-5
+    learning_rate_source: ClassVar[str] = "BranchGRPO script: 1e-5"
 
     branch_steps: list[Annotated[int, Field(le=STEPS_MAX)]] | None = Field(
         None,
@@ -109,12 +111,6 @@ class BranchGRPOSettings(StrategySettings):
     pruned_depths: list[Annotated[int, Field(ge=0, le=STEPS_MAX)]] = Field(
         [],
         description="depth pruning: the edges into these depths (1..num_steps) are sampled and scored but not trained",
-    )
-    learning_rate: float = Field(
-        1e-5,
-        gt=0.0,
-        allow_inf_nan=False,
-        description="AdamW learning rate, constant, when train.learning_rate is null (BranchGRPO script: 1e-5)",
     )
 
     @field_validator("branch_steps")

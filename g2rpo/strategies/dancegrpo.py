@@ -70,6 +70,8 @@ class DanceGRPOSettings(StrategySettings):
     """DanceGRPO's own settings: which steps train, the noise of the group, optimiser stepping, learning rate."""
 
     strategy: ClassVar[str] = "dancegrpo"
+    default_learning_rate: ClassVar[float] = 1e-5
+    learning_rate_source: ClassVar[str] = "DanceGRPO script: 1e-5"
 
     train_fraction: float = Field(
         0.6,
@@ -89,12 +91,6 @@ class DanceGRPOSettings(StrategySettings):
             "trajectories per prompt accumulated into each optimiser step (DanceGRPO script: 4, i.e. 3 steps "
             "per iteration at G = 12); null = one step per iteration"
         ),
-    )
-    learning_rate: float = Field(
-        1e-5,
-        gt=0.0,
-        allow_inf_nan=False,
-        description="AdamW learning rate, constant, when train.learning_rate is null (DanceGRPO script: 1e-5)",
     )
 
     def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:

@@ -53,10 +53,9 @@ from g2rpo.config import COUNT_MAX
 from g2rpo.errors import problem
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
-    check_rewards,
+    flow_grpo_terminal_advantages,
     make_grid,
     model_sigma,
-    reward_weight_tensor,
     sample_velocity,
     trajectory_multi_step_setting,
 )
@@ -77,7 +76,6 @@ if TYPE_CHECKING:  # the config imports this module for DiffusionNFTSettings
 
 __all__ = ["DiffusionNFT", "DiffusionNFTSettings", "OldPolicy", "old_policy_decay", "trained_timesteps_per_sample"]
 
-ADVANTAGE_EPS = 1e-4  # flow_grpo/stat_tracking.py (used by the DiffusionNFT script): std + 1e-4
 WEIGHT_FLOOR = 1e-5  # train_nft_sd3.py: the adaptive weight's .clip(min=0.00001)
 
 
@@ -163,6 +161,8 @@ class DiffusionNFTSettings(StrategySettings):
     """DiffusionNFT's own settings: β, the old policy's update schedule, timesteps, the KL to the reference."""
 
     strategy: ClassVar[str] = "diffusionnft"
+    default_learning_rate: ClassVar[float] = 3e-4
+    learning_rate_source: ClassVar[str] = "DiffusionNFT, LoRA: 3e-4"
 
     beta: float = Field(
         1.0,
@@ -226,12 +226,6 @@ class DiffusionNFTSettings(StrategySettings):
             "samples per prompt accumulated into each optimiser step; null = one step per iteration (DiffusionNFT's "
             "gradient_step_per_epoch 1; its OCR config steps twice)"
         ),
-    )
-    learning_rate: float = Field(
-        3e-4,
-        gt=0.0,
-        allow_inf_nan=False,
-        description="AdamW learning rate, constant, when train.learning_rate is null (DiffusionNFT, LoRA: 3e-4)",
     )
 
     def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
@@ -379,18 +373,8 @@ class DiffusionNFT:
     def advantages(
         self, rollout: Rollout, rewards: torch.Tensor, reward_weights: Sequence[float] | None = None
     ) -> Advantages:
-        """Rewards ``[R, P, G]`` → ``[P, G]``; a prompt with a NaN/inf reward is dropped (and left out
-        of the batch std)."""
-        num_rewards = check_rewards(rollout, rewards)
-        rewards = rewards.float().cpu()
-        w = reward_weight_tensor(reward_weights, num_rewards)
-        valid = torch.isfinite(rewards).all(dim=-1).all(dim=0)  # [P]
-        adv = torch.zeros_like(rewards)  # [R, P, G]
-        if bool(valid.any()):
-            adv[:, valid] = core.flow_grpo_advantages(rewards[:, valid], ADVANTAGE_EPS, self.settings.global_std)
-        mixed = core.mix_advantages(adv[:, None], [1.0], w, self.config.advantage_clip)  # [P, G]
-        mixed = torch.where(valid[:, None], mixed, torch.zeros_like(mixed))
-        return Advantages(mixed, valid, dropped_groups=int((~valid).sum()), total_groups=int(valid.numel()))
+        """Rewards ``[R, P, G]`` → ``[P, G]`` (:func:`~g2rpo.strategies._shared.flow_grpo_terminal_advantages`)."""
+        return flow_grpo_terminal_advantages(self.config, rollout, rewards, reward_weights, self.settings.global_std)
 
     def loss_terms(self, model: VelocityModel, rollout: Rollout, advantages: Advantages) -> Iterator[LossTerm]:
         """For each trained slot s, one forward of θ per sample at its s-th timestep (rows at different σ

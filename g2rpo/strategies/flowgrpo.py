@@ -42,13 +42,11 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from pydantic import Field
 
-from g2rpo import core
 from g2rpo.config import COUNT_MAX
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
-    check_rewards,
+    flow_grpo_terminal_advantages,
     make_grid,
-    reward_weight_tensor,
     sample_velocity,
     trajectory_loss_terms,
     trajectory_multi_step_setting,
@@ -71,8 +69,6 @@ if TYPE_CHECKING:  # the config imports this module for FlowGRPOSettings
 
 __all__ = ["FlowGRPO", "FlowGRPOSettings", "trained_steps_per_trajectory"]
 
-ADVANTAGE_EPS = 1e-4  # flow_grpo/stat_tracking.py: std + 1e-4
-
 
 def trained_steps_per_trajectory(num_steps: int, train_fraction: float) -> int:
     """S = int(f·T), at least 1 and at most T (the script's ``num_train_timesteps``)."""
@@ -83,6 +79,8 @@ class FlowGRPOSettings(StrategySettings):
     """Flow-GRPO's own settings: which steps train, the KL penalty, the advantage's std, optimiser stepping."""
 
     strategy: ClassVar[str] = "flowgrpo"
+    default_learning_rate: ClassVar[float] = 3e-4
+    learning_rate_source: ClassVar[str] = "Flow-GRPO base config, LoRA: 3e-4"
 
     train_fraction: float = Field(
         0.99,
@@ -111,12 +109,6 @@ class FlowGRPOSettings(StrategySettings):
             "trajectories per prompt accumulated into each optimiser step (Flow-GRPO steps twice per epoch: 6 "
             "at G = 12); null = one step per iteration"
         ),
-    )
-    learning_rate: float = Field(
-        3e-4,
-        gt=0.0,
-        allow_inf_nan=False,
-        description="AdamW learning rate, constant, when train.learning_rate is null (Flow-GRPO base config, LoRA: 3e-4)",
     )
 
     def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
@@ -187,18 +179,8 @@ class FlowGRPO:
     def advantages(
         self, rollout: Rollout, rewards: torch.Tensor, reward_weights: Sequence[float] | None = None
     ) -> Advantages:
-        """Rewards ``[R, P, G]`` → ``[P, G]``; a prompt with a NaN/inf reward is dropped (and left out
-        of the batch std)."""
-        num_rewards = check_rewards(rollout, rewards)
-        rewards = rewards.float().cpu()
-        w = reward_weight_tensor(reward_weights, num_rewards)
-        valid = torch.isfinite(rewards).all(dim=-1).all(dim=0)  # [P]
-        adv = torch.zeros_like(rewards)  # [R, P, G]
-        if bool(valid.any()):
-            adv[:, valid] = core.flow_grpo_advantages(rewards[:, valid], ADVANTAGE_EPS, self.settings.global_std)
-        mixed = core.mix_advantages(adv[:, None], [1.0], w, self.config.advantage_clip)  # [P, G]
-        mixed = torch.where(valid[:, None], mixed, torch.zeros_like(mixed))
-        return Advantages(mixed, valid, dropped_groups=int((~valid).sum()), total_groups=int(valid.numel()))
+        """Rewards ``[R, P, G]`` → ``[P, G]`` (:func:`~g2rpo.strategies._shared.flow_grpo_terminal_advantages`)."""
+        return flow_grpo_terminal_advantages(self.config, rollout, rewards, reward_weights, self.settings.global_std)
 
     def loss_terms(self, model: VelocityModel, rollout: Rollout, advantages: Advantages) -> Iterator[LossTerm]:
         return trajectory_loss_terms(

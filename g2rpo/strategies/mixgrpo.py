@@ -72,6 +72,8 @@ class MixGRPOSettings(StrategySettings):
     """MixGRPO's own settings: the sliding SDE window (MixGRPO code's defaults)."""
 
     strategy: ClassVar[str] = "mixgrpo"
+    default_learning_rate: ClassVar[float] = 1e-5
+    learning_rate_source: ClassVar[str] = "MixGRPO script: 1e-5"
 
     window_size: int = Field(4, ge=1, le=STEPS_MAX, description="W, SDE steps in the sliding window (MixGRPO code: 4)")
     window_shift: int = Field(1, ge=1, le=STEPS_MAX, description="steps the window advances each time (code: 1)")
@@ -84,12 +86,6 @@ class MixGRPOSettings(StrategySettings):
             "trajectories per prompt accumulated into each optimiser step (MixGRPO script: 3, i.e. 4 steps per "
             "iteration at G = 12); null = one step per iteration"
         ),
-    )
-    learning_rate: float = Field(
-        1e-5,
-        gt=0.0,
-        allow_inf_nan=False,
-        description="AdamW learning rate, constant, when train.learning_rate is null (MixGRPO script: 1e-5)",
     )
 
     def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:

@@ -23,7 +23,7 @@ from g2rpo.rewards.registry import build_reward
 from g2rpo.seeding import derive_seed
 from g2rpo.training.distributed import DistContext
 from g2rpo.training.drivers import DeepSpeedDriver, TorchDriver, apply_lora
-from g2rpo.training.run_config import RunConfig
+from g2rpo.training.run_config import RunConfig, deepspeed_rank_problem
 
 __all__ = [
     "Policy",
@@ -206,8 +206,6 @@ def build_driver(cfg: RunConfig, velocity: FluxVelocity, ctx: DistContext) -> To
     params = [p for p in velocity.parameters() if p.requires_grad]
     if cfg.deepspeed.enabled:
         return DeepSpeedDriver(velocity, params, cfg, ctx)
-    if ctx.distributed:
-        raise G2RPOError(
-            problem("deepspeed.enabled", False, "several processes need DeepSpeed for data parallelism: set it to true")
-        )
+    if ranks := deepspeed_rank_problem(cfg.deepspeed.enabled, ctx.world_size):
+        raise G2RPOError(ranks)
     return TorchDriver(velocity, params, cfg)

@@ -6,7 +6,7 @@ Layout under the run's mirror URI (one per run identity, e.g. ``s3://bucket/runs
     iter-000002/   a published artifact (g2rpo.artifacts.manifest): the checkpoint's files, manifest last
     iter-000004/
 
-:class:`CheckpointMirror` is a :class:`~g2rpo.training.trainer.TrainerCallback`: after each local
+:class:`CheckpointMirror` is a :class:`~g2rpo.training.callbacks.TrainerCallback`: after each local
 checkpoint is complete, rank 0 publishes it (:func:`~g2rpo.artifacts.publish.publish_dir`, so the
 prefix counts only once its manifest is written) and only then removes the mirrored checkpoints that
 retention (``train.keep_last``, ``train.keep_iterations``, and the best validated checkpoint so far,
@@ -36,8 +36,9 @@ from g2rpo.artifacts.manifest import MANIFEST_NAME, MARKER_NAME, has_manifest, r
 from g2rpo.artifacts.publish import publish_dir
 from g2rpo.artifacts.storage import S3Settings, open_store
 from g2rpo.errors import G2RPOError
+from g2rpo.training.callbacks import TrainerCallback
 from g2rpo.training.checkpoint import CheckpointManager, is_complete, manifest_metadata
-from g2rpo.training.trainer import Trainer, TrainerCallback
+from g2rpo.training.trainer import Trainer
 from g2rpo.training.validation import VALIDATION_FILE, read_validation_file, select_best
 
 __all__ = ["CheckpointMirror"]

@@ -399,6 +399,16 @@ def resume_hash(config: RunConfig) -> str:
     return config_hash(config, HASHED_SECTIONS)
 
 
+def deepspeed_rank_problem(enabled: bool, world_size: int) -> str | None:
+    """The one rule for data parallelism: more than one rank needs DeepSpeed (plain torch mode trains on
+    one process). Checked by ``g2rpo validate``, before a pipeline run is sent, and by the trainer."""
+    if world_size > 1 and not enabled:
+        return problem(
+            "deepspeed.enabled", False, f"{world_size} ranks need DeepSpeed for data parallelism: set it to true"
+        )
+    return None
+
+
 def run_problems(config: Any, world_size: int = 1) -> list[str]:
     """Problems a config can still have on this machine: files, the rank split, DeepSpeed.
 
@@ -421,12 +431,8 @@ def run_problems(config: Any, world_size: int = 1) -> list[str]:
                 f"must be a multiple of the world size {world_size}: one whole group per prompt stays on one rank",
             )
         )
-    if ds is not None and world_size > 1 and not ds.enabled:
-        problems.append(
-            problem(
-                "deepspeed.enabled", False, f"{world_size} ranks need DeepSpeed for data parallelism: set it to true"
-            )
-        )
+    if ds is not None and (ranks := deepspeed_rank_problem(ds.enabled, world_size)):
+        problems.append(ranks)
     if ds is not None and train is not None and ds.enabled:
         from g2rpo.training.deepspeed_config import build_deepspeed_config, validate_deepspeed_config
 

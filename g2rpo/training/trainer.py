@@ -82,10 +82,9 @@ from g2rpo.training.metrics import IterationRecord, MetricsLog
 from g2rpo.training.preemption import Preempted, StopOnSignal
 from g2rpo.training.run_config import RunConfig, resume_hash, run_problems
 from g2rpo.training.run_dir import RunDir, WriterClaim
-from g2rpo.training.validation import VALIDATION_FILE, Selection, ValidationRecord, Validator
+from g2rpo.training.validation import Selection, ValidationRecord, Validator
 
-# VALIDATION_FILE, IterationRecord and TrainerCallback are re-exported (homes: .validation, .metrics, .callbacks).
-__all__ = ["Trainer", "IterationRecord", "TrainerCallback", "train_from_config", "VALIDATION_FILE"]
+__all__ = ["Trainer", "train_from_config"]
 
 PHASES = ("sampling", "decoding", "reward", "training")
 

@@ -71,6 +71,16 @@ def test_cli_demo_runs_and_writes_metrics_and_plot(tmp_path, capsys):
     assert torch.isfinite(torch.tensor(first["loss"]))
 
 
+def test_cli_toy_demo_runs_the_iterations_its_docs_say(tmp_path, capsys):
+    # docs/core.md: `g2rpo demo --toy` is 30 iterations; the pipeline's --iterations default (40) is another mode's.
+    assert main(["demo", "--toy", "--out", str(tmp_path), "--no-progress"]) == 0
+    (run_dir,) = tmp_path.glob("demo-*")
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 30
+    from g2rpo.cli import build_parser
+
+    assert build_parser().parse_args(["pipeline", "run-local"]).iterations == 40
+
+
 def test_cli_demo_rejects_bad_settings(tmp_path, capsys):
     assert main(["demo", "--toy", "--iterations", "1", "--out", str(tmp_path), "--set", "group_size=1"]) == 2
     assert "group_size=1" in capsys.readouterr().err

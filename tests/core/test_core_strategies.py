@@ -889,3 +889,29 @@ def test_reward_mean_all_averages_the_rewards_that_train():
     assert summarize_step(rollout, rewards, advantages, []).reward_mean_all == pytest.approx(-1.85)
     with pytest.raises(ValueError, match="2 reward models"):
         summarize_step(rollout, rewards, advantages, [], reward_weights=[1.0])
+
+
+def test_the_pages_that_list_the_strategy_files_name_every_registered_one():
+    """docs/architecture.md named 4 of the 6 strategy files; the lists are held to the registry."""
+    root = Path(__file__).resolve().parents[2]
+    files = {cls.__module__.rsplit(".", 1)[-1] + ".py" for cls in STRATEGIES.values()}
+    architecture = next(
+        line for line in (root / "docs" / "architecture.md").read_text().splitlines() if "`g2rpo/strategies/`" in line
+    )
+    assert [f for f in sorted(files) if f"`{f}`" not in architecture] == []
+    readme = next(line for line in (root / "README.md").read_text().splitlines() if line.startswith("  strategies/"))
+    assert [f for f in sorted(files) if f.removesuffix(".py") not in readme] == []
+
+
+def test_learning_rate_is_one_field_whose_default_each_strategy_sets():
+    """One declaration (StrategySettings.learning_rate); each section sets its default and its source."""
+    expected = {"g2rpo": 2e-6, "dancegrpo": 1e-5, "mixgrpo": 1e-5, "flowgrpo": 3e-4, "diffusionnft": 3e-4,
+                "branchgrpo": 1e-5}  # fmt: skip
+    for name, strategy in STRATEGIES.items():
+        settings = strategy.Settings
+        assert "learning_rate" not in vars(settings).get("__annotations__", {}), name  # not declared again
+        assert settings().learning_rate == expected[name] == settings.default_learning_rate, name
+        field = settings.model_fields["learning_rate"]
+        assert field.description.endswith(f"({settings.learning_rate_source})"), name
+        with pytest.raises(Exception, match="greater than 0"):
+            settings(learning_rate=0.0)

@@ -133,7 +133,7 @@ def test_g2rpo_eval_command(tiny_flux_dir, tmp_path, capsys):
     assert "seeds=[0, 0]: list each seed once" in capsys.readouterr().err
     assert not (tmp_path / "bad").exists()
     assert cli.main(["eval", "--describe"]) == 0
-    assert "num_steps (int, default 16)" in capsys.readouterr().out
+    assert "num_steps (integer ≥ 1, ≤ 1000; default 16)" in capsys.readouterr().out
 
 
 def test_model_prompts_and_output_on_s3(s3_env, tiny_flux_dir, published, tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ import yaml
 from g2rpo.observability.dashboard import DEFAULT_PATH
 from g2rpo.observability.push import PushTarget
 from g2rpo.steps.evaluate import evaluate
-from g2rpo.steps.promote import decide_and_promote, floor_gates_from
+from g2rpo.steps.promote import decide_and_promote
 from g2rpo.steps.register import register
 from g2rpo.steps.report_status import report_status
 from g2rpo.steps.train import matching_evaluation, train
@@ -30,6 +30,7 @@ from tests.observability.promservers import (
     query_problems,
     substitute,
 )
+from tests.registry.registry_helpers import floor_gates
 from tests.steps.steps_helpers import PROMPTS, tiny_run_config
 
 pytestmark = pytest.mark.integration
@@ -84,9 +85,7 @@ def produced(prom, tiny_flux_dir, tmp_path_factory):
         licence="apache-2.0",
     )
     floors = {name: mean - 1.0 for name, mean in evaluated.means.items()}  # below its own mean: promoted
-    promoted = decide_and_promote(
-        registry, "flux-live", registered.version, floor_gates_from(floors), pushgateway=target
-    )
+    promoted = decide_and_promote(registry, "flux-live", registered.version, floor_gates(floors), pushgateway=target)
     assert promoted.passed and promoted.champion == registered.version
     # the pipeline's exit task, once for a run that succeeded and once for another pipeline's failed run
     ok = report_status("run-ok", "SUCCEEDED", tmp / "ok.json", pushgateway_url=prom.gateway_url, pipeline=PIPELINE)

@@ -19,8 +19,8 @@ from g2rpo.observability import TrainingExporter
 from g2rpo.observability import exporter as exporter_module
 from g2rpo.observability.dashboard import DEFAULT_PATH, PANELS, dashboard_json
 from g2rpo.strategies.base import StepStats
+from g2rpo.training.metrics import IterationRecord
 from g2rpo.training.run_config import RunConfig
-from g2rpo.training.trainer import IterationRecord
 from tests.observability.promservers import REPO, dashboard_queries
 from tests.s3server import free_ports
 

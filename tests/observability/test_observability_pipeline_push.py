@@ -15,8 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from g2rpo.observability.push import PushgatewayWarning
 from g2rpo.steps.candidates import evaluate_candidates
 from g2rpo.steps.gate import decide_challenger, promote_challenger
-from g2rpo.steps.promote import floor_gates_from, write_gates
+from g2rpo.steps.promote import write_gates
 from g2rpo.steps.train_task import train_task
+from tests.registry.registry_helpers import floor_gates
 from tests.s3server import free_ports
 from tests.steps.steps_helpers import PROMPTS, REPO
 
@@ -89,9 +90,7 @@ def test_evaluate_decide_and_promote_push_and_a_dead_gateway_only_warns(prom, ti
         ("g2rpo-evaluate", "challenger", name) for name in first.challenger_means
     }
 
-    floors, _ = write_gates(
-        floor_gates_from({m: v - 1.0 for m, v in first.challenger_means.items()}), tmp_path / "f.yaml"
-    )
+    floors, _ = write_gates(floor_gates({m: v - 1.0 for m, v in first.challenger_means.items()}), tmp_path / "f.yaml")
     assert decide("decide-1", "eval-1", str(floors), url).passed
     assert decisions() == {("dry_run", "passed")}
     promoted = promote_challenger(
@@ -112,7 +111,7 @@ def test_evaluate_decide_and_promote_push_and_a_dead_gateway_only_warns(prom, ti
     assert second.champion_version == 1
     means = _gateway_samples(url, "g2rpo_evaluation_metric_mean")
     assert {s["version"] for s in means} == {"challenger", "v1"}
-    higher, _ = write_gates(floor_gates_from({m: -1e9 for m in second.challenger_means}, 1.0), tmp_path / "h.yaml")
+    higher, _ = write_gates(floor_gates({m: -1e9 for m in second.challenger_means}, 1.0), tmp_path / "h.yaml")
     refused = decide("decide-2", "eval-2", str(higher), url)
     assert not refused.passed
     assert {outcome for outcome, _ in decisions()} == {"rejected"}  # a refusal in the pipeline is final

@@ -6,7 +6,8 @@ import pytest
 
 from g2rpo.cli import main
 from g2rpo.observability.push import PushgatewayWarning, PushTarget, push_evaluation, push_pipeline_run
-from g2rpo.steps.promote import decide_and_promote, floor_gates_from, write_gates
+from g2rpo.steps.promote import decide_and_promote, write_gates
+from tests.registry.registry_helpers import floor_gates
 from tests.s3server import free_ports
 from tests.steps.steps_helpers import PROMPTS, make_scores, publish_fake_export
 
@@ -56,13 +57,13 @@ def test_promote_with_a_dead_gateway_warns_and_promotes(dead_gateway, tmp_path):
         licence="apache-2.0",
     )
     # the CLI: --pushgateway reaches the step, a dry run's exit code is unchanged
-    gates, _ = write_gates(floor_gates_from({"jpeg": -6.0}), tmp_path / "gates.yaml")
+    gates, _ = write_gates(floor_gates({"jpeg": -6.0}), tmp_path / "gates.yaml")
     argv = ["registry", "promote", "m", "1", "--registry", registry, "--gates", str(gates), "--dry-run"]
     with pytest.warns(PushgatewayWarning, match=dead_gateway):
         assert main([*argv, "--pushgateway", dead_gateway, "--pipeline", "p"]) == 0
     target = PushTarget(dead_gateway, pipeline="p", timeout=2)
     with pytest.warns(PushgatewayWarning) as caught:
-        result = decide_and_promote(registry, "m", 1, floor_gates_from({"jpeg": -6.0}), pushgateway=target)
+        result = decide_and_promote(registry, "m", 1, floor_gates({"jpeg": -6.0}), pushgateway=target)
     assert result.passed and result.champion == 1
     pushed = sorted(str(w.message).split()[3] for w in caught)
     assert pushed == ["g2rpo-promote", "g2rpo-promotion"]  # the decision, and the promotion's time

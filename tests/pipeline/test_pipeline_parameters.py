@@ -1,4 +1,4 @@
-"""The pipeline's training choices are one table (g2rpo.steps.train_task.TRAIN_PARAMETERS): the pipeline's
+"""The pipeline's training choices are one table (g2rpo.steps.parameters.TRAIN_PARAMETERS): the pipeline's
 signature and defaults, the train component's signature, the task's wiring and the run-config mapping all
 agree with it, so a new knob is a row there plus its parameter in components/train.py."""
 
@@ -12,14 +12,8 @@ import yaml
 
 from components.train import train
 from g2rpo.errors import G2RPOError
-from g2rpo.steps.train_task import (
-    FILE_VALUE_WHEN_UNSET,
-    PARAMETER_KEYS,
-    STRATEGY_DEFAULT_WHEN_ZERO,
-    TRAIN_PARAMETERS,
-    run_config_for,
-    train_parameter_defaults,
-)
+from g2rpo.steps.parameters import PARAMETER_KEYS, TRAIN_PARAMETERS, train_parameter_defaults
+from g2rpo.steps.train_task import run_config_for
 from pipelines.alignment import DEFAULTS, build_pipeline
 from pipelines.placement import load_profile
 
@@ -69,8 +63,8 @@ def test_the_compiled_pipeline_takes_each_choice_and_passes_it_to_the_train_task
 
 def test_the_run_config_mapping_and_the_unset_rules_come_from_the_table(tmp_path):
     assert list(PARAMETER_KEYS) == NAMES
-    assert STRATEGY_DEFAULT_WHEN_ZERO == {"learning_rate"}
-    assert FILE_VALUE_WHEN_UNSET == {n for n in NAMES if n.startswith("validation_")}
+    assert {p.name for p in TRAIN_PARAMETERS if p.unset == "strategy"} == {"learning_rate"}
+    assert {p.name for p in TRAIN_PARAMETERS if p.unset == "file"} == {n for n in NAMES if n.startswith("validation_")}
     where = dict(base_model_uri=str(tmp_path / "m"), prompts="p.txt", output_dir=tmp_path / "o")
     config = run_config_for("configs/flux-dev-h200.yaml", train_parameter_defaults(), **where)
     for row in TRAIN_PARAMETERS:  # every key exists in the run config; an unset default leaves it to the file
@@ -86,3 +80,24 @@ def test_the_run_config_mapping_and_the_unset_rules_come_from_the_table(tmp_path
     assert on.enabled and on.every == 5  # when_set turns it on
     with pytest.raises(G2RPOError, match="validation_patiense.*did you mean"):
         run_config_for("configs/flux-dev-h200.yaml", {"validation_patiense": 2}, **where)
+
+
+def test_the_tables_help_names_no_list_a_registry_holds():
+    """The strategies and their learning rates live in their registry and sections; a help text that listed
+    them went stale (it named 4 of 6 strategies and 3 of 6 rates): it points at `g2rpo config describe`."""
+    from g2rpo.strategies import PRESETS, STRATEGIES
+
+    for row in TRAIN_PARAMETERS:
+        named = [name for name in (*STRATEGIES, *PRESETS) if f"{name}," in row.help or f" {name} " in row.help]
+        assert not named, (row.name, named)
+
+
+def test_compiling_or_checking_the_pipeline_loads_no_torch():
+    """The parameters table and the DAG import no torch (compile took seconds more while they did)."""
+    import subprocess
+    import sys
+
+    code = "import sys, pipelines.alignment, g2rpo.steps.parameters; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "False"

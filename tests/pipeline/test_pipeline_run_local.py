@@ -60,6 +60,7 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     # The first run with the shapes gates as they are (no floors: a first version is not gated).
     assert _run(out, shared, "first", f"gates_uri={ROOT / 'configs' / 'shapes-gates.yaml'}") == 0
     printed = capsys.readouterr().out
+    assert printed.startswith("g2rpo pipeline run-local: loading torch, diffusers and kfp …\n")  # before the imports
     assert "pretraining the shapes model into" in printed
     assert "base model on the held-out prompts" not in printed and not (out / "first" / "gates.yaml").exists()
     assert json.loads((tmp_path / "shapes-flux" / TINY_MARKER).read_text())["task"] == "shapes"
@@ -73,10 +74,23 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     assert "[KFP Executor" not in printed and "executor_input" not in printed and " - INFO - " not in printed
     assert "train: SUCCESS" in printed and "evaluate: SUCCESS" in printed
     assert "train 1/1: hps_v21 " in printed  # the training record, read while the task ran
+    # the train task says what it loads before its first record
+    assert printed.index("    training g2rpo for 1 iteration(s) from ") < printed.index("train 1/1: hps_v21 ")
     assert printed.index("train 1/1: hps_v21 ") < printed.index("train: SUCCESS") < printed.index("evaluate …")
     # the decision report, at a path a browser opens as a page
     report_path = out / "first" / "decision-report.html"
-    assert f"  decision report        {report_path}\n" in printed
+    assert f"  decision report        {report_path.as_uri()}\n" in printed  # a link, as the other outputs
+    # The evaluate task says how far it is: a line per chunk of each evaluation, under its label.
+    assert "[evaluate base model " in printed and "[evaluate challenger " in printed
+    assert "(8/8 on this rank); 256/256 images" in printed
+    # The README's table: the trained rewards first, a column per model, the paired Δ with its interval.
+    lines = printed.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("  held-out means (256 samples)"))
+    assert "base model    challenger   Δ vs base model (95 % CI)" in lines[head]
+    rows = [line.split() for line in lines[head + 1 : head + 9]]
+    assert [row[0] for row in rows[:2]] == list(LEARNED_REWARDS) and rows[0][1] == "(trained)"
+    assert {row[0] for row in rows[2:]} == set(IN_DOMAIN + IN_DOMAIN_CHECKS + OUT_OF_DOMAIN)
+    assert all(row[-3].startswith(("+", "-")) and row[-2].startswith("[") for row in rows)  # Δ [low, high]
     assert "v1: gates met — promoted to champion" in report_path.read_text()
     assert "<img id='curves'" in report_path.read_text()  # the training's reward curves
     log = (out / "first" / "pipeline.log").read_text()
@@ -100,6 +114,7 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     learned = {spec["name"]: spec["weights"] for spec in run_config["rewards"]["models"] if spec["weight"]}
     assert learned == {name: str(path) for name, path in LEARNED_REWARDS.items()}
     evaluation = json.loads((run_root / "evaluate" / "evaluation" / "record.json").read_text())
+    first_evaluation = evaluation
     assert evaluation["champion_version"] is None
     assert evaluation["baseline_label"] == "base model"  # a first version is compared with its base model
     assert sorted(evaluation["trained_metrics"]) == sorted(LEARNED_REWARDS)
@@ -129,8 +144,18 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     # By default the base model is evaluated on the same held-out items first; its means are the
     # floors a first version would need (with a champion, the champion is the bar).
     gates = yaml.safe_load((out / "second" / "gates.yaml").read_text())["metrics"]
-    base = json.loads((out / "second" / "base" / "evaluation" / "metrics.json").read_text())
+    # Each model scored once per settings: the base model (scored by the first run's evaluate task) and the
+    # champion (the first run's challenger) are read back from the store, verified, not sampled again.
+    base_uri = first_evaluation["baseline_eval_uri"]
+    assert f"[evaluate base model] scored before with the same model bytes, prompts, seeds and settings: " \
+        f"reusing {base_uri}" in printed  # fmt: skip
+    assert f"reusing {first_evaluation['challenger_eval_uri']}" in printed and "[evaluate champion v1 " not in printed
+    assert "[evaluate champion v1] scored before" in printed
+    # the same settings trained the same bytes: the challenger's images and scores are champion v1's, copied
+    assert f"copied from {first_evaluation['challenger_eval_uri']}, not sampled again" in printed
+    base = json.loads((Path(base_uri.removeprefix("file://")) / "metrics.json").read_text())
     assert "base model on the held-out prompts: " in printed
+    assert "  promote                skipped: v2 did not pass the gates" in printed
     for name in LEARNED_REWARDS:  # a trained reward must beat the base model by min_improvement (0.005)
         assert gates[name]["floor"] == pytest.approx(base["by_steps"]["6"][name]["mean"] + 0.005)
     for name in IN_DOMAIN + OUT_OF_DOMAIN:  # the exact ground truth, held out: may fall at most its tolerance
@@ -262,7 +287,12 @@ def test_the_summary_reads_the_evaluations_record_as_a_record_and_names_a_damage
 
     evaluation = tmp_path / "evaluation"
     record = CandidatesRecord(
-        challenger_eval_uri="s3://b/eval/v1", challenger_means={"shapes_colour": 0.9}, champion_means={}
+        challenger_eval_uri="s3://b/eval/v1",
+        challenger_means={"shapes_colour": 0.9, "clip": 0.5, "hps_v21": 0.7},
+        champion_means={},
+        baseline_label="base model",
+        trained_metrics=["hps_v21", "clip"],
+        paired={"hps_v21": {"delta": 0.2104, "ci_low": 0.1736, "ci_high": 0.2441, "n": 256}},
     )
     write_record(record, evaluation)
     run = LocalRun(
@@ -271,7 +301,12 @@ def test_the_summary_reads_the_evaluations_record_as_a_record_and_names_a_damage
     )  # fmt: skip
     print_summary(run, 12.0)
     out = capsys.readouterr().out
-    assert ["shapes_colour", "0.8000", "0.9000"] in [line.split() for line in out.splitlines()]
+    rows = [line.split() for line in out.splitlines()]
+    head = next(i for i, row in enumerate(rows) if row[:4] == ["held-out", "means", "(256", "samples)"])
+    # the trained rewards first, in the run's order; Δ with its interval where the evaluation paired it
+    assert rows[head + 1] == ["hps_v21", "(trained)", "—", "0.7000", "+0.210", "[+0.174,", "+0.244]"]
+    assert rows[head + 2] == ["clip", "(trained)", "—", "0.5000", "—"]
+    assert rows[head + 3] == ["shapes_colour", "0.8000", "0.9000", "—"]
     assert out.rstrip().endswith("PROMOTED v1")
 
     (evaluation / "record.json").write_text('{"challenger_eval_uri": "s3://b/eval/v1"', encoding="utf-8")  # torn

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 import yaml
@@ -312,9 +313,13 @@ def test_valid_crons_pass_through():
     assert check_cron("0 */15 1-5 ? JAN-MAR MON,WED") == "0 */15 1-5 ? JAN-MAR MON,WED"
 
 
-def test_compile_command_writes_the_committed_yaml(tmp_path):
+def test_compile_command_writes_the_committed_yaml(tmp_path, capsys):
     out = tmp_path / "p.yaml"
     assert main(["pipeline", "compile", "--output", str(out)]) == 0
+    # it says what it is doing before the seconds of imports, and where it wrote when done
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"compiling the alignment pipeline into {out} (loading kfp and the components) …")
+    assert captured.out == f"wrote {out}\n"
     first, _ = yaml.safe_load_all(out.read_text())
     assert first["pipelineInfo"]["name"] == "g2rpo-alignment"
 
@@ -378,3 +383,17 @@ def test_a_failing_server_names_what_it_may_have_left_per_request_kind(capsys):
         assert _schedule(server) == 2
         err = capsys.readouterr().err
         assert "a ScheduledWorkflow" in err and "kubectl get scheduledworkflows" in err
+
+
+def test_the_ranks_need_deepspeed_rule_has_one_wording_before_a_run_and_in_validate():
+    """One owner (run_config.deepspeed_rank_problem): the pipeline's check and `g2rpo validate` say the same."""
+    from g2rpo.training.run_config import deepspeed_rank_problem, load_run_config, run_problems
+
+    rule = deepspeed_rank_problem(False, 2)
+    assert rule == "deepspeed.enabled=False: 2 ranks need DeepSpeed for data parallelism: set it to true"
+    assert deepspeed_rank_problem(False, 1) is None and deepspeed_rank_problem(True, 2) is None
+    with pytest.raises(G2RPOError) as refused:  # a CPU config (no DeepSpeed) on two GPUs of one node
+        check_arguments({"config_uri": "configs/tiny-cpu.yaml", "nodes": 1, "gpus_per_node": "2"}, load_profile())
+    assert f"train task: {rule}" in str(refused.value)
+    config = load_run_config(str(Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"))
+    assert rule in run_problems(config, world_size=2)

@@ -5,9 +5,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from g2rpo.artifacts.promotion import eval_record_from_scores
+from g2rpo.artifacts.promotion import Gates, MetricGate, eval_record_from_scores
 from g2rpo.artifacts.publish import publish_dir, unique_prefix
 from g2rpo.artifacts.registry import BaseModelRef, EvalScores, Registry, ScoreItem
+from g2rpo.steps.promote import base_model_floors
 
 PROMPTS = [f"p{i}" for i in range(8)]
 SEEDS = [0, 1]
@@ -57,3 +58,12 @@ def register_version(
         base_model=BaseModelRef(name="black-forest-labs/FLUX.1-dev", licence="flux-1-dev-non-commercial-license"),
     )
     return record.version
+
+
+def floor_gates(means: dict[str, float], min_improvement: float = 0.0) -> Gates:
+    """Every metric of ``means`` trained (in-domain), higher is better, with the base-model floors of
+    :func:`g2rpo.steps.promote.base_model_floors`: at least ``means[m] + min_improvement``."""
+    gates = Gates(
+        metrics={m: MetricGate(direction="higher", domain="in", min_improvement=min_improvement) for m in means}
+    )
+    return base_model_floors(gates, means)

@@ -160,6 +160,23 @@ def test_registry_decision_printout():
         assert result.metric in row and ("pass" if result.passed else "FAIL") in row
 
 
+def test_a_first_versions_printout_shows_the_base_model_and_the_paired_delta():
+    """Floors have no champion: with the baseline the challenger was evaluated against, the table shows that
+    baseline's mean and the paired Δ with its interval (it showed dashes), the reasons unchanged."""
+    gates = _gates(hps=HPS_IN, clip=CLIP_OUT)
+    decision = decide(make_scores({"hps": 0.35, "clip": 0.25}), None, gates, model="m", challenger_version=1)
+    paired = {"hps": {"delta": 0.05, "ci_low": 0.04, "ci_high": 0.06, "n": 16}}
+    text = format_decision(decision, "base model", {"hps": 0.30, "clip": 0.26}, paired)
+    lines = text.splitlines()
+    assert lines[0] == "m v1 vs absolute floors (no champion): all 2 gate(s) met"
+    assert lines[1].split()[:6] == ["gate", "metric", "challenger", "base", "model", "Δ"]
+    (hps,) = [line.split() for line in lines if " hps " in line]
+    assert hps[:7] == ["floor", "hps", "0.3500", "0.3000", "+0.0500", "[+0.0400,", "+0.0600]"]
+    (clip,) = [line.split() for line in lines if " clip " in line]
+    assert clip[:5] == ["floor", "clip", "0.2500", "—", "—"]  # no paired number for it: said, not invented
+    assert format_decision(decision).splitlines()[1].split()[3] == "champion"  # without a baseline, as before
+
+
 @pytest.mark.parametrize(
     ("mutate", "named"),
     [

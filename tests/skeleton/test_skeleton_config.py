@@ -149,7 +149,33 @@ def test_unknown_key_gets_the_sections_own_fix_and_problems_get_its_path():
 
 def test_describe_lists_nested_fields_with_help():
     lines = describe(Outer)
-    assert any(line.startswith("inner.group_size (int, default 12): branches per group") for line in lines)
+    assert any(line.startswith("inner.group_size (integer ≥ 2; default 12): branches per group") for line in lines)
+
+
+def test_describe_names_types_in_words_with_their_bounds_and_allowed_values():
+    """`g2rpo config describe` on the run config: no validator internals (Annotated, FieldInfo, bare
+    Optional or Literal), the allowed values listed, defaults as YAML writes them."""
+    from g2rpo.training.run_config import RunConfig
+
+    lines = {line.split(" (", 1)[0]: line for line in describe(RunConfig)}
+    assert not [
+        line for line in lines.values() if any(w in line for w in ("Annotated", "FieldInfo", "Optional", "Literal"))
+    ]
+    assert lines["algorithm.g2rpo.branch_steps"].startswith(
+        "algorithm.g2rpo.branch_steps (list of integers ≤ 1000, or null; default null): "
+    )
+    assert lines["algorithm.log_prob_reduce"].startswith(
+        'algorithm.log_prob_reduce (one of "mean", "sum"; default "mean")'
+    )
+    assert lines["algorithm.train_micro_batch"].startswith("algorithm.train_micro_batch (integer ≥ 1, ≤ ")
+    assert "or null; default null)" in lines["algorithm.train_micro_batch"]
+    assert lines["algorithm.unbiased_std"].startswith("algorithm.unbiased_std (true or false; default true)")
+    assert lines["rewards.models"].startswith(
+        'rewards.models (list of RewardModelConfig sections, at least 1 item; default [{"name": "hps_v21", "weight": 1.0}'
+    )
+    assert lines["train.validation.max_regression"].startswith(
+        "train.validation.max_regression (mapping of string to number; default {})"
+    )
 
 
 def test_cli_help_and_user_error_exit_code(capsys):
@@ -157,6 +183,16 @@ def test_cli_help_and_user_error_exit_code(capsys):
 
     assert main([]) == 0
     assert "G²RPO" in capsys.readouterr().out
+
+
+def test_each_commands_line_in_the_help_names_all_its_verbs():
+    from g2rpo.cli import build_parser
+
+    text = " ".join(build_parser().format_help().split())
+    assert "model the tiny test model" in text
+    for verb in ("init-tiny", "pretrain-shapes", "pretrain-shapes-rewards", "quality-shapes", "check"):
+        assert f" {verb}," in text or f" {verb}]" in text or f"[{verb}," in text, verb
+    assert "[compile, submit, schedule, run-local]" in text and "[describe, show]" in text
 
 
 def test_network_outside_loopback_is_refused():

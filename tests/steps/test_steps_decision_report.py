@@ -4,6 +4,7 @@ vs held-out, and the same prompts' images side by side — every image loading."
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
@@ -16,7 +17,7 @@ from g2rpo.artifacts.promotion import decide, load_gates
 from g2rpo.config import load_config
 from g2rpo.errors import G2RPOError
 from g2rpo.evaluation.config import EvaluationConfig
-from g2rpo.steps.decision_report import binary_checks, write_decision_report
+from g2rpo.steps.decision_report import binary_checks, curve_title, reward_curves_png, write_decision_report
 from g2rpo.steps.evaluate import evaluate
 from g2rpo.steps.records import CandidatesRecord
 from tests.tiny_flux_fixture import make_tiny_flux
@@ -147,6 +148,21 @@ def test_the_decision_report_tells_the_story_and_renders(tiny_flux_dir, tmp_path
     assert "rollout mean over the 3 iteration(s)" in report.read_text()
     _chromium(report, tmp_path / "profile", "--window-size=1200,1600", f"--screenshot={tmp_path / 'decision.png'}")
     assert (tmp_path / "decision.png").stat().st_size > 10_000  # a page was drawn (look at it: docs/demo.md)
+
+
+def test_the_training_curves_are_legible_and_say_trained_or_not_trained():
+    """Eight rewards (the demo's) in two rows of four: a page shows the strip at about its own size (it was
+    one 2080 × 260 row whose labels shrank to ~6 px); the curves are of training prompts, so a weight-0
+    reward is "not trained" there, not "held-out"."""
+    from PIL import Image
+
+    names = ["hps_v21", "clip", "shapes_colour", "shapes_shape", "shapes_colour_match", "shapes_position",
+             "shapes_background", "jpeg_compressibility"]  # fmt: skip
+    records = [{"iteration": i, "reward_names": names, "reward_mean": [[0.1 * i]] * len(names)} for i in range(3)]
+    width, height = Image.open(io.BytesIO(reward_curves_png(records, {"hps_v21", "clip"}))).size
+    assert width <= 1280 and height >= 2 * 250  # two rows, no wider than the report's column
+    assert curve_title("hps_v21", {"hps_v21"}) == "hps_v21 (trained)"
+    assert curve_title("shapes_colour", {"hps_v21"}) == "shapes_colour (not trained)"
 
 
 def test_binary_checks_are_the_metrics_scored_0_or_1_on_every_item():

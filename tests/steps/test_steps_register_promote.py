@@ -11,8 +11,9 @@ from g2rpo.artifacts.publish import publish_dir
 from g2rpo.artifacts.registry import Registry
 from g2rpo.artifacts.storage import open_store
 from g2rpo.errors import G2RPOError
-from g2rpo.steps.promote import decide_and_promote, floor_gates_from, write_gates
+from g2rpo.steps.promote import decide_and_promote, write_gates
 from g2rpo.steps.register import read_scores, register
+from tests.registry.registry_helpers import floor_gates
 
 pytestmark = pytest.mark.integration
 
@@ -78,8 +79,29 @@ def test_read_scores_names_the_field_the_location_and_the_bad_item(tmp_path):
         read_scores("nope.json")
 
 
+def test_a_first_versions_floors_come_from_the_base_models_means():
+    """What make demo gates a first version with (docs/demo.md): trained metrics must beat the base model by
+    min_improvement, held-out ones may fall at most max_regression (the direction flips both)."""
+    from g2rpo.artifacts.promotion import Gates, MetricGate
+    from g2rpo.steps.promote import base_model_floors
+
+    gates = Gates(
+        metrics={
+            "hps_v21": MetricGate(direction="higher", domain="in", min_improvement=0.005),
+            "shapes_colour": MetricGate(direction="higher", domain="out", max_regression=0.05),
+            "lpips": MetricGate(direction="lower", domain="out", max_regression=0.1),
+            "unscored": MetricGate(direction="higher", domain="out", max_regression=0.05),
+        }
+    )
+    floors = base_model_floors(gates, {"hps_v21": 0.4511, "shapes_colour": 0.7975, "lpips": 0.3})
+    got = {name: gate.floor for name, gate in floors.metrics.items()}
+    # 0.4511 + 0.005; 0.7975 − 0.05; lower is better: 0.3 + 0.1; not scored by the base model: no floor
+    assert got == pytest.approx({"hps_v21": 0.4561, "shapes_colour": 0.7475, "lpips": 0.4, "unscored": None})
+    assert floors.metrics["hps_v21"].min_improvement == 0.005  # the rest of each gate as it was
+
+
 def test_floor_gates_round_trip_through_their_yaml(tmp_path):
-    gates = floor_gates_from({"jpeg": -7.183922729980469, "clip": 0.25})
+    gates = floor_gates({"jpeg": -7.183922729980469, "clip": 0.25})
     path, sha = write_gates(gates, tmp_path / "gates.yaml", comment="a first version\nfloors: base model")
     loaded, loaded_sha = load_gates(path)
     assert loaded == gates and loaded_sha == sha
@@ -91,8 +113,8 @@ def test_floor_gates_round_trip_through_their_yaml(tmp_path):
 def test_promote_a_first_version_against_its_floor(root_uri, tmp_path):
     registry_uri = f"{root_uri}/registry"
     _register(root_uri, tmp_path, make_scores({"jpeg": -5.0}), "r1")
-    above = floor_gates_from({"jpeg": -5.5})
-    below = floor_gates_from({"jpeg": -4.5})
+    above = floor_gates({"jpeg": -5.5})
+    below = floor_gates({"jpeg": -4.5})
     # a dry run decides and records nothing
     dry = decide_and_promote(registry_uri, MODEL, 1, above, dry_run=True)
     assert dry.passed and dry.dry_run and dry.champion is None
@@ -111,10 +133,10 @@ def test_promote_a_first_version_against_its_floor(root_uri, tmp_path):
 def test_promote_a_challenger_against_the_champion(root_uri, tmp_path):
     registry_uri = f"{root_uri}/registry"
     _register(root_uri, tmp_path, make_scores({"jpeg": -5.0}), "r1")
-    assert decide_and_promote(registry_uri, MODEL, 1, floor_gates_from({"jpeg": -6.0})).champion == 1
+    assert decide_and_promote(registry_uri, MODEL, 1, floor_gates({"jpeg": -6.0})).champion == 1
     offsets = [0.01 * k for k in range(8)]  # every item better than the champion's
     _register(root_uri, tmp_path, make_scores({"jpeg": -4.0}, offsets), "r2", challenger=True)
-    result = decide_and_promote(registry_uri, MODEL, "challenger", floor_gates_from({"jpeg": -6.0}, 0.5))
+    result = decide_and_promote(registry_uri, MODEL, "challenger", floor_gates({"jpeg": -6.0}, 0.5))
     assert result.version == 2 and result.passed and result.champion == 2
     assert result.decision.champion == 1  # compared with the previous champion
 

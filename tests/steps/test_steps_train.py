@@ -10,7 +10,8 @@ from g2rpo.artifacts.manifest import verify
 from g2rpo.artifacts.storage import open_store
 from g2rpo.cli import main
 from g2rpo.errors import G2RPOError
-from g2rpo.steps.train import read_iteration_records, train
+from g2rpo.steps.train import train
+from g2rpo.training.metrics import read_iteration_records
 from g2rpo.training.run_config import resume_hash
 
 pytestmark = pytest.mark.integration

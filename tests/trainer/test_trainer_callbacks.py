@@ -10,10 +10,11 @@ import pytest
 from trainer_testlib import tiny_overrides
 
 from g2rpo.config import load_config
+from g2rpo.training.callbacks import TrainerCallback
 from g2rpo.training.checkpoint import is_complete
-from g2rpo.training.metrics import read_iteration_records
+from g2rpo.training.metrics import IterationRecord, read_iteration_records
 from g2rpo.training.run_config import RunConfig
-from g2rpo.training.trainer import IterationRecord, Trainer, TrainerCallback
+from g2rpo.training.trainer import Trainer
 from tests.tiny_flux_fixture import make_tiny_flux
 
 pytestmark = pytest.mark.integration

@@ -116,9 +116,9 @@ def test_config_hash_covers_model_algorithm_data_only():
 def test_describe_and_show(capsys):
     assert main(["config", "describe"]) == 0
     text = capsys.readouterr().out
-    assert "algorithm.g2rpo.learning_rate (float, default 2e-06)" in text and "deepspeed.zero_stage" in text
-    assert "algorithm.diffusionnft.beta (float, default 1.0)" in text
-    assert "algorithm.branchgrpo.branch_factor (int, default 2)" in text
+    assert "algorithm.g2rpo.learning_rate (number > 0.0; default 2e-06)" in text and "deepspeed.zero_stage" in text
+    assert "algorithm.diffusionnft.beta (number > 0.0; default 1.0)" in text
+    assert "algorithm.branchgrpo.branch_factor (integer ≥ 2, ≤ 2147483647; default 2)" in text
     assert main(["config", "show", "--config", str(TINY), "train.iterations=5"]) == 0
     shown = capsys.readouterr().out
     assert "iterations: 5" in shown and "zero_stage: 2" in shown

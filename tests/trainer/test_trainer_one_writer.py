@@ -16,9 +16,10 @@ from trainer_testlib import tiny_overrides
 
 from g2rpo.config import load_config
 from g2rpo.errors import G2RPOError
+from g2rpo.training.callbacks import TrainerCallback
 from g2rpo.training.run_config import RunConfig
 from g2rpo.training.run_dir import MARKER, WRITER, claim_run_dir
-from g2rpo.training.trainer import Trainer, TrainerCallback
+from g2rpo.training.trainer import Trainer
 from tests.tiny_flux_fixture import make_tiny_flux
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,8 +20,7 @@ from g2rpo.errors import G2RPOError
 from g2rpo.faults import fault_env
 from g2rpo.training.checkpoint import CheckpointManager, TrainerState, is_complete
 from g2rpo.training.mirror import CheckpointMirror
-from g2rpo.training.trainer import VALIDATION_FILE
-from g2rpo.training.validation import ValidationRecord
+from g2rpo.training.validation import VALIDATION_FILE, ValidationRecord
 from tests.tiny_flux_fixture import make_tiny_flux
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

@@ -18,8 +18,8 @@ from g2rpo.artifacts.manifest import MANIFEST_NAME, read_manifest, write_dir_man
 from g2rpo.artifacts.storage import FileStore
 from g2rpo.errors import G2RPOError
 from g2rpo.training.run_config import RunConfig
-from g2rpo.training.trainer import VALIDATION_FILE, Trainer, train_from_config
-from g2rpo.training.validation import ValidationRecord, select_best
+from g2rpo.training.trainer import Trainer, train_from_config
+from g2rpo.training.validation import VALIDATION_FILE, ValidationRecord, select_best
 from tests.tiny_flux_fixture import make_tiny_flux
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]

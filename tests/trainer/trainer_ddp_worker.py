@@ -18,8 +18,10 @@ from trainer_testlib import probe_reward, tiny_overrides  # noqa: E402
 
 from g2rpo.config import load_config  # noqa: E402
 from g2rpo.rewards.base import RewardModel  # noqa: E402
+from g2rpo.training.callbacks import TrainerCallback  # noqa: E402
+from g2rpo.training.metrics import IterationRecord  # noqa: E402
 from g2rpo.training.run_config import RunConfig  # noqa: E402
-from g2rpo.training.trainer import IterationRecord, Trainer, TrainerCallback  # noqa: E402
+from g2rpo.training.trainer import Trainer  # noqa: E402
 
 
 class NaNReward(RewardModel):
