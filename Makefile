@@ -85,14 +85,14 @@ test-gpu: install
 # The cluster tier (docs/cluster.md): skips, saying why, without root or the optional ../shared/tools/cluster.
 # As root with the tools beside the checkout, its Debian packages are installed first (about 40 s, once).
 CLUSTER_TOOLS := $(firstword $(wildcard ../shared/tools/cluster ../../shared/tools/cluster))
-CLUSTER_DEBS := podman buildah runc containerd containernetworking-plugins mmdebstrap iptables etcd-server
+CLUSTER_DEBS := podman buildah runc containerd containernetworking-plugins mmdebstrap iptables etcd-server mariadb-server
 CLUSTER_STAMP := $(VENV)/.cluster-debs
 
 $(CLUSTER_STAMP):
 	@if [ -z "$(CLUSTER_TOOLS)" ] || [ "$$(id -u)" != 0 ]; then \
 		echo "cluster tier: no ../shared/tools/cluster or not root: its packages are not installed (the tier skips)"; \
-	elif command -v podman buildah runc containerd etcd mmdebstrap >/dev/null 2>&1 \
-		&& [ "$$(command -v podman buildah runc containerd etcd mmdebstrap | wc -l)" = 6 ]; then \
+	elif command -v podman buildah runc containerd etcd mmdebstrap mariadbd >/dev/null 2>&1 \
+		&& [ "$$(command -v podman buildah runc containerd etcd mmdebstrap mariadbd | wc -l)" = 7 ]; then \
 		echo "cluster tier packages: already installed"; mkdir -p $(VENV) && touch $@; \
 	else \
 		apt-get update -qq && apt-get install -y -qq --no-install-recommends $(CLUSTER_DEBS) && mkdir -p $(VENV) && touch $@; \
