@@ -210,3 +210,59 @@ def test_the_pipeline_submitted_to_kfp_runs_to_a_promoted_champion_then_its_sche
             + "; "
             + ", ".join(f"{k} {v:.1f} s" for k, v in deployment.timings.items() if k.startswith("kfp "))
         )
+
+
+def workflow_of(deployment, run_id: str) -> dict:
+    """The Argo Workflow the API server made for the run (it labels it ``pipeline/runid``)."""
+    listed = deployment.cluster.kubectl(
+        "-n", KFP_NAMESPACE, "get", "wf", "-l", f"pipeline/runid={run_id}", "-o", "json"
+    )
+    (workflow,) = json.loads(listed.stdout)["items"]
+    return workflow
+
+
+def run_pods(deployment, workflow: str) -> dict[str, str]:
+    """The Workflow's pods (Argo labels each with its Workflow's name): name -> phase."""
+    selector = f"workflows.argoproj.io/workflow={workflow}"
+    listed = deployment.cluster.kubectl("-n", KFP_NAMESPACE, "get", "pods", "-l", selector, "-o", "json")
+    return {p["metadata"]["name"]: p["status"].get("phase", "") for p in json.loads(listed.stdout)["items"]}
+
+
+def test_a_run_cancelled_through_the_api_while_training_leaves_nothing_running(deployment, capsys):
+    """``kfp.Client().terminate_run`` while train runs: Argo stops the Workflow and its pods end; the run is not
+    reported SUCCEEDED. (One node: the train task trains in its own pod, so there is no TrainJob to stop.)"""
+    client = kfp.Client(host=deployment.kfp.host)
+    arguments = {**kfp_arguments(), "iterations": 200, "model_name": "g2rpo-cancelled"}
+    run_id = submit(deployment.kfp.host, "cluster-tier-cancelled", arguments)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        run = client.get_run(run_id)
+        if tasks(run).get("train") == "RUNNING":
+            workflow = workflow_of(deployment, run_id)["metadata"]["name"]
+            if any(phase == "Running" for phase in run_pods(deployment, workflow).values()):
+                break
+        assert run.state not in ("SUCCEEDED", "FAILED", "CANCELED"), (run.state, tasks(run))
+        time.sleep(3)
+    else:
+        raise AssertionError(f"run {run_id} never reached a running train step: {tasks(client.get_run(run_id))}")
+    started = time.monotonic()
+    client.terminate_run(run_id)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        alive = {n: p for n, p in run_pods(deployment, workflow).items() if p in ("Pending", "Running")}
+        state = client.get_run(run_id).state
+        if not alive and state not in ("RUNNING", "PENDING"):
+            break
+        time.sleep(3)
+    else:
+        raise AssertionError(
+            f"run {run_id} {state} {time.monotonic() - started:.0f} s after terminate_run; alive: {alive}"
+        )
+    assert state in ("CANCELING", "CANCELED", "FAILED"), state
+    phase = workflow_of(deployment, run_id)["status"]["phase"]
+    assert phase in ("Failed", "Error"), phase
+    with capsys.disabled():
+        print(
+            f"\nKFP: run {run_id} terminated while training: {state} (Workflow {phase}), no pod left running "
+            f"{time.monotonic() - started:.0f} s after terminate_run"
+        )
