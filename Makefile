@@ -27,10 +27,11 @@ help:
 	@echo "make lint       ruff (lint + format check) and the import contracts (lint-imports)"
 	@echo "make test-slow  the opt-in slow tier (full-size reward architectures, long runs)"
 	@echo "make test-gpu   the CUDA tier (-m gpu; needs a GPU)"
-	@echo "make test-cluster  the cluster tier (-m cluster; root and the optional cluster tools, docs/testing.md): the component image"
-	@echo "                built by buildah, the Helm chart on a real one-node Kubernetes, every pipeline step as a pod, two-node"
-	@echo "                training through the real Trainer and JobSet, Prometheus on the pods (docs/cluster.md; about 35 min from"
-	@echo "                nothing on 2 cores); skips, saying why, without root, the tools or the packages"
+	@echo "make test-cluster  the cluster tier (-m cluster; root and the optional cluster and kfp tools, docs/testing.md): the"
+	@echo "                component image built by buildah, the Helm chart on a real one-node Kubernetes, the pipeline run by KFP's"
+	@echo "                own backend (API server, Argo, driver/launcher, ML Metadata, S3, its schedule fired), two-node training"
+	@echo "                through the real Trainer and JobSet, Prometheus on the pods (docs/cluster.md; about 37 min from nothing"
+	@echo "                on 2 cores); skips, saying why, without root, the tools or the packages"
 	@echo "make parity     build the reference-package virtualenvs and regenerate parity fixtures"
 	@echo "make bench      run the CPU benchmarks in benchmarks/ (JSON + table; about 30 min)"
 	@echo "make ablation   the paper's ablation with cost on the shapes task (about an hour on 2 cores; reuses the committed runs"
@@ -88,14 +89,14 @@ test-gpu: install
 # The cluster tier (docs/cluster.md): skips, saying why, without root or the optional ../shared/tools/cluster.
 # As root with the tools beside the checkout, its Debian packages are installed first (about 40 s, once).
 CLUSTER_TOOLS := $(firstword $(wildcard ../shared/tools/cluster ../../shared/tools/cluster))
-CLUSTER_DEBS := podman buildah runc containerd containernetworking-plugins mmdebstrap iptables etcd-server
+CLUSTER_DEBS := podman buildah runc containerd containernetworking-plugins mmdebstrap iptables etcd-server mariadb-server
 CLUSTER_STAMP := $(VENV)/.cluster-debs
 
 $(CLUSTER_STAMP):
 	@if [ -z "$(CLUSTER_TOOLS)" ] || [ "$$(id -u)" != 0 ]; then \
 		echo "cluster tier: no ../shared/tools/cluster or not root: its packages are not installed (the tier skips)"; \
-	elif command -v podman buildah runc containerd etcd mmdebstrap >/dev/null 2>&1 \
-		&& [ "$$(command -v podman buildah runc containerd etcd mmdebstrap | wc -l)" = 6 ]; then \
+	elif command -v podman buildah runc containerd etcd mmdebstrap mariadbd >/dev/null 2>&1 \
+		&& [ "$$(command -v podman buildah runc containerd etcd mmdebstrap mariadbd | wc -l)" = 7 ]; then \
 		echo "cluster tier packages: already installed"; mkdir -p $(VENV) && touch $@; \
 	else \
 		apt-get update -qq && apt-get install -y -qq --no-install-recommends $(CLUSTER_DEBS) && mkdir -p $(VENV) && touch $@; \

@@ -23,6 +23,7 @@ def decide(
     ``report``, and the decision to ``pushgateway_url`` when one is given."""
     # KFP ships this function's source alone, so its imports live inside it.
     from g2rpo.steps.gate import decide_challenger
+    from g2rpo.steps.records import artifact_metadata
 
     record = decide_challenger(
         trained.path,
@@ -35,5 +36,5 @@ def decide(
         report_path=report.path,
         pushgateway_url=pushgateway_url,
     )
-    decision.metadata.update(record.model_dump(mode="json"))
+    decision.metadata.update(artifact_metadata(record))
     return record.passed

@@ -30,6 +30,7 @@ def evaluate(
 
     quiet_library_bars_in_logs()  # a pod's log: no loading bars of carriage returns (before transformers loads)
     from g2rpo.steps.candidates import evaluate_candidates
+    from g2rpo.steps.records import artifact_metadata
 
     record = evaluate_candidates(
         trained.path,
@@ -43,7 +44,7 @@ def evaluate(
         seeds=eval_seeds,
         pushgateway_url=pushgateway_url,
     )
-    evaluation.metadata.update(record.model_dump(mode="json"))
+    evaluation.metadata.update(artifact_metadata(record))
     for name, mean in record.challenger_means.items():
         metrics.log_metric(f"challenger.{name}", mean)
     for name, mean in record.champion_means.items():

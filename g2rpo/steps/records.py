@@ -21,6 +21,7 @@ __all__ = [
     "DecisionRecord",
     "RECORD_FILE",
     "TrainRecord",
+    "artifact_metadata",
     "read_record",
     "write_record",
 ]
@@ -28,6 +29,17 @@ __all__ = [
 RECORD_FILE = "record.json"  # inside each task's output artifact folder
 
 R = TypeVar("R", bound=Section)
+
+
+def artifact_metadata(record: Section) -> dict:
+    """``record`` as a KFP artifact's metadata: its JSON form, leaving out the fields that are None.
+
+    KFP 2.17's launcher turns each top-level metadata value into an ML Metadata property and refuses a null one
+    (``failed to convert RuntimeArtifact to MLMD artifact: unknown/unsupported value type
+    *structpb.Value_NullValue``), failing the task after its work is done: every first run's evaluate
+    (``champion_version`` is None until a champion exists) failed so on the real backend, where ``kfp.local``
+    had taken it. A field left out reads back as its default, None (``type(record).model_validate``)."""
+    return record.model_dump(mode="json", exclude_none=True)
 
 
 class TrainRecord(Section):
@@ -80,7 +92,7 @@ class DecisionRecord(Section):
     model: str
     version: int
     passed: bool
-    champion: int | None = Field(description="the champion the decision compared against")
+    champion: int | None = Field(None, description="the champion the decision compared against; None: none yet")
     gates_sha256: str
     reasons: list[str] = Field(description="one line per gate: metric, verdict, why")
 

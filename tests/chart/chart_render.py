@@ -39,6 +39,7 @@ EVERYTHING_ON: dict[str, Any] = {
         "dashboard": {"enabled": True, "namespace": "monitoring"},
     },
     "s3": {"endpoint": "http://minio.minio.svc:9000", "registryUri": "s3://g2rpo/registry"},
+    "kfp": {"launcherConfig": {"enabled": True, "pipelineRoot": "s3://g2rpo/pipeline-root"}},
     "images": {"pullSecrets": ["ghcr-pull"]},
     "networkPolicy": {"enabled": True},
 }

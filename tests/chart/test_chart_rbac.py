@@ -104,9 +104,29 @@ def recorded_calls() -> list[Request]:
     return out
 
 
+# What KFP 2.17's driver and launcher and Argo v4.0.5's executor called as a run's service account in the cluster
+# tier (docs/cluster.md), each refused until granted: the root DAG driver's ConfigMap, the executor's task result
+# (create; Argo documents patch too), the launcher's S3 Secret (the chart's, named in kfp-launcher) and its own pod.
+KFP_CALLS = [
+    ("GET", f"/api/v1/namespaces/{NAMESPACE}/configmaps/kfp-launcher"),
+    ("POST", f"/apis/argoproj.io/v1alpha1/namespaces/{NAMESPACE}/workflowtaskresults"),
+    ("PATCH", f"/apis/argoproj.io/v1alpha1/namespaces/{NAMESPACE}/workflowtaskresults/g2rpo-alignment-x-123"),
+    ("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/g2rpo-s3"),
+    ("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/g2rpo-alignment-x-system-container-impl-123"),
+]
+
+
 @pytest.fixture(scope="module")
 def rules():
-    return grants(render({}), service_account="g2rpo")
+    """The TrainJob launcher's rules: the chart without the KFP runner Role (its own tests are below)."""
+    return grants(render({"kfp": {"runnerRbac": False}}), service_account="g2rpo")
+
+
+@pytest.fixture(scope="module")
+def kfp_rules():
+    """The runner Role's rules alone: what the default install adds to the launcher's."""
+    launcher = grants(render({"kfp": {"runnerRbac": False}}), service_account="g2rpo")
+    return [grant for grant in grants(render({}), service_account="g2rpo") if grant not in launcher]
 
 
 def _check_exact(requests: list[Request], rules):
@@ -149,3 +169,27 @@ def test_unrelated_calls_are_denied(rules):
 
 def test_rules_are_exactly_the_launchers_recorded_calls(rules):
     _check_exact(recorded_calls(), rules)
+
+
+def test_the_kfp_runner_role_is_exactly_kfps_calls(kfp_rules):
+    _check_exact([to_request(method, url) for method, url in KFP_CALLS], kfp_rules)
+
+
+def test_the_kfp_runner_role_grants_one_secret_and_one_configmap_by_name(kfp_rules):
+    named = {tuple(r["resources"]): r.get("resourceNames") for _, r in kfp_rules}
+    assert named[("secrets",)] == ["g2rpo-s3"] and named[("configmaps",)] == ["kfp-launcher"], named
+    for method, url in [
+        ("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/other"),
+        ("LIST", f"/api/v1/namespaces/{NAMESPACE}/secrets"),
+        ("GET", f"/api/v1/namespaces/{NAMESPACE}/configmaps/other"),
+        ("DELETE", f"/api/v1/namespaces/{NAMESPACE}/pods/x"),
+        ("POST", f"/apis/argoproj.io/v1alpha1/namespaces/{NAMESPACE}/workflows"),
+    ]:
+        request = to_request(method, url)
+        assert not any(allowed_by(request, ns, rule) for ns, rule in kfp_rules), request
+
+
+def test_the_kfp_runner_role_follows_the_secret_name():
+    launcher = grants(render({"kfp": {"runnerRbac": False}, "s3": {"existingSecret": "team-s3"}}), "g2rpo")
+    added = [grant for grant in grants(render({"s3": {"existingSecret": "team-s3"}}), "g2rpo") if grant not in launcher]
+    assert [rule["resourceNames"] for _, rule in added if rule["resources"] == ["secrets"]] == [["team-s3"]]

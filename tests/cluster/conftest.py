@@ -18,12 +18,13 @@ import pytest
 from components.images import G2RPO_IMAGE
 from tests.cluster.build import build
 from tests.cluster.deploy import deployed
+from tests.cluster.kfp_backend import KFP_DIR
 from tests.shared_checkout import shared_path
 
 CLUSTER = shared_path("tools/cluster")
 BASE_IMAGE = "localhost/debian-py311:bookworm"
 COMPONENT_TAG = "localhost/g2rpo:cluster-test"
-PACKAGES = ("podman", "buildah", "runc", "containerd", "etcd", "mmdebstrap")
+PACKAGES = ("podman", "buildah", "runc", "containerd", "etcd", "mmdebstrap", "mariadbd")
 
 
 # `cluster up` joins its namespace to the host by a /30 in this range (its README): the S3 server the pods use
@@ -65,14 +66,16 @@ def no_network(monkeypatch):
 def _missing() -> str | None:
     if not (CLUSTER / "cluster").is_file():
         return f"../shared/tools/cluster is not beside this checkout ({CLUSTER})"
+    if not (KFP_DIR / "kfp").is_file():
+        return f"../shared/tools/kfp (Argo and KFP's backend) is not beside this checkout ({KFP_DIR})"
     if os.geteuid() != 0:
         return "the cluster tier runs as root (containerd, kubelet, podman's root storage)"
     absent = [name for name in PACKAGES if shutil.which(name) is None]
     if absent:
         return (
             f"missing commands {absent}: as root, apt-get update && apt-get install -y --no-install-recommends "
-            "podman buildah runc containerd containernetworking-plugins mmdebstrap iptables etcd-server "
-            "(../shared/tools/cluster/README.md)"
+            "podman buildah runc containerd containernetworking-plugins mmdebstrap iptables etcd-server mariadb-server "
+            "(../shared/tools/cluster/README.md; mariadb-server: the KFP API server's database)"
         )
     return None
 

@@ -33,9 +33,11 @@ from g2rpo.artifacts.publish import publish_dir
 from g2rpo.rewards.shapes import IN_DOMAIN, IN_DOMAIN_CHECKS, OUT_OF_DOMAIN
 from g2rpo.tasks.shapes import write_prompts
 from pipelines.local import LEARNED_REWARDS
+from tests.cluster.kfp_backend import NAMESPACE as KFP_NAMESPACE
+from tests.cluster.kfp_backend import KfpBackend
 from tests.cluster.kfp_tasks import Run
 from tests.cluster.kube import Cluster, host_snapshot, leftovers, processes_naming
-from tests.s3server import REGION, S3Env, SeaweedServer
+from tests.s3server import REGION, S3Env
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "g2rpo"
@@ -48,13 +50,29 @@ SERVICE_ACCOUNT = "g2rpo"  # the profile's service_account (pipelines/profiles/h
 LAUNCHER_CONFIGMAP = "kfp-launch"
 SHARED_CLAIM = "g2rpo-runs"  # the ReadWriteMany claim of the chart's trainingRuntime.sharedVolume
 BUCKET = "g2rpo"
+PIPELINE_ROOT = f"s3://{BUCKET}/pipeline-root"  # the chart's kfp-launcher ConfigMap: where KFP puts the runs' artifacts
 STEP_TIMEOUT_S = 1800
+
+
+@dataclass(frozen=True)
+class ToolS3:
+    """The SeaweedFS S3 ``kfp up`` runs at ``cluster ip`` (keys enforced): the one object store of the tier — KFP's
+    pipeline root, the project's store and registry. ``kfp down`` stops it."""
+
+    endpoint_url: str
+    access_key: str
+    secret_key: str
+
+    @classmethod
+    def of(cls, backend: KfpBackend) -> ToolS3:
+        return cls(backend.s3_endpoint, *backend.s3_credentials())
 
 
 @dataclass
 class Deployment:
     cluster: Cluster
-    s3: SeaweedServer
+    s3: ToolS3
+    kfp: KfpBackend
     timings: dict[str, float] = field(default_factory=dict)
 
     def client(self):
@@ -68,8 +86,8 @@ class Deployment:
         )
 
 
-def _render_chart(values: dict) -> list[dict]:
-    manifests = helm_python.Chart.load(CHART).render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+def _render_chart(values: dict, namespace: str = NAMESPACE) -> list[dict]:
+    manifests = helm_python.Chart.load(CHART).render(values, name=RELEASE, namespace=namespace, is_install=True)
     docs = []
     for path in sorted(manifests):
         if path.endswith((".yaml", ".yml")):
@@ -97,28 +115,38 @@ def chart_values(endpoint: str) -> dict:
 
 
 def deployed(workdir: Path):
-    """Up, S3, image, Trainer, chart, and what every test's run reads (bucket, prompts, gates, the launcher's
-    ConfigMap, two advertised GPUs); yields the :class:`Deployment`; down in ``finally`` and the host checked."""
+    """Up, Kubeflow Pipelines' backend with its S3, image, Trainer, the chart (in ``team-a`` and in KFP's namespace),
+    and what every test's run reads (bucket, prompts, gates, the launcher's ConfigMap, two advertised GPUs); yields
+    the :class:`Deployment`; everything down in ``finally`` and the host checked."""
     cluster = Cluster(workdir)
     before = host_snapshot(workdir.parent)
-    s3 = None
+    backend = KfpBackend(cluster)
     timings: dict[str, float] = {}
     try:
         timings["cluster up"] = cluster.up()
-        s3 = SeaweedServer(workdir.parent / "seaweed", host=cluster.ip()).start()
+        backend.system()  # the tool's images and `kfp up`: ML Metadata, the S3, Argo
+        s3 = ToolS3.of(backend)
         timings["load-image"] = cluster.load_image(G2RPO_IMAGE)
         tag_in_node(cluster, G2RPO_IMAGE, TRAINER_IMAGE)
         timings["trainer-up"] = cluster.trainer_up()
         start = time.monotonic()
         install(cluster, s3)
         timings["chart install"] = time.monotonic() - start
-        deployment = Deployment(cluster, s3, timings)
+        backend.server()  # MariaDB, the KFP API server, the persistence agent
+        start = time.monotonic()
+        install(cluster, s3, namespace=KFP_NAMESPACE)
+        timings["chart install (kubeflow)"] = time.monotonic() - start
+        deployment = Deployment(cluster, s3, backend, timings)
         prepare_inputs(deployment)
         yield deployment
     finally:
-        if s3 is not None:
-            s3.stop()
-        timings["cluster down"] = cluster.down()
+        timings.update(backend.timings)
+        start = time.monotonic()
+        try:
+            backend.down()
+        finally:
+            timings["kfp down"] = time.monotonic() - start
+            timings["cluster down"] = cluster.down()
         print("\ncluster tier timings (s): " + ", ".join(f"{k} {v:.1f}" for k, v in timings.items()))
         left = leftovers(before, host_snapshot(workdir.parent))
         left.update({"processes": processes_naming(workdir.parent)} if processes_naming(workdir.parent) else {})
@@ -157,31 +185,33 @@ def prepare_inputs(deployment: Deployment) -> None:
     advertise_gpus(cluster, 2)
 
 
-def install(cluster: Cluster, s3: SeaweedServer) -> None:
-    """What docs/deployment.md tells a platform team to do, in its order."""
-    cluster.apply(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Namespace",
-                "metadata": {
-                    "name": NAMESPACE,
-                    "labels": {
-                        f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn", "audit")
-                    },
-                },
-            }
+def install(cluster: Cluster, s3: ToolS3, namespace: str = NAMESPACE) -> None:
+    """What docs/deployment.md tells a platform team to do, in its order.
+
+    In ``team-a`` (Pod Security "restricted"): the ClusterTrainingRuntime with it. In KFP's own namespace (a
+    single-user KFP runs every pipeline there): the same chart with the runtime off (it is cluster-scoped and
+    installed once) and the chart's ``kfp-launcher`` ConfigMap on, which sends the runs' artifacts to this S3
+    under ``s3://g2rpo/pipeline-root``; it replaces the one ``kfp up`` made for its own bucket."""
+    kfp = namespace == KFP_NAMESPACE
+    if not kfp:
+        labels = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn", "audit")}
+        cluster.apply(
+            yaml.safe_dump({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": labels}})
         )
-    )
     cluster.kubectl(
-        "-n", NAMESPACE, "create", "secret", "generic", "g2rpo-s3",
+        "-n", namespace, "create", "secret", "generic", "g2rpo-s3",
         f"--from-literal=AWS_ACCESS_KEY_ID={s3.access_key}",
         f"--from-literal=AWS_SECRET_ACCESS_KEY={s3.secret_key}",
         f"--from-literal=AWS_ENDPOINT_URL_S3={s3.endpoint_url}",
     )  # fmt: skip
-    shared_volume(cluster)
-    docs = _render_chart(chart_values(s3.endpoint_url))
-    out = cluster.apply(yaml.safe_dump_all(docs))
+    values = chart_values(s3.endpoint_url)
+    if kfp:
+        cluster.kubectl("-n", namespace, "delete", "configmap", "kfp-launcher", "--ignore-not-found")
+        values["trainingRuntime"]["enabled"] = False
+        values["kfp"] = {"launcherConfig": {"enabled": True, "pipelineRoot": PIPELINE_ROOT}}
+    else:
+        shared_volume(cluster)
+    out = cluster.apply(yaml.safe_dump_all(_render_chart(values, namespace)))
     assert "Warning" not in out, out
 
 

@@ -1,21 +1,15 @@
-"""Every step of the compiled pipeline run as a pod on the chart installed on a real one-node Kubernetes.
+"""The chart installed on a real one-node Kubernetes under Pod Security "restricted": its objects, its RBAC, and
+what the namespace refuses.
 
-The deployment (one cluster for the session, the chart under Pod Security "restricted", S3 at ``cluster ip``) is
-:mod:`tests.cluster.deploy`'s, shared with the other modules of the tier.
-
-Each step is the pod KFP 2.17 would start (:mod:`tests.cluster.kfp_tasks`): the compiled command and arguments
-unchanged, the executor input as the launcher writes it, outputs under the pipeline root in S3. Two things
-differ from a KFP cluster, both stated here: the launcher's part is played by :mod:`tests.cluster.kfp_launch`
-(KFP's launcher binary and ML Metadata are not available), and train/evaluate run in the component image (the
-trainer image's ``nvidia/cuda`` base cannot be had here). The node advertises two ``nvidia.com/gpu`` as an
-extended resource (a count, no device), so the GPU limits the driver puts on train and evaluate schedule; the
-shapes config trains on the CPU.
+The deployment (one cluster for the session, the chart in ``team-a`` and in KFP's namespace, S3 at ``cluster ip``)
+is :mod:`tests.cluster.deploy`'s, shared with the other modules of the tier. The pipeline itself runs through
+Kubeflow Pipelines' real backend in :mod:`tests.cluster.test_cluster_kfp` (this module's earlier walk of the DAG,
+one pod per step with stand-ins for KFP's driver and launcher, is gone with it).
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 
 from tests.cluster.deploy import (
     BUCKET,
@@ -23,7 +17,6 @@ from tests.cluster.deploy import (
     NAMESPACE,
     SERVICE_ACCOUNT,
     run_arguments,
-    run_step,
 )
 from tests.cluster.kfp_tasks import CompiledPipeline, Run
 
@@ -78,42 +71,3 @@ def test_the_namespace_enforces_restricted_so_kfps_executor_pod_needs_run_as_non
     )
     admitted = deployment.cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(fixed), check=False)
     assert admitted.returncode == 0, admitted.stderr
-
-
-def test_every_step_of_the_compiled_pipeline_runs_as_a_pod_to_a_promoted_champion(deployment, capsys):
-    client = deployment.client()
-    pipeline = CompiledPipeline.load()
-    run_id = str(uuid.uuid4())
-    run = Run(pipeline, run_arguments(BUCKET), run_id, f"{pipeline.name}-{run_id[:5]}", f"s3://{BUCKET}/pipeline-root")
-
-    prepared = run_step(deployment, run, "prepare-data")
-    data = prepared["artifacts"]["data"]
-    assert data["metadata"]["test"] == 64 and data["metadata"]["train"] > 0, data
-
-    trained = run_step(deployment, run, "train")
-    export_uri = trained["artifacts"]["model"]["metadata"]["export_uri"]
-    assert export_uri.startswith(f"s3://{BUCKET}/store/exports/g2rpo-shapes"), trained
-
-    evaluated = run_step(deployment, run, "evaluate")
-    assert evaluated["artifacts"]["evaluation"]["metadata"]["challenger_means"], evaluated
-
-    decided = run_step(deployment, run, "decide")
-    # The gate's condition, as the compiled triggerPolicy reads decide's output.
-    assert decided["parameters"]["Output"] is True, decided
-    report_key = decided["artifacts"]["report"]["uri"].split("/", 3)[3]
-    report = client.get_object(Bucket=BUCKET, Key=report_key)["Body"].read().decode()
-    assert "<title>g2rpo-shapes v1: decision</title>" in report, report[:500]
-
-    promoted = run_step(deployment, run, "promote")
-    state = json.loads(client.get_object(Bucket=BUCKET, Key="registry/models/g2rpo-shapes/state.json")["Body"].read())
-    assert state["aliases"].get("champion") == promoted["parameters"]["Output"] == 1, (state, promoted)
-    # The exit task, told what KFP 2.17's driver tells it (ML Metadata's COMPLETE), records a success.
-    reported = run_step(deployment, run, "report-status")
-    record_key = reported["artifacts"]["record"]["uri"].split("/", 3)[3]
-    status = json.loads(client.get_object(Bucket=BUCKET, Key=record_key)["Body"].read())
-    assert (status["state"], status["outcome"], status["failed_task"]) == ("COMPLETE", "succeeded", ""), status
-    with capsys.disabled():
-        print(
-            "\npipeline steps as pods (s): "
-            + ", ".join(f"{k} {v:.1f}" for k, v in deployment.timings.items() if k.startswith("pod "))
-        )

@@ -1,0 +1,275 @@
+"""The compiled pipeline run by Kubeflow Pipelines itself: submitted to the KFP API server, executed by Argo and KFP's
+driver and launcher with ML Metadata, artifacts in S3, the run's state reported by the persistence agent.
+
+The backend is :mod:`tests.cluster.kfp_backend`'s (``../shared/tools/kfp`` plus MariaDB, the API server and the
+persistence agent); the chart is installed in KFP's namespace by :mod:`tests.cluster.deploy` (service account,
+RBAC, the ``kfp-launcher`` ConfigMap sending every artifact to ``s3://g2rpo/pipeline-root``). Nothing here plays a
+part of KFP: the run is sent with ``g2rpo pipeline submit --host`` as a user sends it, and read back with
+``kfp.Client().get_run()``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+
+import kfp
+import pytest
+
+from tests.cluster.deploy import BUCKET, PIPELINE_ROOT, REPO, run_arguments
+from tests.cluster.kfp_backend import NAMESPACE as KFP_NAMESPACE
+
+EXPERIMENT = "cluster-tier"
+PIPELINE = "g2rpo-alignment"
+RUN_TIMEOUT_S = 2400
+STEPS = ("prepare-data", "train", "evaluate", "decide", "promote", "report-status")
+
+
+def kfp_arguments() -> dict:
+    """The tier's smallest shapes run, as ``g2rpo pipeline submit`` takes it: ``node_selector`` is merged over the
+    profile's labels, so the H200 label (no such node here) is removed with null rather than an empty map."""
+    arguments = run_arguments(BUCKET)
+    arguments["node_selector"] = {"nvidia.com/gpu.product": None}
+    return arguments
+
+
+def submit(host: str, run_name: str, arguments: dict) -> str:
+    """``g2rpo pipeline submit --host`` in a subprocess, as a user runs it; returns the run id it prints."""
+    items = [f"{k}={v}" if isinstance(v, str) else f"{k}={json.dumps(v)}" for k, v in arguments.items()]
+    command = [sys.executable, "-m", "g2rpo.cli", "pipeline", "submit", "--host", host]
+    command += ["--experiment", EXPERIMENT, "--run-name", run_name, *items]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+    found = re.search(r"submitted run (\S+) ", done.stdout)
+    assert done.returncode == 0 and found, (
+        f"g2rpo pipeline submit exited {done.returncode}:\n{done.stdout}{done.stderr}"
+    )
+    return found.group(1)
+
+
+def schedule(host: str, name: str, cron: str, arguments: dict) -> str:
+    """``g2rpo pipeline schedule --host --cron`` in a subprocess; returns the recurring run id it prints."""
+    items = [f"{k}={v}" if isinstance(v, str) else f"{k}={json.dumps(v)}" for k, v in arguments.items()]
+    command = [sys.executable, "-m", "g2rpo.cli", "pipeline", "schedule", "--host", host]
+    command += ["--experiment", EXPERIMENT, "--cron", cron, "--name", name, *items]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
+    found = re.search(r"scheduled recurring run (\S+) ", done.stdout)
+    assert done.returncode == 0 and found, (
+        f"g2rpo pipeline schedule exited {done.returncode}:\n{done.stdout}{done.stderr}"
+    )
+    return found.group(1)
+
+
+def wait_for_fired_runs(deployment, recurring_run_id: str, count: int) -> list:
+    """The runs the scheduled-workflow controller started for the recurring run, once ``count`` of them have ended
+    (each must be SUCCEEDED); the schedule is then disabled and deleted through the API, and a run it started
+    meanwhile is waited for too."""
+    client = kfp.Client(host=deployment.kfp.host)
+
+    def fired() -> list:
+        runs = client.list_runs(page_size=100, sort_by="created_at desc").runs or []
+        return [r for r in runs if r.recurring_run_id == recurring_run_id]
+
+    deadline = time.monotonic() + count * RUN_TIMEOUT_S / 2
+    done: list = []
+    while time.monotonic() < deadline:
+        done = [r for r in fired() if r.state in ("SUCCEEDED", "FAILED", "CANCELED")]
+        if len(done) >= count:
+            break
+        time.sleep(5)
+    client.disable_recurring_run(recurring_run_id)
+    for run in fired():
+        if run.state not in ("SUCCEEDED", "FAILED", "CANCELED"):
+            wait_for_run(deployment, run.run_id)
+    client.delete_recurring_run(recurring_run_id)
+    runs = fired()
+    failed = [(r.run_id, r.state) for r in runs if r.state != "SUCCEEDED"]
+    assert len(runs) >= count and not failed, (
+        f"recurring run {recurring_run_id}: {len(runs)} runs fired, {count} wanted; not SUCCEEDED: {failed}\n"
+        + (failed_pod_logs(deployment, failed[0][0]) if failed else "")
+    )
+    return runs
+
+
+def tasks(run) -> dict[str, str]:
+    """The run's tasks as the API server reports them: display name -> state (the last attempt's, for retries)."""
+    out = {}
+    details = sorted(run.run_details.task_details or [], key=lambda t: t.create_time or 0)
+    for task in details:
+        out[task.display_name] = task.state
+    return out
+
+
+def wait_for_run(deployment, run_id: str) -> object:
+    """Poll ``kfp.Client().get_run`` until the run ends; on anything but SUCCEEDED raise with its tasks and the end
+    of each failed pod's log."""
+    client = kfp.Client(host=deployment.kfp.host)
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    run = client.get_run(run_id)
+    while run.state not in ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED") and time.monotonic() < deadline:
+        time.sleep(5)
+        run = client.get_run(run_id)
+    if run.state != "SUCCEEDED":
+        raise AssertionError(
+            f"run {run_id} is {run.state} (after {RUN_TIMEOUT_S} s at most); tasks {tasks(run)}\n"
+            + failed_pod_logs(deployment, run_id)
+        )
+    return run
+
+
+def failed_pod_logs(deployment, run_id: str) -> str:
+    cluster = deployment.cluster
+    pods = json.loads(cluster.kubectl("-n", KFP_NAMESPACE, "get", "pods", "-o", "json").stdout)["items"]
+    out = []
+    for pod in pods:
+        if pod["status"].get("phase") == "Failed":
+            name = pod["metadata"]["name"]
+            out.append(f"--- {name}:\n{cluster.logs(name, KFP_NAMESPACE, 'main')[-4000:]}")
+    return "\n".join(out) or "(no failed pods)"
+
+
+def objects(client, prefix: str) -> list[str]:
+    keys = []
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix=prefix):
+        keys += [o["Key"] for o in page.get("Contents", [])]
+    return keys
+
+
+def read_json(client, key: str) -> dict:
+    return json.loads(client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+
+
+def output_key(keys: list[str], task: str, output: str, name: str = "") -> str:
+    """The key of ``<root>/<pipeline>/<run>/<task>/<uuid>/<output>[/<name>]`` among ``keys`` (KFP's layout)."""
+    pattern = re.compile(
+        rf"/{re.escape(task)}/[0-9a-f-]{{36}}/{re.escape(output)}" + (f"/{re.escape(name)}$" if name else "$")
+    )
+    found = [k for k in keys if pattern.search(k)]
+    assert len(found) == 1, (task, output, name, found)
+    return found[0]
+
+
+def test_the_pipeline_submitted_to_kfp_runs_to_a_promoted_champion_then_its_schedule_fires_gated_runs(
+    deployment, capsys
+):
+    client = deployment.client()
+    started = time.monotonic()
+    first = submit(deployment.kfp.host, "cluster-tier-first", kfp_arguments())
+    run = wait_for_run(deployment, first)
+    deployment.timings["kfp run 1 (submit to SUCCEEDED)"] = time.monotonic() - started
+    states = tasks(run)
+    assert {step: states.get(step) for step in STEPS} == dict.fromkeys(STEPS, "SUCCEEDED"), states
+
+    # Every artifact KFP's launcher wrote is under the chart's pipeline root, keyed by the run.
+    prefix = f"{PIPELINE_ROOT.removeprefix(f's3://{BUCKET}/')}/{PIPELINE}/{first}/"
+    keys = objects(client, prefix)
+    for task, output in [
+        ("prepare-data", "data"),
+        ("train", "model"),
+        ("evaluate", "evaluation"),
+        ("decide", "report"),
+    ]:
+        assert any(f"/{task}/" in k and f"/{output}" in k for k in keys), (task, output, keys[:50])
+    decision = read_json(client, output_key(keys, "decide", "decision", "record.json"))
+    assert (decision["version"], decision["passed"], decision["champion"]) == (1, True, None), decision
+    registry = read_json(client, "registry/models/g2rpo-shapes/state.json")
+    assert registry["aliases"].get("champion") == 1, registry
+    # The exit task was told the exit handler's state by KFP's driver and recorded a success.
+    status = read_json(client, output_key(keys, "report-status", "record"))
+    assert (status["outcome"], status["failed_task"]) == ("succeeded", ""), status
+
+    # Scheduled retraining: the real scheduled-workflow controller fires the recurring run every minute; each fired
+    # run is gated against the champion; runs never overlap (max_concurrency 1) although each outlasts the minute.
+    started = time.monotonic()
+    recurring = schedule(deployment.kfp.host, "cluster-tier-retraining", "0 * * * * *", kfp_arguments())
+    fired = wait_for_fired_runs(deployment, recurring, count=2)
+    deployment.timings["kfp schedule (2 fired runs SUCCEEDED)"] = time.monotonic() - started
+    intervals = sorted((r.created_at, r.finished_at or datetime.max.replace(tzinfo=UTC)) for r in fired)
+    for (_, end), (start, _) in zip(intervals, intervals[1:], strict=False):
+        assert start >= end, f"runs of the recurring run overlap: {intervals}"
+    verdicts = []
+    for fired_run in sorted(fired, key=lambda r: r.created_at)[:2]:
+        keys = objects(client, prefix.replace(first, fired_run.run_id))
+        decision = read_json(client, output_key(keys, "decide", "decision", "record.json"))
+        assert decision["champion"] is not None and decision["version"] > 1, decision
+        verdicts.append(decision)
+    registry = read_json(client, "registry/models/g2rpo-shapes/state.json")
+    promoted = [d["version"] for d in verdicts if d["passed"]]
+    assert registry["aliases"].get("champion") == (promoted[-1] if promoted else 1), (registry, verdicts)
+    with capsys.disabled():
+        print(
+            f"\nKFP: run {first} SUCCEEDED, champion v1; recurring run {recurring} fired "
+            + "; ".join(f"v{d['version']} {'promoted' if d['passed'] else 'refused'}" for d in verdicts)
+            + "; "
+            + ", ".join(f"{k} {v:.1f} s" for k, v in deployment.timings.items() if k.startswith("kfp "))
+        )
+
+
+def workflow_of(deployment, run_id: str) -> dict:
+    """The Argo Workflow the API server made for the run (it labels it ``pipeline/runid``)."""
+    listed = deployment.cluster.kubectl(
+        "-n", KFP_NAMESPACE, "get", "wf", "-l", f"pipeline/runid={run_id}", "-o", "json"
+    )
+    (workflow,) = json.loads(listed.stdout)["items"]
+    return workflow
+
+
+def run_pods(deployment, workflow: str) -> dict[str, str]:
+    """The Workflow's pods (Argo labels each with its Workflow's name): name -> phase."""
+    selector = f"workflows.argoproj.io/workflow={workflow}"
+    listed = deployment.cluster.kubectl("-n", KFP_NAMESPACE, "get", "pods", "-l", selector, "-o", "json")
+    return {p["metadata"]["name"]: p["status"].get("phase", "") for p in json.loads(listed.stdout)["items"]}
+
+
+@pytest.mark.skip(
+    reason="the tool's watch proxy (../shared/tools/kfp/rv-proxy) does not pass HTTP Upgrade requests, so Argo's "
+    "termination cannot signal a pod's containers (pods/exec): the controller logs 'signaled container ... "
+    'error="Upgrade request required"\' and the train pod runs on (measured 2026-12-04, docs/cluster.md); '
+    "a tool defect, not one of the pipeline"
+)
+def test_a_run_cancelled_through_the_api_while_training_leaves_nothing_running(deployment, capsys):
+    """``kfp.Client().terminate_run`` while train runs: Argo stops the Workflow and its pods end; the run is not
+    reported SUCCEEDED. (One node: the train task trains in its own pod, so there is no TrainJob to stop.)"""
+    client = kfp.Client(host=deployment.kfp.host)
+    arguments = {**kfp_arguments(), "iterations": 200, "model_name": "g2rpo-cancelled"}
+    run_id = submit(deployment.kfp.host, "cluster-tier-cancelled", arguments)
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        run = client.get_run(run_id)
+        if tasks(run).get("train") == "RUNNING":
+            workflow = workflow_of(deployment, run_id)["metadata"]["name"]
+            if any(phase == "Running" for phase in run_pods(deployment, workflow).values()):
+                break
+        assert run.state not in ("SUCCEEDED", "FAILED", "CANCELED"), (run.state, tasks(run))
+        time.sleep(3)
+    else:
+        raise AssertionError(f"run {run_id} never reached a running train step: {tasks(client.get_run(run_id))}")
+    started = time.monotonic()
+    client.terminate_run(run_id)
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        alive = {n: p for n, p in run_pods(deployment, workflow).items() if p in ("Pending", "Running")}
+        state = client.get_run(run_id).state
+        if not alive and state not in ("RUNNING", "PENDING"):
+            break
+        time.sleep(3)
+    else:
+        raise AssertionError(
+            f"run {run_id} {state} {time.monotonic() - started:.0f} s after terminate_run; alive: {alive}"
+        )
+    assert state in ("CANCELING", "CANCELED", "FAILED"), state
+    phase = workflow_of(deployment, run_id)["status"]["phase"]
+    assert phase in ("Failed", "Error"), phase
+    with capsys.disabled():
+        print(
+            f"\nKFP: run {run_id} terminated while training: {state} (Workflow {phase}), no pod left running "
+            f"{time.monotonic() - started:.0f} s after terminate_run"
+        )
