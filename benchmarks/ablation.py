@@ -86,12 +86,21 @@ LEARNED_WEIGHTS = {
 }
 LEARNED = tuple(LEARNED_WEIGHTS)
 METRICS = IN_DOMAIN + CHECKS + OUT_OF_DOMAIN + LEARNED
+CONTROL_METRICS = ("shapes_texture",)  # scores of order 0.01: the tables print them with 4 decimals
 REWARD_SETTINGS = {
     "multi": list(IN_DOMAIN),
     "single": ["shapes_colour"],
     "learned": ["hps_v21", "clip"],  # the paper's HPS + CLIP, learned; the exact rewards are ground truth
     "learned_hps": ["hps_v21"],  # the paper's HPS-only row
+    # The positive control for MGAI (issue 41 §2): an exact reward whose ranking of a group's branches depends on
+    # how they are finished (g2rpo.rewards.shapes, shapes_texture; benchmarks/stride_agreement.py --rewards texture).
+    "texture": ["shapes_texture"],
 }
+
+
+def metrics_for(setting: str) -> tuple[str, ...]:
+    """What a run of ``setting`` is scored on: :data:`METRICS`, then its trained rewards that are not among them."""
+    return METRICS + tuple(n for n in REWARD_SETTINGS[setting] if n not in METRICS)
 
 
 def reward_model(name: str) -> dict[str, Any]:
@@ -221,7 +230,8 @@ class Evaluator:
         self.cond = encoder.encode(list(spec.heldout))
         from g2rpo.rewards.config import RewardModelConfig
 
-        self.rewards = {name: build_reward(RewardModelConfig(**reward_model(name))) for name in METRICS}
+        self.metrics = metrics_for(spec.rewards)
+        self.rewards = {name: build_reward(RewardModelConfig(**reward_model(name))) for name in self.metrics}
         self.sigmas = make_grid(trainer.config.algorithm, trainer.latent_shape[0])
         self.spec = spec
 
@@ -244,9 +254,9 @@ class Evaluator:
         )
         trainer.velocity.train(was_training)
         per_prompt = {  # each held-out prompt's mean over the eval seeds: prompt-sampling variance
-            name: [round(float(v), 5) for v in result.scores[name].float().mean(1)] for name in METRICS
+            name: [round(float(v), 5) for v in result.scores[name].float().mean(1)] for name in self.metrics
         }
-        return {**{name: result.mean(name) for name in METRICS}, "per_prompt": per_prompt}
+        return {**{name: result.mean(name) for name in self.metrics}, "per_prompt": per_prompt}
 
 
 def train_one(spec: RunSpec) -> dict[str, Any]:
@@ -398,7 +408,7 @@ def summarise(runs: list[dict[str, Any]], equal_iteration: int) -> dict[str, Any
             out[view] = {
                 m: {
                     metric: mean_ci([interpolate(r["evals"], axis, at, metric) for r in subset if r["method"] == m])
-                    for metric in METRICS
+                    for metric in metrics_for(setting)
                 }
                 for m in methods
             }
@@ -417,7 +427,7 @@ def summarise(runs: list[dict[str, Any]], equal_iteration: int) -> dict[str, Any
             }
             for m in methods
         }
-        out["base"] = {metric: subset[0]["evals"][0][metric] for metric in METRICS}
+        out["base"] = {metric: subset[0]["evals"][0][metric] for metric in metrics_for(setting)}
         table[setting] = out
     return table
 
@@ -438,16 +448,22 @@ def markdown(summary: dict[str, Any], equal_iteration: int) -> str:
             + f"; equal wall time = {out['wall_seconds']:.0f} s ({out.get('wall_axis', 'seconds')}); "
             "mean ± 95 % CI over seeds; in-domain first, then out-of-domain\n"
         )
-        base = " | ".join(f"{out['base'][m]:.3f}" for m in METRICS)
+        metrics = metrics_for(setting)
+        base = " | ".join(f"{out['base'][m]:.3f}" for m in metrics)
         for view, title in titles.items():
             if view not in out:
                 continue
             lines.append(f"### {title}\n")
-            lines.append("| method | " + " | ".join(METRICS) + " |")
-            lines.append("|---" * (len(METRICS) + 1) + "|")
+            lines.append("| method | " + " | ".join(metrics) + " |")
+            lines.append("|---" * (len(metrics) + 1) + "|")
             lines.append(f"| base model | {base} |")
             for method, row in out[view].items():
-                cells = " | ".join(f"{row[m]['mean']:.3f} ± {row[m]['ci95']:.3f}" for m in METRICS)
+                cells = " | ".join(
+                    f"{row[m]['mean']:.4f} ± {row[m]['ci95']:.4f}"
+                    if m in CONTROL_METRICS
+                    else f"{row[m]['mean']:.3f} ± {row[m]['ci95']:.3f}"
+                    for m in metrics
+                )
                 lines.append(f"| {method} | {cells} |")
             lines.append("")
         lines.append("### cost\n")
@@ -495,11 +511,12 @@ def plot(runs: list[dict[str, Any]], folder: Path) -> list[Path]:
             continue
         methods = list(dict.fromkeys(r["method"] for r in subset))
         colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
-        base = {m: statistics.fmean(r["evals"][0][m] for r in subset) for m in METRICS}
+        metrics = metrics_for(setting)
+        base = {m: statistics.fmean(r["evals"][0][m] for r in subset) for m in metrics}
         for axis, label in axes_spec:
-            fig, grid = plt.subplots(2, math.ceil(len(METRICS) / 2), figsize=(3.6 * math.ceil(len(METRICS) / 2), 6.4))
+            fig, grid = plt.subplots(2, math.ceil(len(metrics) / 2), figsize=(3.6 * math.ceil(len(metrics) / 2), 6.4))
             panels = list(grid.flat)
-            for ax, metric in zip(panels, METRICS):
+            for ax, metric in zip(panels, metrics):
                 for method in methods:
                     mine = [r for r in subset if r["method"] == method]
                     end = statistics.median(max(p[axis] for p in r["evals"]) for r in mine)
@@ -520,7 +537,7 @@ def plot(runs: list[dict[str, Any]], folder: Path) -> list[Path]:
                 ax.xaxis.set_major_locator(MaxNLocator(5))  # 690k compute units, 1.8e13 FLOPs: short ticks
                 ax.xaxis.set_major_formatter(EngFormatter(sep=""))
                 ax.tick_params(labelsize=7)
-            for ax in panels[len(METRICS) :]:
+            for ax in panels[len(metrics) :]:
                 ax.axis("off")
             for row in grid:
                 row[0].set_ylabel("held-out mean score", fontsize=8)
