@@ -95,6 +95,7 @@ REWARD_SETTINGS = {
     # The positive control for MGAI (issue 41 §2): an exact reward whose ranking of a group's branches depends on
     # how they are finished (g2rpo.rewards.shapes, shapes_texture; benchmarks/stride_agreement.py --rewards texture).
     "texture": ["shapes_texture"],
+    "texture_task": ["shapes_colour", "shapes_shape", "shapes_texture"],  # the control beside the task's rewards
 }
 
 

@@ -50,6 +50,8 @@ SETTINGS: dict[str, list[tuple[str, str | None]]] = {
     "learned": [("hps_v21", str(PREF)), ("clip", str(CLIP))],
     # the positive control for MGAI (issue 41 §2): fine texture, decided by the last steps (g2rpo.rewards.shapes)
     "texture": [("shapes_texture", None)],
+    # the same beside the task's exact rewards: a learnable part (colour, shape) and a part the finish decides
+    "texture_task": [("shapes_colour", None), ("shapes_shape", None), ("shapes_texture", None)],
 }
 
 

@@ -71,6 +71,21 @@ def test_summary_reads_each_view_on_its_own_axis():
     assert summary["cost"]["cheap"]["iterations_for_budget"]["mean"] == 8
 
 
+def test_a_control_setting_is_scored_and_summarised_on_its_own_reward_too():
+    # the texture control trains on shapes_texture, which is not among the metrics every run is scored on
+    assert ablation.metrics_for("learned") == ablation.METRICS
+    assert ablation.metrics_for("texture") == (*ablation.METRICS, "shapes_texture")
+    assert ablation.metrics_for("texture_task")[-1] == "shapes_texture"
+    runs = [_run("a", s, [(0, 0, 0.0, 0.0), (2, 200, 2.0, 0.5 + s)]) for s in (0, 1)]
+    for run in runs:
+        run["rewards"] = "texture"
+        for point in run["evals"]:
+            point["shapes_texture"] = -0.01 * point["iteration"]
+    summary = ablation.summarise(runs, equal_iteration=2)["texture"]
+    assert summary["equal_iterations"]["a"]["shapes_texture"]["mean"] == pytest.approx(-0.02)
+    assert "shapes_texture" in ablation.markdown({"texture": summary}, 2)
+
+
 def test_each_method_gets_the_swept_rate_with_the_best_validation_gain():
     def run(method, lr, colour, shape):
         base = dict.fromkeys(ablation.METRICS, 0.5)
