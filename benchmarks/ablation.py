@@ -61,7 +61,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,14 +137,29 @@ METHODS: dict[str, dict[str, Any]] = {
     # disabled; beside it the same LoRA run without the KL, so the pair isolates what the KL does.
     "flowgrpo_lora": {"strategy": "flowgrpo", "flowgrpo": {"kl_beta": 0.0}},
     "flowgrpo_lora_kl": {"strategy": "flowgrpo", "flowgrpo": {"kl_beta": 0.04}},
+    # Issue 41 §1: G²RPO with its strides averaged (α_j = 1/|Λ|), so the summed advantage is clipped at ±5 no more
+    # often than one stride's is (the clip confound of G²RPO against without MGAI), and with the reference code's
+    # stride finish (σ[:k+2] + σ[k+2::λ], x̂₀ scored at the last-but-one point).
+    "g2rpo_mean_strides": {"strategy": "g2rpo", "g2rpo": {"stride_weights": [1 / 3, 1 / 3, 1 / 3]}},
+    "g2rpo_ref_finish": {"strategy": "g2rpo", "g2rpo": {"stride_schedule": "reference"}},
+    # Issue 41 §3, the frontier baselines at their published settings (docs/core.md): BranchGRPO's split noise × 4
+    # (tree_split_noise_scale 4.0 of its script; its split points 0, 3, 6, 9 need T ≥ 10, so at T = 6 the published
+    # uniform rule k = r·⌊T/4⌋ stays; its optimiser step every 12 shuffled edges is not built), and DiffusionNFT
+    # with its KL (1e-4) to the LoRA base and an EMA of the adapters, evaluated on the EMA weights (METHOD_TRAIN).
+    "branchgrpo_published": {"strategy": "branchgrpo", "branchgrpo": {"split_noise_scale": 4.0}},
+    "diffusionnft_published": {"strategy": "diffusionnft", "diffusionnft": {"kl_beta": 1e-4}},
 }
 # LoRA on the shapes transformer (inner width 64 = 4 heads × 16): rank 8, an eighth of the width, so the adapters
 # are a real low-rank restriction on this small model; alpha = 2 × rank; the attention projections (the default).
 LORA_SHAPES = {"enabled": True, "rank": 8, "alpha": 16.0}
 # Each method's overrides of the train section (on top of run_config's).
+# EMA of the trained weights as the Flow-GRPO family's scripts keep it (EMAModuleWrapper, decay 0.9; their update
+# every 8 optimiser steps is not built: here every step). A run with train.ema is evaluated on the EMA weights.
+EMA_PUBLISHED = {"enabled": True, "decay": 0.9}
 METHOD_TRAIN: dict[str, dict[str, Any]] = {
     "flowgrpo_lora": {"lora": LORA_SHAPES},
     "flowgrpo_lora_kl": {"lora": LORA_SHAPES},
+    "diffusionnft_published": {"lora": LORA_SHAPES, "ema": EMA_PUBLISHED},
 }
 # The paper's sampler (docs/algorithm.md §6) is T = 16, G = 12 (G²RPO's M = the noisiest half, Λ = {1, 2, 3}); the
 # default here is the demo's reduced sampler (configs/shapes-cpu.yaml), which fits 5 seeds × 6 methods
@@ -241,7 +258,16 @@ class Evaluator:
 
         was_training = trainer.velocity.training
         trainer.velocity.eval()
-        result = sample_and_score(
+        with ema_weights(trainer):
+            result = self._sample(trainer, sample_and_score)
+        trainer.velocity.train(was_training)
+        per_prompt = {  # each held-out prompt's mean over the eval seeds: prompt-sampling variance
+            name: [round(float(v), 5) for v in result.scores[name].float().mean(1)] for name in self.metrics
+        }
+        return {**{name: result.mean(name) for name in self.metrics}, "per_prompt": per_prompt}
+
+    def _sample(self, trainer: Any, sample_and_score: Any) -> Any:
+        return sample_and_score(
             trainer.velocity,
             trainer.vae,
             self.cond,
@@ -253,11 +279,28 @@ class Evaluator:
             decode_micro_batch=64,
             reward_batch=512,
         )
-        trainer.velocity.train(was_training)
-        per_prompt = {  # each held-out prompt's mean over the eval seeds: prompt-sampling variance
-            name: [round(float(v), 5) for v in result.scores[name].float().mean(1)] for name in self.metrics
-        }
-        return {**{name: result.mean(name) for name in self.metrics}, "per_prompt": per_prompt}
+
+
+@contextmanager
+def ema_weights(trainer: Any) -> Iterator[None]:
+    """The trainer's EMA weights in place of its trained ones for the duration (nothing when it keeps no EMA):
+    a run with ``train.ema`` is evaluated as its method publishes, on the EMA; the trained weights come back bit
+    for bit afterwards."""
+    ema = getattr(trainer, "ema", None)
+    if ema is None:
+        yield
+        return
+    live = trainer._trainable()
+    saved = {name: tensor.detach().clone() for name, tensor in live.items()}
+    with torch.no_grad():
+        for name, tensor in live.items():
+            tensor.copy_(ema.shadow[name].to(tensor.dtype))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, tensor in live.items():
+                tensor.copy_(saved[name])
 
 
 def train_one(spec: RunSpec) -> dict[str, Any]:

@@ -216,3 +216,27 @@ def test_probe_table_names_the_probes_taken_on_a_busy_machine():
     assert "Warning" not in ablation.probe_markdown({"mixgrpo": quiet})
     old = {"seconds": 1.0, "phases": {"sampling": 1.0}}  # taken before the load average was recorded
     assert "| g2rpo | 1.00 | 1.00 | not recorded |" in ablation.probe_markdown({"g2rpo": old})
+
+
+def test_a_run_with_an_ema_is_evaluated_on_the_ema_weights_and_gets_its_own_back():
+    import torch
+
+    from g2rpo.training.drivers import EMA
+
+    class Trainer:
+        def __init__(self) -> None:
+            self.weight = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+            self.ema = EMA({"w": self.weight}, decay=0.5)
+            self.ema.update({"w": torch.tensor([3.0, 4.0])})  # shadow = 0.5·[1, 2] + 0.5·[3, 4] = [2, 3]
+
+        def _trainable(self) -> dict:
+            return {"w": self.weight}
+
+    trainer = Trainer()
+    with ablation.ema_weights(trainer):
+        assert trainer.weight.tolist() == [2.0, 3.0]
+    assert trainer.weight.tolist() == [1.0, 2.0]
+    trainer.ema = None  # no EMA: the trained weights are evaluated
+    with ablation.ema_weights(trainer):
+        assert trainer.weight.tolist() == [1.0, 2.0]
+    assert ablation.METHOD_TRAIN["diffusionnft_published"]["ema"]["enabled"] is True
