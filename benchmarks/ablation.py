@@ -185,6 +185,16 @@ class RunSpec:
     algorithm: tuple[tuple[str, Any], ...] = tuple(SHARED_ALGORITHM.items())
     stage: str = "main"  # "probe", "sweep" (validation split) or "main" (held-out split)
     model_sha256: str = ""
+    # Dense early readings (issue 41 §1): this many more eval points spread evenly over the first early_fraction of
+    # the budget, on top of the every-eval_every ones. 0 (the default) leaves the schedule and the run key as before.
+    early_evals: int = 0
+    early_fraction: float = 0.2
+
+
+def early_points(spec: RunSpec) -> list[float]:
+    """The compute thresholds of the dense early readings: (i / n) · early_fraction · budget for i = 1..n."""
+    n = spec.early_evals
+    return [spec.budget * spec.early_fraction * i / n for i in range(1, n + 1)] if n > 0 else []
 
 
 def compute_of(stats: Any) -> int:
@@ -313,6 +323,7 @@ def train_one(spec: RunSpec) -> dict[str, Any]:
     evaluate = Evaluator(spec, trainer)
     points = [{"iteration": 0, "compute": 0, "seconds": 0.0, "decoded_images": 0, **evaluate(trainer)}]
     compute, seconds, decoded, next_eval = 0, 0.0, 0, spec.eval_every
+    early = early_points(spec) if spec.stage == "main" else []
     iterations: list[dict[str, Any]] = []
     # Until the budget is spent *and* the equal-iteration point is reached: a method dearer per iteration
     # than the budget's pace is read at iteration N on its own curve, not at its end.
@@ -336,6 +347,9 @@ def train_one(spec: RunSpec) -> dict[str, Any]:
             }
         )
         due = compute >= next_eval or trainer.iteration == spec.equal_iteration or compute >= spec.budget
+        if early and compute >= early[0]:
+            due = True
+            early = [x for x in early if x > compute]
         if due:
             while next_eval <= compute:
                 next_eval += spec.eval_every
@@ -649,6 +663,7 @@ def run_key(spec: RunSpec) -> str:
                 spec.eval_seeds,
                 spec.eval_every,
                 spec.model_sha256,
+                *([spec.early_evals, spec.early_fraction] if spec.early_evals else []),  # old keys unchanged
             ],
             default=str,
         ).encode()
@@ -746,6 +761,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-seeds", type=int, default=4, help="sampling seeds per held-out scene")
     parser.add_argument("--validation", type=int, default=32, help="validation scenes for the learning-rate sweep")
     parser.add_argument("--evals", type=int, default=4, help="eval points spread over the budget")
+    parser.add_argument(
+        "--early-evals",
+        type=int,
+        default=0,
+        help="more eval points spread over the first --early-fraction of the budget (dense early readings; "
+        "default 0: none, and the run keys of earlier invocations are kept)",
+    )
+    parser.add_argument("--early-fraction", type=float, default=0.2, help="the early part of the budget (default 0.2)")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
     parser.add_argument("--num-steps", type=int, default=SHARED_ALGORITHM["num_steps"], help="T (paper 16)")
     parser.add_argument("--group-size", type=int, default=SHARED_ALGORITHM["group_size"], help="G (paper 12)")
@@ -807,6 +830,8 @@ def main(argv: list[str] | None = None) -> int:
             budget=budget,
             equal_iteration=args.iterations,
             eval_every=budget / max(args.evals, 1),
+            early_evals=args.early_evals,
+            early_fraction=args.early_fraction,
             lr=lr,
             prompts_per_iteration=args.prompts_per_iteration,
             model=str(model),

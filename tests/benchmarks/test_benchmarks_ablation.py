@@ -240,3 +240,18 @@ def test_a_run_with_an_ema_is_evaluated_on_the_ema_weights_and_gets_its_own_back
     with ablation.ema_weights(trainer):
         assert trainer.weight.tolist() == [1.0, 2.0]
     assert ablation.METHOD_TRAIN["diffusionnft_published"]["ema"]["enabled"] is True
+
+
+def test_dense_early_readings_add_eval_points_and_leave_old_run_keys_alone():
+    from dataclasses import replace
+
+    spec = ablation.RunSpec(
+        "g2rpo", "learned", 3, 689760, 45, 86220.0, 1e-3, 8, "m", "p.txt", ("a", "b"), (0, 1), "w", model_sha256="abc"
+    )
+    # the key this spec had before early readings existed: a rerun with --early-evals 0 reuses committed runs
+    assert ablation.run_key(spec) == "g2rpo-learned-s3-lr0.001-main-684f7e77ac"
+    assert ablation.early_points(spec) == []
+    dense = replace(spec, early_evals=4, early_fraction=0.2)
+    # 4 points over the first 20 % of 689,760 units: 34,488, 68,976, 103,464, 137,952
+    assert ablation.early_points(dense) == pytest.approx([34488.0, 68976.0, 103464.0, 137952.0])
+    assert ablation.run_key(dense) != ablation.run_key(spec)
