@@ -61,7 +61,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -86,12 +88,22 @@ LEARNED_WEIGHTS = {
 }
 LEARNED = tuple(LEARNED_WEIGHTS)
 METRICS = IN_DOMAIN + CHECKS + OUT_OF_DOMAIN + LEARNED
+CONTROL_METRICS = ("shapes_texture",)  # scores of order 0.01: the tables print them with 4 decimals
 REWARD_SETTINGS = {
     "multi": list(IN_DOMAIN),
     "single": ["shapes_colour"],
     "learned": ["hps_v21", "clip"],  # the paper's HPS + CLIP, learned; the exact rewards are ground truth
     "learned_hps": ["hps_v21"],  # the paper's HPS-only row
+    # The positive control for MGAI (issue 41 §2): an exact reward whose ranking of a group's branches depends on
+    # how they are finished (g2rpo.rewards.shapes, shapes_texture; benchmarks/stride_agreement.py --rewards texture).
+    "texture": ["shapes_texture"],
+    "texture_task": ["shapes_colour", "shapes_shape", "shapes_texture"],  # the control beside the task's rewards
 }
+
+
+def metrics_for(setting: str) -> tuple[str, ...]:
+    """What a run of ``setting`` is scored on: :data:`METRICS`, then its trained rewards that are not among them."""
+    return METRICS + tuple(n for n in REWARD_SETTINGS[setting] if n not in METRICS)
 
 
 def reward_model(name: str) -> dict[str, Any]:
@@ -125,14 +137,29 @@ METHODS: dict[str, dict[str, Any]] = {
     # disabled; beside it the same LoRA run without the KL, so the pair isolates what the KL does.
     "flowgrpo_lora": {"strategy": "flowgrpo", "flowgrpo": {"kl_beta": 0.0}},
     "flowgrpo_lora_kl": {"strategy": "flowgrpo", "flowgrpo": {"kl_beta": 0.04}},
+    # Issue 41 §1: G²RPO with its strides averaged (α_j = 1/|Λ|), so the summed advantage is clipped at ±5 no more
+    # often than one stride's is (the clip confound of G²RPO against without MGAI), and with the reference code's
+    # stride finish (σ[:k+2] + σ[k+2::λ], x̂₀ scored at the last-but-one point).
+    "g2rpo_mean_strides": {"strategy": "g2rpo", "g2rpo": {"stride_weights": [1 / 3, 1 / 3, 1 / 3]}},
+    "g2rpo_ref_finish": {"strategy": "g2rpo", "g2rpo": {"stride_schedule": "reference"}},
+    # Issue 41 §3, the frontier baselines at their published settings (docs/core.md): BranchGRPO's split noise × 4
+    # (tree_split_noise_scale 4.0 of its script; its split points 0, 3, 6, 9 need T ≥ 10, so at T = 6 the published
+    # uniform rule k = r·⌊T/4⌋ stays; its optimiser step every 12 shuffled edges is not built), and DiffusionNFT
+    # with its KL (1e-4) to the LoRA base and an EMA of the adapters, evaluated on the EMA weights (METHOD_TRAIN).
+    "branchgrpo_published": {"strategy": "branchgrpo", "branchgrpo": {"split_noise_scale": 4.0}},
+    "diffusionnft_published": {"strategy": "diffusionnft", "diffusionnft": {"kl_beta": 1e-4}},
 }
 # LoRA on the shapes transformer (inner width 64 = 4 heads × 16): rank 8, an eighth of the width, so the adapters
 # are a real low-rank restriction on this small model; alpha = 2 × rank; the attention projections (the default).
 LORA_SHAPES = {"enabled": True, "rank": 8, "alpha": 16.0}
 # Each method's overrides of the train section (on top of run_config's).
+# EMA of the trained weights as the Flow-GRPO family's scripts keep it (EMAModuleWrapper, decay 0.9; their update
+# every 8 optimiser steps is not built: here every step). A run with train.ema is evaluated on the EMA weights.
+EMA_PUBLISHED = {"enabled": True, "decay": 0.9}
 METHOD_TRAIN: dict[str, dict[str, Any]] = {
     "flowgrpo_lora": {"lora": LORA_SHAPES},
     "flowgrpo_lora_kl": {"lora": LORA_SHAPES},
+    "diffusionnft_published": {"lora": LORA_SHAPES, "ema": EMA_PUBLISHED},
 }
 # The paper's sampler (docs/algorithm.md §6) is T = 16, G = 12 (G²RPO's M = the noisiest half, Λ = {1, 2, 3}); the
 # default here is the demo's reduced sampler (configs/shapes-cpu.yaml), which fits 5 seeds × 6 methods
@@ -158,6 +185,16 @@ class RunSpec:
     algorithm: tuple[tuple[str, Any], ...] = tuple(SHARED_ALGORITHM.items())
     stage: str = "main"  # "probe", "sweep" (validation split) or "main" (held-out split)
     model_sha256: str = ""
+    # Dense early readings (issue 41 §1): this many more eval points spread evenly over the first early_fraction of
+    # the budget, on top of the every-eval_every ones. 0 (the default) leaves the schedule and the run key as before.
+    early_evals: int = 0
+    early_fraction: float = 0.2
+
+
+def early_points(spec: RunSpec) -> list[float]:
+    """The compute thresholds of the dense early readings: (i / n) · early_fraction · budget for i = 1..n."""
+    n = spec.early_evals
+    return [spec.budget * spec.early_fraction * i / n for i in range(1, n + 1)] if n > 0 else []
 
 
 def compute_of(stats: Any) -> int:
@@ -221,7 +258,8 @@ class Evaluator:
         self.cond = encoder.encode(list(spec.heldout))
         from g2rpo.rewards.config import RewardModelConfig
 
-        self.rewards = {name: build_reward(RewardModelConfig(**reward_model(name))) for name in METRICS}
+        self.metrics = metrics_for(spec.rewards)
+        self.rewards = {name: build_reward(RewardModelConfig(**reward_model(name))) for name in self.metrics}
         self.sigmas = make_grid(trainer.config.algorithm, trainer.latent_shape[0])
         self.spec = spec
 
@@ -230,7 +268,16 @@ class Evaluator:
 
         was_training = trainer.velocity.training
         trainer.velocity.eval()
-        result = sample_and_score(
+        with ema_weights(trainer):
+            result = self._sample(trainer, sample_and_score)
+        trainer.velocity.train(was_training)
+        per_prompt = {  # each held-out prompt's mean over the eval seeds: prompt-sampling variance
+            name: [round(float(v), 5) for v in result.scores[name].float().mean(1)] for name in self.metrics
+        }
+        return {**{name: result.mean(name) for name in self.metrics}, "per_prompt": per_prompt}
+
+    def _sample(self, trainer: Any, sample_and_score: Any) -> Any:
+        return sample_and_score(
             trainer.velocity,
             trainer.vae,
             self.cond,
@@ -242,11 +289,28 @@ class Evaluator:
             decode_micro_batch=64,
             reward_batch=512,
         )
-        trainer.velocity.train(was_training)
-        per_prompt = {  # each held-out prompt's mean over the eval seeds: prompt-sampling variance
-            name: [round(float(v), 5) for v in result.scores[name].float().mean(1)] for name in METRICS
-        }
-        return {**{name: result.mean(name) for name in METRICS}, "per_prompt": per_prompt}
+
+
+@contextmanager
+def ema_weights(trainer: Any) -> Iterator[None]:
+    """The trainer's EMA weights in place of its trained ones for the duration (nothing when it keeps no EMA):
+    a run with ``train.ema`` is evaluated as its method publishes, on the EMA; the trained weights come back bit
+    for bit afterwards."""
+    ema = getattr(trainer, "ema", None)
+    if ema is None:
+        yield
+        return
+    live = trainer._trainable()
+    saved = {name: tensor.detach().clone() for name, tensor in live.items()}
+    with torch.no_grad():
+        for name, tensor in live.items():
+            tensor.copy_(ema.shadow[name].to(tensor.dtype))
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for name, tensor in live.items():
+                tensor.copy_(saved[name])
 
 
 def train_one(spec: RunSpec) -> dict[str, Any]:
@@ -259,6 +323,7 @@ def train_one(spec: RunSpec) -> dict[str, Any]:
     evaluate = Evaluator(spec, trainer)
     points = [{"iteration": 0, "compute": 0, "seconds": 0.0, "decoded_images": 0, **evaluate(trainer)}]
     compute, seconds, decoded, next_eval = 0, 0.0, 0, spec.eval_every
+    early = early_points(spec) if spec.stage == "main" else []
     iterations: list[dict[str, Any]] = []
     # Until the budget is spent *and* the equal-iteration point is reached: a method dearer per iteration
     # than the budget's pace is read at iteration N on its own curve, not at its end.
@@ -282,6 +347,9 @@ def train_one(spec: RunSpec) -> dict[str, Any]:
             }
         )
         due = compute >= next_eval or trainer.iteration == spec.equal_iteration or compute >= spec.budget
+        if early and compute >= early[0]:
+            due = True
+            early = [x for x in early if x > compute]
         if due:
             while next_eval <= compute:
                 next_eval += spec.eval_every
@@ -398,7 +466,7 @@ def summarise(runs: list[dict[str, Any]], equal_iteration: int) -> dict[str, Any
             out[view] = {
                 m: {
                     metric: mean_ci([interpolate(r["evals"], axis, at, metric) for r in subset if r["method"] == m])
-                    for metric in METRICS
+                    for metric in metrics_for(setting)
                 }
                 for m in methods
             }
@@ -417,7 +485,7 @@ def summarise(runs: list[dict[str, Any]], equal_iteration: int) -> dict[str, Any
             }
             for m in methods
         }
-        out["base"] = {metric: subset[0]["evals"][0][metric] for metric in METRICS}
+        out["base"] = {metric: subset[0]["evals"][0][metric] for metric in metrics_for(setting)}
         table[setting] = out
     return table
 
@@ -438,16 +506,22 @@ def markdown(summary: dict[str, Any], equal_iteration: int) -> str:
             + f"; equal wall time = {out['wall_seconds']:.0f} s ({out.get('wall_axis', 'seconds')}); "
             "mean ± 95 % CI over seeds; in-domain first, then out-of-domain\n"
         )
-        base = " | ".join(f"{out['base'][m]:.3f}" for m in METRICS)
+        metrics = metrics_for(setting)
+        base = " | ".join(f"{out['base'][m]:.3f}" for m in metrics)
         for view, title in titles.items():
             if view not in out:
                 continue
             lines.append(f"### {title}\n")
-            lines.append("| method | " + " | ".join(METRICS) + " |")
-            lines.append("|---" * (len(METRICS) + 1) + "|")
+            lines.append("| method | " + " | ".join(metrics) + " |")
+            lines.append("|---" * (len(metrics) + 1) + "|")
             lines.append(f"| base model | {base} |")
             for method, row in out[view].items():
-                cells = " | ".join(f"{row[m]['mean']:.3f} ± {row[m]['ci95']:.3f}" for m in METRICS)
+                cells = " | ".join(
+                    f"{row[m]['mean']:.4f} ± {row[m]['ci95']:.4f}"
+                    if m in CONTROL_METRICS
+                    else f"{row[m]['mean']:.3f} ± {row[m]['ci95']:.3f}"
+                    for m in metrics
+                )
                 lines.append(f"| {method} | {cells} |")
             lines.append("")
         lines.append("### cost\n")
@@ -495,11 +569,12 @@ def plot(runs: list[dict[str, Any]], folder: Path) -> list[Path]:
             continue
         methods = list(dict.fromkeys(r["method"] for r in subset))
         colours = {m: plt.get_cmap("tab10")(i % 10) for i, m in enumerate(methods)}
-        base = {m: statistics.fmean(r["evals"][0][m] for r in subset) for m in METRICS}
+        metrics = metrics_for(setting)
+        base = {m: statistics.fmean(r["evals"][0][m] for r in subset) for m in metrics}
         for axis, label in axes_spec:
-            fig, grid = plt.subplots(2, math.ceil(len(METRICS) / 2), figsize=(3.6 * math.ceil(len(METRICS) / 2), 6.4))
+            fig, grid = plt.subplots(2, math.ceil(len(metrics) / 2), figsize=(3.6 * math.ceil(len(metrics) / 2), 6.4))
             panels = list(grid.flat)
-            for ax, metric in zip(panels, METRICS):
+            for ax, metric in zip(panels, metrics):
                 for method in methods:
                     mine = [r for r in subset if r["method"] == method]
                     end = statistics.median(max(p[axis] for p in r["evals"]) for r in mine)
@@ -520,7 +595,7 @@ def plot(runs: list[dict[str, Any]], folder: Path) -> list[Path]:
                 ax.xaxis.set_major_locator(MaxNLocator(5))  # 690k compute units, 1.8e13 FLOPs: short ticks
                 ax.xaxis.set_major_formatter(EngFormatter(sep=""))
                 ax.tick_params(labelsize=7)
-            for ax in panels[len(METRICS) :]:
+            for ax in panels[len(metrics) :]:
                 ax.axis("off")
             for row in grid:
                 row[0].set_ylabel("held-out mean score", fontsize=8)
@@ -588,6 +663,7 @@ def run_key(spec: RunSpec) -> str:
                 spec.eval_seeds,
                 spec.eval_every,
                 spec.model_sha256,
+                *([spec.early_evals, spec.early_fraction] if spec.early_evals else []),  # old keys unchanged
             ],
             default=str,
         ).encode()
@@ -685,6 +761,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval-seeds", type=int, default=4, help="sampling seeds per held-out scene")
     parser.add_argument("--validation", type=int, default=32, help="validation scenes for the learning-rate sweep")
     parser.add_argument("--evals", type=int, default=4, help="eval points spread over the budget")
+    parser.add_argument(
+        "--early-evals",
+        type=int,
+        default=0,
+        help="more eval points spread over the first --early-fraction of the budget (dense early readings; "
+        "default 0: none, and the run keys of earlier invocations are kept)",
+    )
+    parser.add_argument("--early-fraction", type=float, default=0.2, help="the early part of the budget (default 0.2)")
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
     parser.add_argument("--num-steps", type=int, default=SHARED_ALGORITHM["num_steps"], help="T (paper 16)")
     parser.add_argument("--group-size", type=int, default=SHARED_ALGORITHM["group_size"], help="G (paper 12)")
@@ -746,6 +830,8 @@ def main(argv: list[str] | None = None) -> int:
             budget=budget,
             equal_iteration=args.iterations,
             eval_every=budget / max(args.evals, 1),
+            early_evals=args.early_evals,
+            early_fraction=args.early_fraction,
             lr=lr,
             prompts_per_iteration=args.prompts_per_iteration,
             model=str(model),

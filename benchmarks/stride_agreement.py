@@ -13,7 +13,10 @@ models and, for every group (prompt p, branch step k; G branches), compares
     A_Σ[g] = Σ_λ A_λ[g]                                   (what G²RPO trains on)
 
 by their Pearson correlation over g and the fraction of branches whose signs agree, reported as
-medians (and quartiles) over the groups, per stride and per reward. It also reports how much a
+medians (and quartiles) over the groups, per stride and per reward. The sum contains each stride,
+so that part-whole correlation is high even for unrelated strides (≈ 1/√J for J independent ones);
+two figures without that overlap are reported beside it: the *pairwise* correlation corr(A_λ, A_μ)
+over every pair of strides, and the *leave-one-out* correlation corr(A_λ, Σ_{μ≠λ} A_μ). It also reports how much a
 branch's reward moves with the stride relative to how much it moves across branches: the *stride
 jitter* = mean over branches of std_λ R / std_g R (0: the stride never changes a score), and the
 *residual* jitter, the same after each stride's group mean is taken out (what group normalisation
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import time
 from pathlib import Path
@@ -44,6 +48,10 @@ PREF = REPO / "g2rpo" / "models" / "shapes_pref"
 SETTINGS: dict[str, list[tuple[str, str | None]]] = {
     "exact": [("shapes_colour", None), ("shapes_shape", None)],
     "learned": [("hps_v21", str(PREF)), ("clip", str(CLIP))],
+    # the positive control for MGAI (issue 41 §2): fine texture, decided by the last steps (g2rpo.rewards.shapes)
+    "texture": [("shapes_texture", None)],
+    # the same beside the task's exact rewards: a learnable part (colour, shape) and a part the finish decides
+    "texture_task": [("shapes_colour", None), ("shapes_shape", None), ("shapes_texture", None)],
 }
 
 
@@ -80,11 +88,30 @@ def agreement(rewards: torch.Tensor, strides: list[int], names: list[str]) -> di
                     corr.append(c)
                     nonzero = summed[p, k] != 0
                     signs.append(float((a[p, k, j].sign() == summed[p, k].sign())[nonzero].double().mean()))
+            rest = [  # corr(A_λ, Σ_{μ≠λ} A_μ): the other strides' verdict, without A_λ in it
+                c
+                for p in range(a.shape[0])
+                for k in range(a.shape[1])
+                if (c := _pearson(a[p, k, j], summed[p, k] - a[p, k, j])) is not None
+            ]
             per_stride[f"stride {lam}"] = {
                 "groups": len(corr),
                 "correlation": _quartiles(corr) if corr else None,
                 "sign_agreement": _quartiles(signs) if signs else None,
+                "leave_one_out": _quartiles(rest) if rest else None,
             }
+        pairs = {}
+        for i, lam in enumerate(strides):
+            for j in range(i + 1, len(strides)):
+                values = [
+                    c
+                    for p in range(a.shape[0])
+                    for k in range(a.shape[1])
+                    if (c := _pearson(a[p, k, i], a[p, k, j])) is not None
+                ]
+                pairs[f"{lam}-{strides[j]}"] = _quartiles(values) if values else None
+        if pairs:
+            per_stride["pairwise"] = pairs
         out[label] = per_stride
     r = rewards.double()  # [R, P, K, J, G]
     across_strides = r.std(3).mean(-1)  # [R, P, K]: mean over branches of std over strides
@@ -107,6 +134,7 @@ def measure(
     seed: int,
     model: Path,
     granularities: list[int] | None = None,
+    prompt_order: str = "first",
 ) -> dict[str, Any]:
     from g2rpo.config import load_config
     from g2rpo.models.flux import FluxTextEncoder, FluxVelocity, decode_latents
@@ -134,7 +162,10 @@ def measure(
     pipe = load_pipeline(model, dtype="float32")
     velocity = FluxVelocity(pipe.transformer, height=64, width=64, guidance=3.5).eval()
     unseen = unseen_scenes(96)
-    texts = [s.prompt for s in all_scenes() if s not in unseen][:prompts]  # training prompts only
+    training = [s.prompt for s in all_scenes() if s not in unseen]  # training prompts only
+    # "first": the first in the task's order (one shape and colour for a few dozen prompts); "spread": a seeded
+    # sample over every attribute (the texture control asks by size, so it needs both sizes)
+    texts = training[:prompts] if prompt_order == "first" else random.Random(seed).sample(training, prompts)
     cond = FluxTextEncoder.from_pipeline(pipe).encode(texts)
     draws = Draws(seed, 0, tuple(range(prompts)))
     with torch.no_grad():
@@ -152,6 +183,7 @@ def measure(
         "group_size": group_size,
         "strides": strides,
         "prompts": prompts,
+        "prompt_order": prompt_order,
         "branch_steps_per_prompt": int(rollout.reward_shape[1]),
         "groups": prompts * int(rollout.reward_shape[1]),
         "seed": seed,
@@ -167,16 +199,25 @@ def table(results: list[dict[str, Any]]) -> str:
         "Each stride's advantage (rewards combined) against the summed one G²RPO trains on, over the groups of "
         "one rollout of the base model (training prompts); medians [quartiles] over groups. "
         "Stride jitter: mean over branches of std over strides / std over branches (0 = strides never change a score).\n",
-        "| rewards | T | G | groups | stride | correlation with Σ | sign agreement |",
-        "|---|---|---|---|---|---|---|",
+        "| rewards | T | G | groups | stride | correlation with Σ | leave-one-out | sign agreement |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+
+    def q(x: dict[str, float] | None) -> str:
+        return f"{x['median']:.3f} [{x['q1']:.3f}, {x['q3']:.3f}]" if x else "—"
+
     for r in results:
         for stride, figures in r["agreement"]["all rewards"].items():
-            c, s = figures["correlation"], figures["sign_agreement"]
+            if stride == "pairwise":
+                continue
             lines.append(
                 f"| {r['rewards']} | {r['num_steps']} | {r['group_size']} | {figures['groups']} | {stride.split()[1]} | "
-                f"{c['median']:.3f} [{c['q1']:.3f}, {c['q3']:.3f}] | {s['median']:.3f} [{s['q1']:.3f}, {s['q3']:.3f}] |"
+                f"{q(figures['correlation'])} | {q(figures.get('leave_one_out'))} | {q(figures['sign_agreement'])} |"
             )
+    lines += ["", "| rewards | T | G | strides | pairwise correlation corr(A_λ, A_μ) |", "|---|---|---|---|---|"]
+    for r in results:
+        for pair, x in r["agreement"]["all rewards"].get("pairwise", {}).items():
+            lines.append(f"| {r['rewards']} | {r['num_steps']} | {r['group_size']} | {pair} | {q(x)} |")
     lines += ["", "| rewards | T | G | reward | stride jitter | residual stride jitter |", "|---|---|---|---|---|---|"]
     for r in results:
         residual = r["agreement"].get("residual_stride_jitter", {})
@@ -199,6 +240,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="the run seed whose first rollout is measured")
     parser.add_argument("--granularities", default=None, help="Λ, comma-separated (default G²RPO's [1, 2, 3])")
     parser.add_argument("--model", type=Path, default=MODEL, help="the base shapes model")
+    parser.add_argument(
+        "--prompt-order",
+        choices=("first", "spread"),
+        default="first",
+        help="the first training prompts in the task's order (default) or a seeded sample over all attributes",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
@@ -207,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         t, g, p = (int(x) for x in arm.split("x"))
         for setting in args.rewards.split(","):
             lam = [int(v) for v in args.granularities.split(",")] if args.granularities else None
-            result = measure(setting, t, g, p, args.seed, args.model, lam)
+            result = measure(setting, t, g, p, args.seed, args.model, lam, args.prompt_order)
             print(json.dumps({k: v for k, v in result.items() if k != "agreement"}), flush=True)
             results.append(result)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -435,6 +435,15 @@ REWARDS: dict[str, RewardSpec] = {
             _build_shapes("shapes_background"),
         ),
         RewardSpec(
+            "shapes_texture",
+            "shapes task, positive control for MGAI: a one-pixel checker fill in large shapes, a flat fill in small ones",
+            "nothing (weight-free); prompts of g2rpo.tasks.shapes",
+            (),
+            (),
+            "−0.5–0.5 (|t| ≲ 0.02 on the shipped models)",
+            _build_shapes("shapes_texture"),
+        ),
+        RewardSpec(
             "shapes_colour_match",
             "shapes task: 1 if the non-background pixels' mean colour is nearest the prompt's of the task's colours",
             "nothing (weight-free); prompts of g2rpo.tasks.shapes",

@@ -20,6 +20,17 @@ d_c = mean over RGB of |x − c| and d_b likewise for b:
   fraction drawn in the asked colour", which a person can check on the images; ``shapes_colour``
   is its smooth version, the one trained on.
 
+One more head is a *positive control* for MGAI (docs/algorithm.md §4), not part of the task's
+scores (:data:`CONTROLS`; :func:`scene_scores` leaves it out):
+
+- ``shapes_texture`` (fine texture, asked by size): with luma y = 0.299 R + 0.587 G + 0.114 B and
+  the one-pixel checker c[i, j] = (−1)^(i+j), the texture amplitude is t = mean over the foreground
+  F (as for ``shapes_shape``) of y·c. A *large* shape should be filled with that fine checker
+  (score t), a *small* one flat (score −|t|); 0 when F is empty. Pixel-scale detail like this is
+  decided by the last denoising steps, so — unlike the task's scores — it depends on how a branch
+  is finished (``benchmarks/stride_agreement.py --rewards texture``). Scores are small (|t| ≲ 0.02
+  on the shipped models) and lie in [−0.5, 0.5]; only their ranking within a group matters.
+
 The task's training rewards are ``shapes_colour`` and ``shapes_shape`` (the paper's multi-reward
 setting); ``shapes_colour_match`` reads the first as a fraction of right colours (an in-domain
 check, never trained on); ``shapes_position``, ``shapes_background`` and ``jpeg_compressibility``
@@ -38,7 +49,16 @@ from g2rpo.errors import G2RPOError, problem
 from g2rpo.rewards.base import RewardModel
 from g2rpo.tasks.shapes import BACKGROUNDS, COLOURS, Scene, parse_prompt, scene_centre, shape_mask
 
-__all__ = ["IN_DOMAIN", "IN_DOMAIN_CHECKS", "MEASURES", "OUT_OF_DOMAIN", "ShapesReward", "scene_scores"]
+__all__ = [
+    "CONTROLS",
+    "IN_DOMAIN",
+    "IN_DOMAIN_CHECKS",
+    "MEASURES",
+    "OUT_OF_DOMAIN",
+    "ShapesReward",
+    "scene_scores",
+    "texture_amplitude",
+]
 
 IN_DOMAIN = ("shapes_colour", "shapes_shape")
 IN_DOMAIN_CHECKS = ("shapes_colour_match",)  # what the trained rewards ask, read plainly; never trained on
@@ -114,6 +134,29 @@ def background_fidelity(image: torch.Tensor, scene: Scene) -> float:
     return 1.0 - float(_distance(image, BACKGROUNDS[scene.background])[~near].mean())
 
 
+_LUMA = (0.299, 0.587, 0.114)
+TEXTURED_SIZE = "large"  # shapes_texture asks a fine checker fill of this size, a flat fill of the other
+
+
+def texture_amplitude(image: torch.Tensor, mask: torch.Tensor) -> float:
+    """Mean over ``mask`` of luma × the one-pixel checker (−1)^(i+j): the fine texture's signed amplitude."""
+    if not bool(mask.any()):
+        return 0.0
+    size = image.shape[-1]
+    index = torch.arange(size, device=image.device)
+    checker = 1.0 - 2.0 * ((index[:, None] + index[None, :]) % 2).float()  # +1 where i + j is even
+    luma = (image * torch.tensor(_LUMA, device=image.device)[:, None, None]).sum(0)
+    return float((luma * checker)[mask].mean())
+
+
+def texture_fidelity(image: torch.Tensor, scene: Scene) -> float:
+    foreground = _foreground(image, scene)
+    if not bool(foreground.any()):
+        return 0.0
+    t = texture_amplitude(image, foreground)
+    return t if scene.size == TEXTURED_SIZE else -abs(t)
+
+
 MEASURES = {
     "shapes_colour": colour_fidelity,
     "shapes_shape": shape_correctness,
@@ -121,6 +164,9 @@ MEASURES = {
     "shapes_background": background_fidelity,
     "shapes_colour_match": colour_match,
 }
+
+
+CONTROLS = {"shapes_texture": texture_fidelity}  # positive controls (not task scores; not in scene_scores)
 
 
 def scene_scores(image: torch.Tensor, prompt: str) -> dict[str, float]:
@@ -131,15 +177,16 @@ def scene_scores(image: torch.Tensor, prompt: str) -> dict[str, float]:
 
 
 class ShapesReward(RewardModel):
-    """One of the shapes scores (``name`` in :data:`MEASURES`), exact and weight-free."""
+    """One of the shapes scores (``name`` in :data:`MEASURES` or :data:`CONTROLS`), exact and weight-free."""
 
     needs_prompts = True
 
     def __init__(self, name: str):
-        if name not in MEASURES:
-            raise G2RPOError(problem("reward", name, f"not a shapes reward; use one of {', '.join(MEASURES)}"))
+        heads = {**MEASURES, **CONTROLS}
+        if name not in heads:
+            raise G2RPOError(problem("reward", name, f"not a shapes reward; use one of {', '.join(heads)}"))
         self.name = name
-        self._measure = MEASURES[name]
+        self._measure = heads[name]
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         scenes = [parse_prompt(p) for p in prompts]

@@ -71,6 +71,21 @@ def test_summary_reads_each_view_on_its_own_axis():
     assert summary["cost"]["cheap"]["iterations_for_budget"]["mean"] == 8
 
 
+def test_a_control_setting_is_scored_and_summarised_on_its_own_reward_too():
+    # the texture control trains on shapes_texture, which is not among the metrics every run is scored on
+    assert ablation.metrics_for("learned") == ablation.METRICS
+    assert ablation.metrics_for("texture") == (*ablation.METRICS, "shapes_texture")
+    assert ablation.metrics_for("texture_task")[-1] == "shapes_texture"
+    runs = [_run("a", s, [(0, 0, 0.0, 0.0), (2, 200, 2.0, 0.5 + s)]) for s in (0, 1)]
+    for run in runs:
+        run["rewards"] = "texture"
+        for point in run["evals"]:
+            point["shapes_texture"] = -0.01 * point["iteration"]
+    summary = ablation.summarise(runs, equal_iteration=2)["texture"]
+    assert summary["equal_iterations"]["a"]["shapes_texture"]["mean"] == pytest.approx(-0.02)
+    assert "shapes_texture" in ablation.markdown({"texture": summary}, 2)
+
+
 def test_each_method_gets_the_swept_rate_with_the_best_validation_gain():
     def run(method, lr, colour, shape):
         base = dict.fromkeys(ablation.METRICS, 0.5)
@@ -201,3 +216,42 @@ def test_probe_table_names_the_probes_taken_on_a_busy_machine():
     assert "Warning" not in ablation.probe_markdown({"mixgrpo": quiet})
     old = {"seconds": 1.0, "phases": {"sampling": 1.0}}  # taken before the load average was recorded
     assert "| g2rpo | 1.00 | 1.00 | not recorded |" in ablation.probe_markdown({"g2rpo": old})
+
+
+def test_a_run_with_an_ema_is_evaluated_on_the_ema_weights_and_gets_its_own_back():
+    import torch
+
+    from g2rpo.training.drivers import EMA
+
+    class Trainer:
+        def __init__(self) -> None:
+            self.weight = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+            self.ema = EMA({"w": self.weight}, decay=0.5)
+            self.ema.update({"w": torch.tensor([3.0, 4.0])})  # shadow = 0.5·[1, 2] + 0.5·[3, 4] = [2, 3]
+
+        def _trainable(self) -> dict:
+            return {"w": self.weight}
+
+    trainer = Trainer()
+    with ablation.ema_weights(trainer):
+        assert trainer.weight.tolist() == [2.0, 3.0]
+    assert trainer.weight.tolist() == [1.0, 2.0]
+    trainer.ema = None  # no EMA: the trained weights are evaluated
+    with ablation.ema_weights(trainer):
+        assert trainer.weight.tolist() == [1.0, 2.0]
+    assert ablation.METHOD_TRAIN["diffusionnft_published"]["ema"]["enabled"] is True
+
+
+def test_dense_early_readings_add_eval_points_and_leave_old_run_keys_alone():
+    from dataclasses import replace
+
+    spec = ablation.RunSpec(
+        "g2rpo", "learned", 3, 689760, 45, 86220.0, 1e-3, 8, "m", "p.txt", ("a", "b"), (0, 1), "w", model_sha256="abc"
+    )
+    # the key this spec had before early readings existed: a rerun with --early-evals 0 reuses committed runs
+    assert ablation.run_key(spec) == "g2rpo-learned-s3-lr0.001-main-684f7e77ac"
+    assert ablation.early_points(spec) == []
+    dense = replace(spec, early_evals=4, early_fraction=0.2)
+    # 4 points over the first 20 % of 689,760 units: 34,488, 68,976, 103,464, 137,952
+    assert ablation.early_points(dense) == pytest.approx([34488.0, 68976.0, 103464.0, 137952.0])
+    assert ablation.run_key(dense) != ablation.run_key(spec)

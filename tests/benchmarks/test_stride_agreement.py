@@ -30,6 +30,22 @@ def test_strides_that_rank_branches_differently_disagree_by_the_hand_worked_amou
     assert out["stride 1"]["correlation"]["median"] == pytest.approx(3 / math.sqrt(12), abs=1e-4)
     assert out["stride 1"]["sign_agreement"]["median"] == pytest.approx(2 / 3, abs=1e-4)
     assert out["stride 3"]["groups"] == 1
+    # without the overlap: corr(A1, A2) = (1 + 0 + 0) / (√2 · √2) = 0.5; with two strides leave-one-out is the
+    # same figure (Σ − A1 = A2)
+    assert out["pairwise"]["1-3"]["median"] == pytest.approx(0.5, abs=1e-4)
+    assert out["stride 1"]["leave_one_out"]["median"] == pytest.approx(0.5, abs=1e-4)
+
+
+def test_leave_one_out_takes_the_stride_out_of_the_sum():
+    # three strides: A1 = [−1, 0, 1], A2 = A3 = [1, 0, −1]: pairwise 1-2 and 1-3 are −1, 2-3 is +1;
+    # leave-one-out for stride 1 is corr(A1, A2 + A3) = −1
+    a1 = torch.tensor([0.0, 1.0, 2.0])
+    rewards = torch.stack([a1, 2 - a1, 2 - a1])[None, None, None]  # [1, 1, 1, 3, 3]
+    out = agreement(rewards, [1, 2, 3], ["r"])["all rewards"]
+    assert out["pairwise"]["1-2"]["median"] == pytest.approx(-1.0)
+    assert out["pairwise"]["2-3"]["median"] == pytest.approx(1.0)
+    assert out["stride 1"]["leave_one_out"]["median"] == pytest.approx(-1.0)
+    assert out["stride 2"]["leave_one_out"] is None  # A1 + A3 = 0: the rest is constant, no ranking to compare
 
 
 def test_a_constant_group_has_no_ranking_to_agree_with():

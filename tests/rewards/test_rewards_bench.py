@@ -12,6 +12,7 @@ import json
 import math
 
 from g2rpo.rewards.registry import reward_names
+from g2rpo.rewards.shapes import CONTROLS as SHAPES_CONTROLS
 from g2rpo.rewards.shapes import MEASURES as SHAPES_HEADS
 
 # Heads whose per-image reference runs the same arithmetic as the batched head.
@@ -27,7 +28,13 @@ def test_bench_rewards_runs_and_both_paths_agree(tmp_path):
     rows = {row["reward"]: row for row in result["rows"]}
     # the shapes task's heads read only the task's prompts and score one image at a time anyway;
     # UnifiedReward's semantic-task metrics run the same judge as unified_reward_score, timed once
-    skipped = {*SHAPES_HEADS, "unified_reward_alignment", "unified_reward_coherence", "unified_reward_style"}
+    skipped = {
+        *SHAPES_HEADS,
+        *SHAPES_CONTROLS,
+        "unified_reward_alignment",
+        "unified_reward_coherence",
+        "unified_reward_style",
+    }
     assert sorted(rows) == [name for name in reward_names() if name not in skipped]
     for name, row in rows.items():
         assert row["batched_images_per_s"] > 0 and row["per_image_pil_images_per_s"] > 0

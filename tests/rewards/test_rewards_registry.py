@@ -28,6 +28,7 @@ EXPECTED_NAMES = [
     "shapes_colour_match",
     "shapes_position",
     "shapes_shape",
+    "shapes_texture",
     "sharpness",
     "total_variation",
     "unified_reward_alignment",

@@ -116,3 +116,28 @@ def test_heads_are_registered_and_score_through_the_batched_scorer():
     assert bool((shuffled < 1).any())
     with pytest.raises(G2RPOError, match="not a shapes prompt"):
         heads[0].score(images[:1], ["a cat"])
+
+
+def test_texture_control_scores_the_checker_amplitude_by_size():
+    """shapes_texture: t = mean over the foreground of luma × (−1)^(i+j); large shapes score t, small −|t|."""
+    from g2rpo.rewards.shapes import CONTROLS, texture_amplitude
+
+    assert "shapes_texture" in reward_names() and "shapes_texture" not in SHAPES_HEADS
+    size = 64
+    index = torch.arange(size)
+    checker = 1.0 - 2.0 * ((index[:, None] + index[None, :]) % 2).float()
+    scores = {}
+    for scene_size in ("large", "small"):
+        scene = Scene("square", "red", scene_size, "center", "black")
+        flat = render(scene)
+        mask = shape_mask(scene.shape, scene.size, (32.0, 32.0))
+        # red (1, 0, 0) ± 0.1 on the checker inside the square: luma 0.299 ± 0.0299, so t = 0.0299 exactly
+        textured = flat.clone()
+        textured[0] = torch.where(mask, 0.9 + 0.1 * checker, flat[0])
+        assert texture_amplitude(textured, mask) == pytest.approx(0.0299, abs=1e-6)
+        assert texture_amplitude(flat, mask) == pytest.approx(0.0, abs=1e-6)
+        head = build_reward("shapes_texture")
+        scores[scene_size] = head.score(torch.stack([flat, textured]), [scene.prompt] * 2)
+        assert CONTROLS["shapes_texture"](torch.zeros(3, size, size), scene) == 0.0  # nothing drawn
+    assert scores["large"].tolist() == pytest.approx([0.0, 0.0299], abs=1e-6)  # texture asked: more is better
+    assert scores["small"].tolist() == pytest.approx([0.0, -0.0299], abs=1e-6)  # flat asked: any texture costs
