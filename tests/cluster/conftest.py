@@ -25,6 +25,30 @@ CLUSTER = shared_path("tools/cluster")
 BASE_IMAGE = "localhost/debian-py311:bookworm"
 COMPONENT_TAG = "localhost/g2rpo:cluster-test"
 PACKAGES = ("podman", "buildah", "runc", "containerd", "etcd", "mmdebstrap", "mariadbd")
+# The label images/component.Dockerfile puts on every layer after its LABEL line.
+IMAGE_LABEL = "org.opencontainers.image.title=g2rpo"
+# Free disk the tier needs from nothing, in GB (measured: docs/cluster.md); `.ci/run` checks the same figure.
+DISK_GB = float(os.environ.get("G2RPO_CLUSTER_DISK_GB", "30"))
+
+
+def free_gb(path: str) -> float:
+    """Free space, in GB, on the filesystem holding ``path`` (or its nearest existing parent)."""
+    probe = Path(path)
+    while not probe.exists():
+        probe = probe.parent
+    return shutil.disk_usage(probe).free / 1e9
+
+
+def need_disk(gb: float, what: str) -> None:
+    """Fail at once, saying how much is free where, rather than at a full disk halfway through a build."""
+    places = {p: free_gb(p) for p in ("/var/lib/containers", os.environ.get("TMPDIR", "/tmp"))}
+    short = {p: f for p, f in places.items() if f < gb}
+    if short:
+        pytest.fail(
+            f"{what} need about {gb:.0f} GB free; "
+            + ", ".join(f"{p} has {f:.1f} GB" for p, f in short.items())
+            + " (podman image prune; or set G2RPO_CLUSTER_DISK_GB if you know this machine needs less)"
+        )
 
 
 # `cluster up` joins its namespace to the host by a /30 in this range (its README): the S3 server the pods use
@@ -109,8 +133,11 @@ def image_workdir(tmp_path_factory) -> Path:
 def component_image(image_workdir) -> dict:
     """The component image built once per session (buildah, ``tests/cluster/build.py``) and also tagged with the
     name the compiled pipeline and the chart use (``components.images.G2RPO_IMAGE``); ``{"tag", "seconds", "bytes"}``."""
+    need_disk(DISK_GB, "the component image (6.5 GB) and the cluster's copy of it")
     result = build(BASE_IMAGE, COMPONENT_TAG, image_workdir / "build", image_workdir / "build.log")
     subprocess.run(["podman", "tag", COMPONENT_TAG, G2RPO_IMAGE], check=True)
+    # Earlier builds of this image, untagged by this one (their layers above torch's): this tier's own leftovers.
+    subprocess.run(["podman", "image", "prune", "--force", "--filter", f"label={IMAGE_LABEL}"], check=True)
     print(f"\ncomponent image {COMPONENT_TAG}: built in {result['seconds']} s, {result['bytes'] / 1e9:.2f} GB")
     return {"tag": COMPONENT_TAG, **result}
 
