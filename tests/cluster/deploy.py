@@ -74,6 +74,7 @@ class Deployment:
     s3: ToolS3
     kfp: KfpBackend
     timings: dict[str, float] = field(default_factory=dict)
+    runs: dict[str, str] = field(default_factory=dict)  # KFP runs a later test compares with: label -> run id
 
     def client(self):
         return boto3.client(

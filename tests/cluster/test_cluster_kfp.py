@@ -21,8 +21,10 @@ from datetime import UTC, datetime
 import kfp
 import pytest
 
+from g2rpo.steps.train_task import METRICS_FILE, checkpoint_uri_for
 from tests.cluster.deploy import BUCKET, PIPELINE_ROOT, REPO, run_arguments
 from tests.cluster.kfp_backend import NAMESPACE as KFP_NAMESPACE
+from tests.cluster.trainjob_run import LogFollower, export_weights, mirrored_iterations
 
 EXPERIMENT = "cluster-tier"
 PIPELINE = "g2rpo-alignment"
@@ -144,7 +146,11 @@ def objects(client, prefix: str) -> list[str]:
 
 
 def read_json(client, key: str) -> dict:
-    return json.loads(client.get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    return json.loads(read_text(client, key))
+
+
+def read_text(client, key: str) -> str:
+    return client.get_object(Bucket=BUCKET, Key=key)["Body"].read().decode()
 
 
 def output_key(keys: list[str], task: str, output: str, name: str = "") -> str:
@@ -165,6 +171,7 @@ def test_the_pipeline_submitted_to_kfp_runs_to_a_promoted_champion_then_its_sche
     first = submit(deployment.kfp.host, "cluster-tier-first", kfp_arguments())
     run = wait_for_run(deployment, first)
     deployment.timings["kfp run 1 (submit to SUCCEEDED)"] = time.monotonic() - started
+    deployment.runs["first"] = first
     states = tasks(run)
     assert {step: states.get(step) for step in STEPS} == dict.fromkeys(STEPS, "SUCCEEDED"), states
 
@@ -210,6 +217,96 @@ def test_the_pipeline_submitted_to_kfp_runs_to_a_promoted_champion_then_its_sche
             + "; ".join(f"v{d['version']} {'promoted' if d['passed'] else 'refused'}" for d in verdicts)
             + "; "
             + ", ".join(f"{k} {v:.1f} s" for k, v in deployment.timings.items() if k.startswith("kfp "))
+        )
+
+
+def trained_weights(deployment, run_id: str) -> tuple[dict, dict[str, str], list[str]]:
+    """A run's train record (its ``model`` artifact in S3), the sha256 of its export's weight files, its keys."""
+    client = deployment.client()
+    keys = objects(client, f"{PIPELINE_ROOT.removeprefix(f's3://{BUCKET}/')}/{PIPELINE}/{run_id}/")
+    record = read_json(client, output_key(keys, "train", "model", "record.json"))
+    return record, export_weights(deployment, record["export_uri"]), keys
+
+
+def train_executor_pods(deployment, workflow: str) -> dict[str, dict]:
+    """The Workflow's train executor pods (KFP's launcher as init container; Argo's node name naming the
+    task): name -> pod."""
+    pods = {}
+    selector = f"workflows.argoproj.io/workflow={workflow}"
+    listed = deployment.cluster.kubectl("-n", KFP_NAMESPACE, "get", "pods", "-l", selector, "-o", "json")
+    for pod in json.loads(listed.stdout)["items"]:
+        node = pod["metadata"].get("annotations", {}).get("workflows.argoproj.io/node-name", "")
+        inits = [c["name"] for c in pod["spec"].get("initContainers", [])]
+        if ".train." in node and "kfp-launcher" in inits:
+            pods[pod["metadata"]["name"]] = pod
+    return pods
+
+
+def test_a_train_pod_deleted_mid_run_is_retried_by_argo_and_resumes_from_its_s3_checkpoint(deployment, capsys):
+    """The pipeline's retry policy (``set_retry``, compiled by KFP's API server into the executor template's Argo
+    ``retryStrategy``) as a lost node meets it: the train task's pod is deleted (SIGTERM, its grace period) once its
+    first checkpoint is mirrored to ``<store>/checkpoints/<run id>/train``. Argo starts a new attempt after the
+    policy's back-off; it resumes from the newest checkpoint in S3 (the key is the run's, not the pod's) and the run
+    ends SUCCEEDED with the same export weights as the first test's run of the same arguments."""
+    first = deployment.runs.get("first")
+    if first is None:
+        pytest.fail("the first test's run is this test's reference: run the module, not this test alone")
+    _, reference, _ = trained_weights(deployment, first)
+    arguments = {**kfp_arguments(), "model_name": "g2rpo-retried"}
+    started = time.monotonic()
+    run_id = submit(deployment.kfp.host, "cluster-tier-retried", arguments)
+    checkpoints = checkpoint_uri_for(arguments["store_uri"], run_id, "train").split("/", 3)[3]
+    client = kfp.Client(host=deployment.kfp.host)
+    deadline = time.monotonic() + RUN_TIMEOUT_S / 2
+    victim = None
+    while victim is None and time.monotonic() < deadline:
+        run = client.get_run(run_id)
+        assert run.state not in ("SUCCEEDED", "FAILED", "CANCELED"), (run.state, tasks(run))
+        workflow = workflow_of(deployment, run_id)["metadata"]["name"] if tasks(run).get("train") else None
+        if workflow and mirrored_iterations(deployment, checkpoints):
+            running = [
+                n for n, p in train_executor_pods(deployment, workflow).items() if p["status"]["phase"] == "Running"
+            ]
+            assert running, (
+                f"checkpoint {mirrored_iterations(deployment, checkpoints)} mirrored but no train pod is running: "
+                f"the task ended before this test could delete its pod; {tasks(run)}"
+            )
+            victim = running[0]
+        time.sleep(1)
+    assert victim, f"run {run_id}: no checkpoint mirrored to s3://{BUCKET}/{checkpoints} in time; {tasks(run)}"
+    follower = LogFollower(deployment.cluster, victim, namespace=KFP_NAMESPACE, container="main").start()
+    deployment.cluster.kubectl("-n", KFP_NAMESPACE, "delete", "pod", victim, "--wait=false")
+    deleted_log = follower.stop(timeout_s=180)
+    run = wait_for_run(deployment, run_id)
+    deployment.timings["kfp run with its train pod deleted (submit to SUCCEEDED)"] = time.monotonic() - started
+    assert tasks(run).get("train") == "SUCCEEDED", tasks(run)
+
+    # Argo's record of the train executor: the deleted attempt, then a new one that succeeded.
+    nodes = workflow_of(deployment, run_id)["status"]["nodes"].values()
+    attempts = sorted(
+        (n for n in nodes if n.get("type") == "Pod" and ".train." in n.get("name", "")
+         and n.get("templateName", "").endswith("system-container-impl")),
+        key=lambda n: n.get("startedAt") or "",
+    )  # fmt: skip
+    assert len(attempts) >= 2 and attempts[-1]["phase"] == "Succeeded", [
+        (n["name"], n["phase"], n.get("message")) for n in attempts
+    ]
+    # The new attempt resumed from the checkpoint the deleted pod left, and trained to the same weights.
+    record, weights, keys = trained_weights(deployment, run_id)
+    events = [
+        json.loads(line)
+        for line in read_text(deployment.client(), output_key(keys, "train", "model", METRICS_FILE)).splitlines()
+        if line.strip()
+    ]
+    resumed = [e["iteration"] for e in events if e.get("event") == "resumed"]
+    assert resumed and resumed[-1] >= 1, (resumed, deleted_log[-3000:])
+    assert weights == reference, (weights, reference)
+    with capsys.disabled():
+        print(
+            f"\nKFP: run {run_id}: train pod {victim} deleted after checkpoint(s) "
+            f"{mirrored_iterations(deployment, checkpoints)}; Argo's attempts "
+            + ", ".join(f"{n['phase']} ({n.get('message') or ''})" for n in attempts)
+            + f"; resumed at iteration {resumed[-1]}; weights equal to run {first}'s"
         )
 
 

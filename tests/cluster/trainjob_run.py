@@ -75,11 +75,14 @@ class LogFollower:
 
     cluster: Cluster
     pod: str
+    namespace: str = NAMESPACE
+    container: str | None = None
     lines: list[str] = field(default_factory=list)
     process: subprocess.Popen | None = None
 
     def start(self) -> LogFollower:
-        argv = [str(CLUSTER), "kubectl", str(self.cluster.workdir), "logs", "-f", self.pod, "-n", NAMESPACE]
+        argv = [str(CLUSTER), "kubectl", str(self.cluster.workdir), "logs", "-f", self.pod, "-n", self.namespace]
+        argv += ["-c", self.container] if self.container else []
         self.process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self._thread = threading.Thread(target=self._read, daemon=True)
         self._thread.start()
