@@ -25,6 +25,8 @@ from g2rpo.steps.train_task import METRICS_FILE, checkpoint_uri_for
 from tests.cluster.deploy import BUCKET, PIPELINE_ROOT, REPO, run_arguments
 from tests.cluster.kfp_backend import NAMESPACE as KFP_NAMESPACE
 from tests.cluster.trainjob_run import LogFollower, export_weights, mirrored_iterations
+from tests.observability.promservers import Servers
+from tests.s3server import free_ports
 
 EXPERIMENT = "cluster-tier"
 PIPELINE = "g2rpo-alignment"
@@ -110,15 +112,20 @@ def tasks(run) -> dict[str, str]:
     return out
 
 
-def wait_for_run(deployment, run_id: str) -> object:
-    """Poll ``kfp.Client().get_run`` until the run ends; on anything but SUCCEEDED raise with its tasks and the end
-    of each failed pod's log."""
+def wait_for_end(deployment, run_id: str) -> object:
+    """Poll ``kfp.Client().get_run`` until the run ends (or :data:`RUN_TIMEOUT_S` passes); the run as it is then."""
     client = kfp.Client(host=deployment.kfp.host)
     deadline = time.monotonic() + RUN_TIMEOUT_S
     run = client.get_run(run_id)
     while run.state not in ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED") and time.monotonic() < deadline:
         time.sleep(5)
         run = client.get_run(run_id)
+    return run
+
+
+def wait_for_run(deployment, run_id: str) -> object:
+    """:func:`wait_for_end`; on anything but SUCCEEDED raise with its tasks and the end of each failed pod's log."""
+    run = wait_for_end(deployment, run_id)
     if run.state != "SUCCEEDED":
         raise AssertionError(
             f"run {run_id} is {run.state} (after {RUN_TIMEOUT_S} s at most); tasks {tasks(run)}\n"
@@ -307,6 +314,51 @@ def test_a_train_pod_deleted_mid_run_is_retried_by_argo_and_resumes_from_its_s3_
             f"{mirrored_iterations(deployment, checkpoints)}; Argo's attempts "
             + ", ".join(f"{n['phase']} ({n.get('message') or ''})" for n in attempts)
             + f"; resumed at iteration {resumed[-1]}; weights equal to run {first}'s"
+        )
+
+
+def test_a_run_whose_decide_step_fails_reports_it_to_the_pushgateway_and_prometheus_fires_the_alert(
+    deployment, tmp_path, capsys
+):
+    """A run whose gates file does not exist: decide fails (it has no retry policy: a missing input stays missing),
+    the exit handler's report-status task is told FAILED by KFP's driver, records it and pushes it to a real
+    Pushgateway on the cluster's link; a real Prometheus scraping it with the chart's rules fires
+    ``G2RPOPipelineRunFailed``."""
+    servers = Servers(tmp_path / "prom", *free_ports(3), gateway_host=deployment.cluster.ip()).start()
+    try:
+        arguments = {
+            **kfp_arguments(),
+            "model_name": "g2rpo-failing",
+            "gates_uri": f"s3://{BUCKET}/gates/no-such-gates.yaml",
+            "pushgateway_url": servers.gateway_url,
+        }
+        started = time.monotonic()
+        run_id = submit(deployment.kfp.host, "cluster-tier-failing", arguments)
+        run = wait_for_end(deployment, run_id)
+        deployment.timings["kfp run with a failing step (submit to FAILED)"] = time.monotonic() - started
+        states = tasks(run)
+        assert run.state == "FAILED" and states.get("decide") == "FAILED", (run.state, states)
+        assert states.get("report-status") == "SUCCEEDED", states
+        client = deployment.client()
+        keys = objects(client, f"{PIPELINE_ROOT.removeprefix(f's3://{BUCKET}/')}/{PIPELINE}/{run_id}/")
+        status = read_json(client, output_key(keys, "report-status", "record"))
+        assert (status["outcome"], status["pushed"]) == ("failed", True), status
+        assert status["failed_task"], status
+        deadline, firing = time.monotonic() + 120, []
+        while not firing and time.monotonic() < deadline:
+            alerts = servers.api("alerts")["alerts"]
+            firing = [
+                a for a in alerts if a["labels"]["alertname"] == "G2RPOPipelineRunFailed" and a["state"] == "firing"
+            ]
+            time.sleep(1)
+        assert firing, (servers.query("g2rpo_pipeline_last_run_success"), servers.api("alerts"), servers.logs())
+    finally:
+        servers.stop()
+    with capsys.disabled():
+        print(
+            f"\nKFP: run {run_id} FAILED at decide; report-status recorded {status['outcome']!r} "
+            f"(task {status['failed_task']!r}) and pushed it; Prometheus fired G2RPOPipelineRunFailed "
+            f"{firing[0]['labels'].get('pipeline', '')!r}"
         )
 
 

@@ -49,6 +49,8 @@ class Servers:
     prometheus_port: int
     gateway_port: int
     exporter_port: int
+    # Where the Pushgateway listens and is scraped: loopback, or an address pods reach (the cluster tier's link).
+    gateway_host: str = "127.0.0.1"
     processes: list[subprocess.Popen] = field(default_factory=list)
 
     @property
@@ -57,7 +59,7 @@ class Servers:
 
     @property
     def gateway_url(self) -> str:
-        return f"http://127.0.0.1:{self.gateway_port}"
+        return f"http://{self.gateway_host}:{self.gateway_port}"
 
     def start(self, timeout_s: float = 30.0) -> Servers:
         config = {
@@ -67,7 +69,7 @@ class Servers:
                 {
                     "job_name": "pushgateway",
                     "honor_labels": True,
-                    "static_configs": [{"targets": [f"127.0.0.1:{self.gateway_port}"]}],
+                    "static_configs": [{"targets": [f"{self.gateway_host}:{self.gateway_port}"]}],
                 },
                 {"job_name": SCRAPE_JOB, "static_configs": [{"targets": [f"127.0.0.1:{self.exporter_port}"]}]},
             ],
@@ -76,7 +78,11 @@ class Servers:
         config_file.write_text(yaml.safe_dump(config))
         self._spawn(
             "pushgateway",
-            ["prometheus-pushgateway", f"--web.listen-address=127.0.0.1:{self.gateway_port}", "--persistence.file="],
+            [
+                "prometheus-pushgateway",
+                f"--web.listen-address={self.gateway_host}:{self.gateway_port}",
+                "--persistence.file=",
+            ],
         )
         self._spawn(
             "prometheus",
