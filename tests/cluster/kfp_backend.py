@@ -120,7 +120,62 @@ class KfpBackend:
         workdir = str(self.cluster.workdir)
         self._timed("kfp images", self._kfp, "images", workdir)
         self._timed("kfp up", self._kfp, "up", workdir)
+        self._timed("upgrade front", self.front_upgrades)
         return self
+
+    def front_upgrades(self) -> None:
+        """Put ``kfp/upgrade_front.py`` on the tool's proxy port and the tool's ``rv-proxy`` behind it, on the next
+        port: the controller's ``pods/exec`` (how Argo stops a terminated run's containers) reaches the API server,
+        which ``rv-proxy`` alone refuses ("Upgrade request required"; a defect of the tool, said in
+        docs/cluster.md). ``kfp down`` stops the moved ``rv-proxy`` by its pid file; :meth:`down` stops the front."""
+        run = self.root / "run"
+        env = dict(line.split("=", 1) for line in (run / "env").read_text().splitlines() if "=" in line)
+        ns = (self.cluster.workdir / "run" / "ns.pid").read_text().strip()
+        pki = self.cluster.workdir / "pki"
+        port = int(os.environ.get("KFP_PROXY_PORT", "18001"))
+        credentials = [env["APISERVER"], str(pki / "ca.crt"), str(pki / "admin.token")]
+        tool_proxy = run / "rv-proxy.pid"
+        old = int(tool_proxy.read_text())
+        os.kill(old, signal.SIGTERM)
+
+        def gone() -> bool:
+            try:
+                os.kill(old, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        _wait(f"the tool's rv-proxy (pid {old}) to stop", gone, 15)
+        in_netns = ["setsid", "nsenter", "-t", ns, "-n", "--", "python3"]
+        with (self.logs / "rv-proxy.log").open("ab") as log:
+            moved = subprocess.Popen(
+                [*in_netns, str(KFP_DIR / "rv-proxy"), str(port + 1), *credentials], stdout=log, stderr=log
+            )
+        tool_proxy.write_text(str(moved.pid))
+        with (self.logs / "upgrade-front.log").open("ab") as log:
+            front = subprocess.Popen(
+                [*in_netns, str(HERE / "upgrade_front.py"), str(port), str(port + 1), *credentials],
+                stdout=log,
+                stderr=log,
+            )
+        self._save_pid("upgrade-front", front.pid)
+
+        def answers() -> bool:
+            probe = [
+                "nsenter",
+                "-t",
+                ns,
+                "-n",
+                "--",
+                "curl",
+                "-sf",
+                "-o",
+                "/dev/null",
+                f"http://127.0.0.1:{port}/version",
+            ]
+            return subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+
+        _wait("the upgrade front and the moved rv-proxy", answers, 30, self.logs / "upgrade-front.log", front)
 
     def server(self) -> KfpBackend:
         """What this module adds: MariaDB, the API server, the persistence agent."""
@@ -318,6 +373,7 @@ class KfpBackend:
         """Stop what :meth:`up` started (by saved pid), then ``kfp down``; the cluster itself is the caller's."""
         self._stop("apiserver")
         self._stop("mariadb")
+        self._stop("upgrade-front")
         if (self.root / "run").exists():
             self._kfp("down", str(self.cluster.workdir), timeout=300)
 

@@ -378,15 +378,11 @@ def run_pods(deployment, workflow: str) -> dict[str, str]:
     return {p["metadata"]["name"]: p["status"].get("phase", "") for p in json.loads(listed.stdout)["items"]}
 
 
-@pytest.mark.skip(
-    reason="the tool's watch proxy (../shared/tools/kfp/rv-proxy) does not pass HTTP Upgrade requests, so Argo's "
-    "termination cannot signal a pod's containers (pods/exec): the controller logs 'signaled container ... "
-    'error="Upgrade request required"\' and the train pod runs on (measured 2026-12-04, docs/cluster.md); '
-    "a tool defect, not one of the pipeline"
-)
 def test_a_run_cancelled_through_the_api_while_training_leaves_nothing_running(deployment, capsys):
     """``kfp.Client().terminate_run`` while train runs: Argo stops the Workflow and its pods end; the run is not
-    reported SUCCEEDED. (One node: the train task trains in its own pod, so there is no TrainJob to stop.)"""
+    reported SUCCEEDED. (One node: the train task trains in its own pod, so there is no TrainJob to stop.) Argo
+    signals the containers through ``pods/exec``, which reaches the API server through the tier's upgrade front
+    (:meth:`tests.cluster.kfp_backend.KfpBackend.front_upgrades`): the tool's proxy alone refuses it."""
     client = kfp.Client(host=deployment.kfp.host)
     arguments = {**kfp_arguments(), "iterations": 200, "model_name": "g2rpo-cancelled"}
     run_id = submit(deployment.kfp.host, "cluster-tier-cancelled", arguments)
