@@ -45,6 +45,11 @@ KFP_DIR = shared_path("tools/kfp")
 KFP = KFP_DIR / "kfp"
 HERE = Path(__file__).resolve().parent / "kfp"
 NAMESPACE = "kubeflow"  # KFP's own namespace: a single-user KFP runs every pipeline here
+# Argo's pod-status finalizer, as docs/deployment.md asks of a cluster that runs this pipeline: without it a train pod
+# deleted mid-run (a node drained, a spot node reclaimed) is often gone before the controller reads its exit, the
+# node is marked ``Error: pod deleted``, and the retry policy KFP compiles from ``set_retry`` (Argo's default,
+# ``OnFailure``) does not retry an Error: the run fails. Measured on this tier: one deletion of two retried.
+CONTROLLER_ENV = {"ARGO_POD_STATUS_CAPTURE_FINALIZER": "true"}
 DRIVER_IMAGE = "ghcr.io/kubeflow/kfp-driver:2.17.0"
 LAUNCHER_IMAGE = "ghcr.io/kubeflow/kfp-launcher:2.17.0"
 AGENT_IMAGE = "localhost/kfp-persistence-agent:2.17.0"
@@ -95,10 +100,11 @@ class KfpBackend:
         """The API server's URL, as ``g2rpo pipeline submit --host`` and ``kfp.Client(host=...)`` take it."""
         return f"http://{self.cluster.ip()}:{API_HTTP_PORT}"
 
-    def _kfp(self, *args: str, timeout: float = 900) -> str:
+    def _kfp(self, *args: str, timeout: float = 900, env: dict[str, str] | None = None) -> str:
         done = subprocess.run(
-            [str(KFP), *args], capture_output=True, text=True, timeout=timeout, cwd=self.cluster.workdir
-        )
+            [str(KFP), *args], capture_output=True, text=True, timeout=timeout, cwd=self.cluster.workdir,
+            env={**os.environ, **(env or {})},
+        )  # fmt: skip
         if done.returncode != 0:
             raise RuntimeError(
                 f"kfp {' '.join(args)} exited {done.returncode}:\n{done.stderr[-3000:]}{done.stdout[-2000:]}"
@@ -119,7 +125,8 @@ class KfpBackend:
         """The tool's part: the system images, then ``kfp up`` (ML Metadata, SeaweedFS S3, Argo, namespace, RBAC)."""
         workdir = str(self.cluster.workdir)
         self._timed("kfp images", self._kfp, "images", workdir)
-        self._timed("kfp up", self._kfp, "up", workdir)
+        # The workflow-controller inherits this from ``kfp up``: see :data:`CONTROLLER_ENV`.
+        self._timed("kfp up", lambda: self._kfp("up", workdir, env=CONTROLLER_ENV))
         self._timed("upgrade front", self.front_upgrades)
         return self
 

@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 import kfp
 import pytest
 
+from g2rpo.faults import fault_env
 from g2rpo.steps.train_task import METRICS_FILE, checkpoint_uri_for
 from tests.cluster.deploy import BUCKET, PIPELINE_ROOT, REPO, run_arguments
 from tests.cluster.kfp_backend import NAMESPACE as KFP_NAMESPACE
@@ -31,6 +32,8 @@ from tests.s3server import free_ports
 EXPERIMENT = "cluster-tier"
 PIPELINE = "g2rpo-alignment"
 RUN_TIMEOUT_S = 2400
+# The retried run's train pod holds in its second iteration (the fail point counts from 0), its checkpoint 1 written.
+HOLD_IN = 1
 STEPS = ("prepare-data", "train", "evaluate", "decide", "promote", "report-status")
 
 
@@ -106,6 +109,8 @@ def wait_for_fired_runs(deployment, recurring_run_id: str, count: int) -> list:
 def tasks(run) -> dict[str, str]:
     """The run's tasks as the API server reports them: display name -> state (the last attempt's, for retries)."""
     out = {}
+    if run.run_details is None:  # the API server fills it in once the persistence agent has reported the Workflow
+        return out
     details = sorted(run.run_details.task_details or [], key=lambda t: t.create_time or 0)
     for task in details:
         out[task.display_name] = task.state
@@ -249,12 +254,37 @@ def train_executor_pods(deployment, workflow: str) -> dict[str, dict]:
     return pods
 
 
+def pod_spec_patch(deployment, workflow: str, patch: dict | None) -> None:
+    """Set (or with None remove) the Workflow's ``spec.podSpecPatch``: Argo applies it to each pod it creates next."""
+    body = {"spec": {"podSpecPatch": json.dumps(patch) if patch else None}}
+    deployment.cluster.kubectl("-n", KFP_NAMESPACE, "patch", "wf", workflow, "--type=merge", "-p", json.dumps(body))
+
+
+def wait_for_workflow(deployment, run_id: str, timeout_s: float = 120) -> str:
+    """The name of the Workflow the API server made for the run, once it exists."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        listed = deployment.cluster.kubectl(
+            "-n", KFP_NAMESPACE, "get", "wf", "-l", f"pipeline/runid={run_id}", "-o", "name"
+        ).stdout.split()
+        if listed:
+            return listed[0].split("/")[-1]
+        time.sleep(0.5)
+    raise AssertionError(f"run {run_id}: no Workflow labelled pipeline/runid={run_id} after {timeout_s} s")
+
+
 def test_a_train_pod_deleted_mid_run_is_retried_by_argo_and_resumes_from_its_s3_checkpoint(deployment, capsys):
     """The pipeline's retry policy (``set_retry``, compiled by KFP's API server into the executor template's Argo
-    ``retryStrategy``) as a lost node meets it: the train task's pod is deleted (SIGTERM, its grace period) once its
-    first checkpoint is mirrored to ``<store>/checkpoints/<run id>/train``. Argo starts a new attempt after the
-    policy's back-off; it resumes from the newest checkpoint in S3 (the key is the run's, not the pod's) and the run
-    ends SUCCEEDED with the same export weights as the first test's run of the same arguments."""
+    ``retryStrategy``) as a lost node meets it: the train task's pod is deleted (SIGTERM, its grace period) while it
+    trains its second iteration, its first checkpoint mirrored to ``<store>/checkpoints/<run id>/train``. Argo starts a
+    new attempt after the policy's back-off; it resumes from the newest checkpoint in S3 (the key is the run's, not
+    the pod's) and the run ends SUCCEEDED with the same export weights as the first test's run of the same arguments.
+
+    When the signal lands must not depend on the machine's speed (the run has two iterations; on CI's machine a pod
+    found running after the first checkpoint had already finished): the Workflow's ``spec.podSpecPatch`` (Argo's own
+    field, set on the Workflow the API server made, before the train pod exists) arms the trainer's fail point
+    ``hold:1``, so the pod waits in its second iteration until it is signalled; the patch is removed before the pod is
+    deleted, so the new attempt runs as submitted."""
     first = deployment.runs.get("first")
     if first is None:
         pytest.fail("the first test's run is this test's reference: run the module, not this test alone")
@@ -263,30 +293,38 @@ def test_a_train_pod_deleted_mid_run_is_retried_by_argo_and_resumes_from_its_s3_
     started = time.monotonic()
     run_id = submit(deployment.kfp.host, "cluster-tier-retried", arguments)
     checkpoints = checkpoint_uri_for(arguments["store_uri"], run_id, "train").split("/", 3)[3]
+    workflow = wait_for_workflow(deployment, run_id)
+    env = [{"name": k, "value": v} for k, v in fault_env(f"hold:{HOLD_IN}").items()]
+    pod_spec_patch(deployment, workflow, {"containers": [{"name": "main", "env": env}]})
+    assert not train_executor_pods(deployment, workflow), "the train pod was made before the fault point was armed"
+
     client = kfp.Client(host=deployment.kfp.host)
     deadline = time.monotonic() + RUN_TIMEOUT_S / 2
     victim = None
     while victim is None and time.monotonic() < deadline:
         run = client.get_run(run_id)
         assert run.state not in ("SUCCEEDED", "FAILED", "CANCELED"), (run.state, tasks(run))
-        workflow = workflow_of(deployment, run_id)["metadata"]["name"] if tasks(run).get("train") else None
-        if workflow and mirrored_iterations(deployment, checkpoints):
-            running = [
-                n for n, p in train_executor_pods(deployment, workflow).items() if p["status"]["phase"] == "Running"
-            ]
-            assert running, (
-                f"checkpoint {mirrored_iterations(deployment, checkpoints)} mirrored but no train pod is running: "
-                f"the task ended before this test could delete its pod; {tasks(run)}"
-            )
-            victim = running[0]
+        running = [n for n, p in train_executor_pods(deployment, workflow).items() if p["status"]["phase"] == "Running"]
+        victim = running[0] if running else None
         time.sleep(1)
-    assert victim, f"run {run_id}: no checkpoint mirrored to s3://{BUCKET}/{checkpoints} in time; {tasks(run)}"
+    assert victim, f"run {run_id}: no train pod running in time; {tasks(client.get_run(run_id))}"
     follower = LogFollower(deployment.cluster, victim, namespace=KFP_NAMESPACE, container="main").start()
+    while "holding in iteration" not in follower.text() and time.monotonic() < deadline:
+        phase = train_executor_pods(deployment, workflow)[victim]["status"]["phase"]
+        assert phase == "Running", (phase, follower.text()[-3000:])
+        time.sleep(1)
+    assert "holding in iteration" in follower.text(), (
+        f"pod {victim} never reached the fail point hold:{HOLD_IN} (its env: "
+        f"{train_executor_pods(deployment, workflow)[victim]['spec']['containers'][0].get('env')}):\n"
+        + follower.text()[-3000:]
+    )
+    mirrored_before = mirrored_iterations(deployment, checkpoints)
+    assert HOLD_IN in mirrored_before, (mirrored_before, follower.text()[-3000:])
+    pod_spec_patch(deployment, workflow, None)
     deployment.cluster.kubectl("-n", KFP_NAMESPACE, "delete", "pod", victim, "--wait=false")
     deleted_log = follower.stop(timeout_s=180)
-    run = wait_for_run(deployment, run_id)
+    run = wait_for_end(deployment, run_id)
     deployment.timings["kfp run with its train pod deleted (submit to SUCCEEDED)"] = time.monotonic() - started
-    assert tasks(run).get("train") == "SUCCEEDED", tasks(run)
 
     # Argo's record of the train executor: the deleted attempt, then a new one that succeeded.
     nodes = workflow_of(deployment, run_id)["status"]["nodes"].values()
@@ -295,9 +333,12 @@ def test_a_train_pod_deleted_mid_run_is_retried_by_argo_and_resumes_from_its_s3_
          and n.get("templateName", "").endswith("system-container-impl")),
         key=lambda n: n.get("startedAt") or "",
     )  # fmt: skip
-    assert len(attempts) >= 2 and attempts[-1]["phase"] == "Succeeded", [
-        (n["name"], n["phase"], n.get("message")) for n in attempts
-    ]
+    seen = [(n["name"], n["phase"], n.get("message")) for n in attempts]
+    assert run.state == "SUCCEEDED" and tasks(run).get("train") == "SUCCEEDED", (
+        f"run {run_id} is {run.state}; tasks {tasks(run)}; Argo's train attempts {seen}\n--- the deleted pod's log:\n"
+        f"{deleted_log[-3000:]}\n{failed_pod_logs(deployment, run_id)}"
+    )
+    assert len(attempts) >= 2 and attempts[-1]["phase"] == "Succeeded", seen
     # The new attempt resumed from the checkpoint the deleted pod left, and trained to the same weights.
     record, weights, keys = trained_weights(deployment, run_id)
     events = [
@@ -306,14 +347,17 @@ def test_a_train_pod_deleted_mid_run_is_retried_by_argo_and_resumes_from_its_s3_
         if line.strip()
     ]
     resumed = [e["iteration"] for e in events if e.get("event") == "resumed"]
-    assert resumed and resumed[-1] >= 1, (resumed, deleted_log[-3000:])
+    # From the checkpoint mirrored before the pod was deleted, or from the one its trainer wrote on SIGTERM.
+    assert resumed and resumed[-1] >= HOLD_IN, (resumed, deleted_log[-3000:])
     assert weights == reference, (weights, reference)
+    graceful = "SIGTERM received" in deleted_log
     with capsys.disabled():
         print(
-            f"\nKFP: run {run_id}: train pod {victim} deleted after checkpoint(s) "
-            f"{mirrored_iterations(deployment, checkpoints)}; Argo's attempts "
+            f"\nKFP: run {run_id}: train pod {victim} deleted holding in iteration {HOLD_IN + 1}, checkpoint(s) "
+            f"{mirrored_before} mirrored; Argo's attempts "
             + ", ".join(f"{n['phase']} ({n.get('message') or ''})" for n in attempts)
-            + f"; resumed at iteration {resumed[-1]}; weights equal to run {first}'s"
+            + f"; the trainer {'noted' if graceful else 'did not log'} SIGTERM; resumed at iteration {resumed[-1]}; "
+            f"weights equal to run {first}'s"
         )
 
 
@@ -399,19 +443,22 @@ def test_a_run_cancelled_through_the_api_while_training_leaves_nothing_running(d
         raise AssertionError(f"run {run_id} never reached a running train step: {tasks(client.get_run(run_id))}")
     started = time.monotonic()
     client.terminate_run(run_id)
+    # Done when no pod of the Workflow is left, Argo has ended the Workflow (its pods end before its phase is
+    # written) and the API server no longer reports the run running.
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         alive = {n: p for n, p in run_pods(deployment, workflow).items() if p in ("Pending", "Running")}
+        phase = workflow_of(deployment, run_id)["status"].get("phase")
         state = client.get_run(run_id).state
-        if not alive and state not in ("RUNNING", "PENDING"):
+        if not alive and phase not in ("Pending", "Running", None) and state not in ("RUNNING", "PENDING"):
             break
         time.sleep(3)
     else:
         raise AssertionError(
-            f"run {run_id} {state} {time.monotonic() - started:.0f} s after terminate_run; alive: {alive}"
+            f"run {run_id} {state}, Workflow {phase}, {time.monotonic() - started:.0f} s after terminate_run; "
+            f"alive: {alive}"
         )
     assert state in ("CANCELING", "CANCELED", "FAILED"), state
-    phase = workflow_of(deployment, run_id)["status"]["phase"]
     assert phase in ("Failed", "Error"), phase
     with capsys.disabled():
         print(

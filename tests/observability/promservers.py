@@ -74,6 +74,7 @@ class Servers:
                 {"job_name": SCRAPE_JOB, "static_configs": [{"targets": [f"127.0.0.1:{self.exporter_port}"]}]},
             ],
         }
+        self.workdir.mkdir(parents=True, exist_ok=True)
         config_file = self.workdir / "prometheus.yml"
         config_file.write_text(yaml.safe_dump(config))
         self._spawn(
