@@ -39,7 +39,8 @@ from g2rpo.observability import TrainingExporter
 from g2rpo.training.callbacks import TrainerCallback
 from g2rpo.training.checkpoint import manifest_metadata
 from g2rpo.training.mirror import CheckpointMirror
-from g2rpo.training.run_config import RunConfig, resume_hash, run_problems
+from g2rpo.training.preflight import run_problems
+from g2rpo.training.run_config import RunConfig, resume_hash
 from g2rpo.training.run_dir import RunDir
 from g2rpo.training.trainer import train_from_config
 

@@ -13,17 +13,18 @@ import pytest
 import torch
 import yaml
 
-from g2rpo import core
+from g2rpo import core, strides
 from g2rpo.cli import main as cli_main
 from g2rpo.config import config_hash, load_config, to_yaml
 from g2rpo.errors import ConfigError
 from g2rpo.seeding import Draws, derive_seed
-from g2rpo.strategies import PRESETS, STRATEGIES, build_strategy
 from g2rpo.strategies.base import Conditioning, G2RPOStates, Strategy, TrajectoryStates, VelocityModel, summarize_step
 from g2rpo.strategies.config import AlgorithmConfig
-from g2rpo.strategies.dancegrpo import DanceGRPO, DanceGRPOSettings
-from g2rpo.strategies.g2rpo import G2RPO, G2RPOSettings, pack_calls, sampling_forwards
-from g2rpo.strategies.mixgrpo import MixGRPO, MixGRPOSettings, window_steps
+from g2rpo.strategies.dancegrpo import DanceGRPO
+from g2rpo.strategies.g2rpo import G2RPO, pack_calls, sampling_forwards
+from g2rpo.strategies.mixgrpo import MixGRPO, window_steps
+from g2rpo.strategies.registry import STRATEGIES, build_strategy
+from g2rpo.strategies.settings import PRESETS, SETTINGS, DanceGRPOSettings, G2RPOSettings, MixGRPOSettings
 from g2rpo.toy import make_toy_problem
 from g2rpo.training.run_config import RunConfig
 
@@ -468,7 +469,7 @@ def test_finishes_match_a_sequential_solve_per_stride(mode, solver, cap):
             for j, lam in enumerate(strategy.strides):
                 for g in range(cfg.group_size):
                     x = rollout.states.branches[0, s, g][None]
-                    idx = core.stride_indices(cfg.num_steps, k, lam, mode, cap)
+                    idx = strides.stride_indices(cfg.num_steps, k, lam, mode, cap)
                     assert cap is None or len(idx) - 1 <= cap
                     previous = (None, None)
                     for a, b in zip(idx[:-1], idx[1:]):
@@ -735,11 +736,13 @@ def test_the_no_mgai_preset_is_g2rpo_with_one_stride():
 
 
 def test_registry_lists_each_strategy_with_its_section():
-    # adding a strategy: its module, a registry line and its section field; this keeps the three in step
+    # adding a strategy: its module, its section (and SETTINGS entry), a registry line and its section
+    # field; this keeps the four in step, in the same order (help text lists the names in SETTINGS' order)
     sections = {name for name, info in AlgorithmConfig.model_fields.items() if name in STRATEGIES}
     assert set(STRATEGIES) == sections == {"g2rpo", "dancegrpo", "mixgrpo", "flowgrpo", "diffusionnft", "branchgrpo"}
+    assert list(SETTINGS) == list(STRATEGIES)
     for name, cls in STRATEGIES.items():
-        assert cls.name == name and cls.Settings.strategy == name
+        assert cls.name == name and cls.Settings.strategy == name and SETTINGS[name] is cls.Settings
         assert AlgorithmConfig.model_fields[name].annotation is cls.Settings
     assert set(PRESETS) == {"g2rpo_no_mgai"} and all(base in STRATEGIES for base, _ in PRESETS.values())
     for name, cls in {"g2rpo": G2RPO, "dancegrpo": DanceGRPO, "mixgrpo": MixGRPO}.items():
