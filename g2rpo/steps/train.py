@@ -29,7 +29,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, publish_dir, read_manifest, unique_prefix
+from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, read_manifest
+from g2rpo.artifacts.publish import publish_dir, unique_prefix
 from g2rpo.artifacts.storage import S3Settings, open_store
 from g2rpo.config import to_yaml
 from g2rpo.errors import ConfigError, G2RPOError, problem

@@ -16,6 +16,7 @@ from g2rpo.strategies.base import (
     Conditioning,
     LossTerm,
     NFECounters,
+    ReferenceVelocityModel,
     Rollout,
     TermStats,
     TrajectoryStates,
@@ -247,13 +248,13 @@ def trajectory_loss_terms(
     """
     reference = None
     if kl_beta > 0:
-        reference = getattr(model, "reference_velocity", None)
-        if reference is None:
+        if not isinstance(model, ReferenceVelocityModel):
             raise ValueError(
                 f"a KL penalty (β = {kl_beta}) needs the reference policy: the velocity model "
                 f"{type(model).__name__} has no reference_velocity (train with LoRA, whose base is the reference, "
                 "or set the strategy's kl_beta: 0)"
             )
+        reference = model.reference_velocity
     st = rollout.states
     states, lp_old, trained = st.latents, st.log_prob_old, st.trained_steps  # [P,G,T+1,L,C] [P,G,T] [P,G,S]
     sigmas = rollout.sigmas

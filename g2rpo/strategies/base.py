@@ -64,10 +64,8 @@ __all__ = [
     "Conditioning",
     "VelocityModel",
     "ReferenceVelocityModel",
-    "WithReference",
     "Strategy",
     "StatefulStrategy",
-    "Draws",
     "NFECounters",
     "G2RPOStates",
     "TrajectoryStates",
@@ -118,25 +116,6 @@ class ReferenceVelocityModel(VelocityModel, Protocol):
     the base model with its adapters disabled (Flow-GRPO's ``disable_adapter()``)."""
 
     def reference_velocity(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor: ...
-
-
-class WithReference:
-    """``policy`` as a velocity model whose reference is ``reference`` (a frozen model, e.g. a copy of
-    the policy's initial weights when it is trained in full)."""
-
-    def __init__(self, policy: VelocityModel, reference: VelocityModel) -> None:
-        self.policy, self.reference = policy, reference
-
-    def __call__(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        return self.policy(x, sigma, cond)
-
-    @torch.no_grad()
-    def reference_velocity(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        return self.reference(x, sigma, cond)
-
-    def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
-        """The policy's parameters (what trains; DiffusionNFT copies the trainable ones as its old policy)."""
-        return self.policy.named_parameters()
 
 
 # --------------------------------------------------------------------------- records

@@ -61,6 +61,7 @@ from g2rpo.strategies.base import (
     LossTerm,
     NFECounters,
     NFTStates,
+    ReferenceVelocityModel,
     Rollout,
     TermStats,
     VelocityModel,
@@ -200,13 +201,13 @@ class DiffusionNFT:
             raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {num_prompts}")
         reference = None
         if s.kl_beta > 0:
-            reference = getattr(model, "reference_velocity", None)
-            if reference is None:
+            if not isinstance(model, ReferenceVelocityModel):
                 raise ValueError(
                     f"a KL weight (kl_beta = {s.kl_beta}) needs the reference policy: the velocity model "
                     f"{type(model).__name__} has no reference_velocity (train with LoRA, whose base is the "
                     "reference, or set diffusionnft.kl_beta: 0)"
                 )
+            reference = model.reference_velocity
         steps_so_far = draws.iteration * s.steps_per_iteration(group)
         decay = old_policy_decay(steps_so_far, s.old_decay_flat, s.old_decay_rate, s.old_decay_max)
         self.old.advance(model, draws.iteration, decay)
