@@ -43,6 +43,7 @@ from g2rpo.config import (
 from g2rpo.errors import ConfigError, G2RPOError, problem
 from g2rpo.rewards.config import RewardsConfig
 from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.strategies.settings import SETTINGS
 from g2rpo.training.deepspeed_config import DeepSpeedSection
 
 __all__ = [
@@ -64,6 +65,8 @@ __all__ = [
 ]
 
 HASHED_SECTIONS = ("model", "algorithm", "data")
+# Each strategy's own learning rate and its source, from its section: a list written here went stale.
+_STRATEGY_RATES = "; ".join(section.learning_rate_source for section in SETTINGS.values())
 # An AdamW beta: torch.optim.AdamW raises "Invalid beta parameter" outside [0, 1) — at the first step.
 Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
 
@@ -289,7 +292,7 @@ class TrainSection(Section):
         le=1.0,
         description=(
             "AdamW learning rate, constant, for every strategy; null = the chosen strategy's own "
-            "(algorithm.<strategy>.learning_rate: G²RPO 2e-6 as the paper, DanceGRPO and MixGRPO 1e-5 as their scripts)"
+            f"(algorithm.<strategy>.learning_rate: {_STRATEGY_RATES})"
         ),
     )
     weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay (paper 1e-4)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -918,3 +919,26 @@ def test_learning_rate_is_one_field_whose_default_each_strategy_sets():
         assert field.description.endswith(f"({settings.learning_rate_source})"), name
         with pytest.raises(Exception, match="greater than 0"):
             settings(learning_rate=0.0)
+
+
+def _rate(value: float) -> str:
+    """A learning rate as the docs and the sources write it: 2e-6, 1e-5, 3e-4."""
+    mantissa, exponent = f"{value:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def test_the_lists_of_learning_rates_come_from_the_sections():
+    """train.learning_rate's help named 3 of the 6 strategies' own rates: it is generated from the sections,
+    each source states its section's default, and docs/core.md's one list is held to them."""
+    assert [_rate(r) for r in (2e-6, 1e-5, 3e-4)] == ["2e-6", "1e-5", "3e-4"]
+    help_text = RunConfig.model_fields["train"].annotation.model_fields["learning_rate"].description
+    for name, section in SETTINGS.items():
+        assert _rate(section.default_learning_rate) in section.learning_rate_source, name
+        assert section.learning_rate_source in help_text, name
+    line = next(
+        line
+        for line in (Path(__file__).resolve().parents[2] / "docs" / "core.md").read_text().split("\n\n")
+        if line.startswith("Every strategy section: `learning_rate` [")
+    )
+    listed = dict(re.findall(r"(\w+) (\d+e-\d+)", line.split("]")[0]))
+    assert listed == {name: _rate(section.default_learning_rate) for name, section in SETTINGS.items()}
