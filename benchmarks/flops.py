@@ -50,8 +50,8 @@ def iteration_flops(method: str, num_steps: int, group_size: int, prompts: int, 
     from g2rpo.rewards.registry import build_reward
     from g2rpo.rewards.scoring import score_rewards
     from g2rpo.seeding import Draws
-    from g2rpo.strategies import build_strategy
     from g2rpo.strategies.config import AlgorithmConfig
+    from g2rpo.strategies.registry import build_strategy
     from g2rpo.tasks.shapes import all_scenes
 
     shared = {**SHARED_ALGORITHM, "num_steps": num_steps, "group_size": group_size}

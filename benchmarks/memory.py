@@ -63,7 +63,8 @@ from benchmarks.report import provenance, write_result
 from g2rpo.models.flux import FluxConditioning, packed_shape
 from g2rpo.seeding import Draws
 from g2rpo.strategies.config import AlgorithmConfig
-from g2rpo.strategies.g2rpo import G2RPO, G2RPOSettings
+from g2rpo.strategies.g2rpo import G2RPO
+from g2rpo.strategies.settings import G2RPOSettings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FLUX_INNER_DIM = 3072  # FLUX.1-dev's transformer width (context_embedder's output)

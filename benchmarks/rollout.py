@@ -62,10 +62,11 @@ from g2rpo import core
 from g2rpo.models.flux import FluxConditioning, FluxTextEncoder, FluxVelocity
 from g2rpo.models.tiny import build_tiny_flux_pipeline
 from g2rpo.seeding import Draws
-from g2rpo.strategies import build_strategy
 from g2rpo.strategies._shared import make_grid, model_sigma
 from g2rpo.strategies.config import AlgorithmConfig
-from g2rpo.strategies.g2rpo import G2RPOSettings, sampling_forwards
+from g2rpo.strategies.g2rpo import sampling_forwards
+from g2rpo.strategies.registry import build_strategy
+from g2rpo.strategies.settings import G2RPOSettings
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

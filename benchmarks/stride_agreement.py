@@ -143,8 +143,8 @@ def measure(
     from g2rpo.rewards.registry import build_reward
     from g2rpo.rewards.scoring import score_rewards
     from g2rpo.seeding import Draws
-    from g2rpo.strategies import build_strategy
     from g2rpo.strategies.config import AlgorithmConfig
+    from g2rpo.strategies.registry import build_strategy
     from g2rpo.tasks.shapes import all_scenes, unseen_scenes
 
     started = time.monotonic()

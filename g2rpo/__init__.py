@@ -3,7 +3,7 @@
 Layers (arrows point to what a layer may import; see docs/architecture.md):
 
     cli -> trainer, evaluation, registry, data, models, rewards, storage, metrics
-    trainer -> strategies -> core        (core: pure tensor math, imports torch only)
+    trainer -> strategies -> core        (core: pure tensor math, imports torch and g2rpo.strides only)
 """
 
 __version__ = "0.1.0"

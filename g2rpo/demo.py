@@ -20,10 +20,10 @@ from g2rpo import core
 from g2rpo.config import load_config, parse_overrides
 from g2rpo.progress import progress_bar
 from g2rpo.seeding import Draws
-from g2rpo.strategies import build_strategy
 from g2rpo.strategies._shared import make_grid
 from g2rpo.strategies.base import StepStats, summarize_step
 from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.strategies.registry import build_strategy
 from g2rpo.toy import ToyConditioning, ToyReward, ToyVelocityModel, make_toy_problem
 
 __all__ = ["LATENT_SHAPE", "DemoResult", "evaluate_ode_reward", "run_toy_demo"]

@@ -38,7 +38,8 @@ from g2rpo.steps.gate import gates_from
 from g2rpo.steps.parameters import PARAMETER_KEYS
 from g2rpo.steps.train import matching_evaluation
 from g2rpo.steps.train_task import run_config_for, trainjob_for
-from g2rpo.training.run_config import RunConfig, deepspeed_rank_problem, run_problems
+from g2rpo.training.preflight import run_problems
+from g2rpo.training.run_config import RunConfig, deepspeed_rank_problem
 from pipelines.alignment import DEFAULTS
 from pipelines.placement import PlacementProfile, load_profile
 

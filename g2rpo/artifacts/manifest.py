@@ -251,28 +251,3 @@ def _digest_of(store: Store, key: str) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         store.get_file(key, Path(tmp) / "blob")
         return sha256_file(Path(tmp) / "blob")[1]
-
-
-# The publish, cache and GC names lived here before the artifact layer was split by idea; they stay
-# importable from this module (resolved on first use, which keeps the import graph acyclic).
-_MOVED = {
-    "LEASE_S": "publish",
-    "publish_dir": "publish",
-    "unique_prefix": "publish",
-    "unique_uri": "publish",
-    "download_dir": "cache",
-    "fetch_to_cache": "cache",
-    "default_cache_dir": "cache",
-    "gc": "gc",
-    "GcReport": "gc",
-    "parse_duration": "gc",
-}
-
-
-def __getattr__(name: str):
-    module = _MOVED.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f"g2rpo.artifacts.{module}"), name)

@@ -98,9 +98,9 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    # A line at once (stderr: stdout holds the verdict): the run config's schema loads torch (seconds).
-    print(f"validating {args.config} for {args.world_size} rank(s) (loading the config schema) …", file=sys.stderr)
-    from g2rpo.training.run_config import validate_run
+    # A line at once (stderr: stdout holds the verdict): the machine checks (preflight) load torch (seconds).
+    print(f"validating {args.config} for {args.world_size} rank(s) (loading the checks) …", file=sys.stderr)
+    from g2rpo.training.preflight import validate_run
 
     config_hash, clamped = validate_run(args.config, args.overrides, world_size=args.world_size)
     for line in clamped:  # valid, but not honoured as written: said here, and again when a run starts

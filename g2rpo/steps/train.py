@@ -29,7 +29,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, publish_dir, read_manifest, unique_prefix
+from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, read_manifest
+from g2rpo.artifacts.publish import publish_dir, unique_prefix
 from g2rpo.artifacts.storage import S3Settings, open_store
 from g2rpo.config import to_yaml
 from g2rpo.errors import ConfigError, G2RPOError, problem
@@ -39,7 +40,8 @@ from g2rpo.observability import TrainingExporter
 from g2rpo.training.callbacks import TrainerCallback
 from g2rpo.training.checkpoint import manifest_metadata
 from g2rpo.training.mirror import CheckpointMirror
-from g2rpo.training.run_config import RunConfig, resume_hash, run_problems
+from g2rpo.training.preflight import run_problems
+from g2rpo.training.run_config import RunConfig, resume_hash
 from g2rpo.training.run_dir import RunDir
 from g2rpo.training.trainer import train_from_config
 

@@ -6,51 +6,23 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING
 
 import torch
 
 from g2rpo import core
-from g2rpo.errors import problem
 from g2rpo.seeding import Draws
 from g2rpo.strategies.base import (
     Advantages,
     Conditioning,
     LossTerm,
     NFECounters,
+    ReferenceVelocityModel,
     Rollout,
     TermStats,
     TrajectoryStates,
     VelocityModel,
 )
-
-if TYPE_CHECKING:  # the config imports the strategy modules, which import this one
-    from g2rpo.strategies.config import AlgorithmConfig
-
-
-def trajectory_stepping_problems(strategy: str, per_step: int | None, config: AlgorithmConfig) -> list[str]:
-    """A whole-trajectory strategy steps per ``per_step`` trajectories or per trained step, not both."""
-    if per_step is not None and config.optimizer_step == "per_step":
-        return [
-            problem(
-                "optimizer_step",
-                config.optimizer_step,
-                f"{strategy} steps the optimiser every {strategy}.trajectories_per_step = {per_step} trajectories: "
-                f"use per_iteration, or set {strategy}.trajectories_per_step: null",
-            )
-        ]
-    return []
-
-
-def trajectory_multi_step_setting(
-    strategy: str, per_step: int | None, config: AlgorithmConfig
-) -> tuple[str, object] | None:
-    """What makes a whole-trajectory strategy step more than once per iteration (see StrategySettings)."""
-    if per_step is not None and per_step < config.group_size:
-        return (f"{strategy}.trajectories_per_step", per_step)
-    if config.optimizer_step != "per_iteration":
-        return ("optimizer_step", config.optimizer_step)
-    return None
+from g2rpo.strategies.config import AlgorithmConfig
 
 
 def make_grid(config: AlgorithmConfig, image_seq_len: int) -> torch.Tensor:
@@ -276,13 +248,13 @@ def trajectory_loss_terms(
     """
     reference = None
     if kl_beta > 0:
-        reference = getattr(model, "reference_velocity", None)
-        if reference is None:
+        if not isinstance(model, ReferenceVelocityModel):
             raise ValueError(
                 f"a KL penalty (β = {kl_beta}) needs the reference policy: the velocity model "
                 f"{type(model).__name__} has no reference_velocity (train with LoRA, whose base is the reference, "
                 "or set the strategy's kl_beta: 0)"
             )
+        reference = model.reference_velocity
     st = rollout.states
     states, lp_old, trained = st.latents, st.log_prob_old, st.trained_steps  # [P,G,T+1,L,C] [P,G,T] [P,G,S]
     sigmas = rollout.sigmas

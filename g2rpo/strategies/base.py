@@ -50,30 +50,22 @@ belongs to, so a reward that needs the prompt text can look it up. Rewards come 
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
-from pydantic import Field
 
-from g2rpo.config import Section
 from g2rpo.seeding import Draws
-
-if TYPE_CHECKING:  # the config holds every strategy's settings, so it imports the strategy modules
-    from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.strategies.settings import StrategySettings
 
 __all__ = [
     "Conditioning",
     "VelocityModel",
     "ReferenceVelocityModel",
-    "WithReference",
     "Strategy",
     "StatefulStrategy",
-    "StrategySettings",
-    "Draws",
     "NFECounters",
     "G2RPOStates",
     "TrajectoryStates",
@@ -124,25 +116,6 @@ class ReferenceVelocityModel(VelocityModel, Protocol):
     the base model with its adapters disabled (Flow-GRPO's ``disable_adapter()``)."""
 
     def reference_velocity(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor: ...
-
-
-class WithReference:
-    """``policy`` as a velocity model whose reference is ``reference`` (a frozen model, e.g. a copy of
-    the policy's initial weights when it is trained in full)."""
-
-    def __init__(self, policy: VelocityModel, reference: VelocityModel) -> None:
-        self.policy, self.reference = policy, reference
-
-    def __call__(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        return self.policy(x, sigma, cond)
-
-    @torch.no_grad()
-    def reference_velocity(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
-        return self.reference(x, sigma, cond)
-
-    def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
-        """The policy's parameters (what trains; DiffusionNFT copies the trainable ones as its old policy)."""
-        return self.policy.named_parameters()
 
 
 # --------------------------------------------------------------------------- records
@@ -327,70 +300,6 @@ class StepStats:
 
 
 # --------------------------------------------------------------------------- strategy protocol
-
-
-class StrategySettings(Section):
-    """Base of a strategy's own settings section (``algorithm.<strategy>``), defined next to its class.
-
-    Every strategy has its own learning rate (its paper's or published script's), used unless
-    ``train.learning_rate`` sets one for all. The section checks itself; checks that need the shared
-    settings (e.g. a step index against ``num_steps``) go in :meth:`cross_checks`, which the
-    ``algorithm`` section runs for the chosen strategy.
-    """
-
-    strategy: ClassVar[str]  # the strategy's registry name, which is also the section's key
-    # The strategy's own learning rate and where it comes from: each section sets these two, and the one
-    # ``learning_rate`` field below takes them as its default and help (__pydantic_init_subclass__).
-    default_learning_rate: ClassVar[float] = 2e-6
-    learning_rate_source: ClassVar[str] = "G²RPO paper 2e-6"
-
-    learning_rate: float = Field(
-        2e-6,
-        gt=0.0,
-        allow_inf_nan=False,
-        description="AdamW learning rate, constant, when train.learning_rate is null (G²RPO paper 2e-6)",
-    )
-
-    @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        super().__pydantic_init_subclass__(**kwargs)
-        field = copy.copy(cls.__pydantic_fields__["learning_rate"])
-        field.default = cls.default_learning_rate
-        field.description = (
-            f"AdamW learning rate, constant, when train.learning_rate is null ({cls.learning_rate_source})"
-        )
-        cls.__pydantic_fields__["learning_rate"] = field
-        cls.model_rebuild(force=True)
-
-    def cross_checks(self, config: AlgorithmConfig) -> list[str]:
-        """Problems (``field=value: fix``, fields named from the ``algorithm`` section) with the shared settings."""
-        return []
-
-    def clamped(self, config: AlgorithmConfig) -> list[str]:
-        """Settings the step grid cannot honour as given, which the strategy clamps as its reference code
-        does: one line each, ``field=value: what is used instead`` (fields named from the ``algorithm``
-        section). ``validate`` and the trainer's set-up say them once; a setting is never clamped silently."""
-        return []
-
-    def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
-        """The setting (key under ``algorithm``, value) that makes the strategy step the optimiser more
-        than once per iteration, or None when it steps once."""
-        if config.optimizer_step != "per_iteration":
-            return ("optimizer_step", config.optimizer_step)
-        return None
-
-    @classmethod
-    def unknown_key_fix(cls, key: str, path: str) -> str | None:
-        """A knob of another strategy: name the section it belongs in."""
-        parent = path.rpartition(".")[0]
-        prefix = f"{parent}." if parent else ""
-        for other in StrategySettings.__subclasses__():
-            if other is not cls and key in other.model_fields:
-                return (
-                    f"{key} is a setting of strategy {other.strategy}: "
-                    f"write it as {prefix}{other.strategy}.{key} and choose {prefix}strategy: {other.strategy}"
-                )
-        return None
 
 
 @runtime_checkable

@@ -44,14 +44,10 @@ T+1 tensors ``[P, n_i, L, C]``, ``log_prob_old`` T tensors ``[P, n_{i+1}]``, ``t
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Annotated, ClassVar
 
 import torch
-from pydantic import Field, field_validator
 
 from g2rpo import core
-from g2rpo.config import COUNT_MAX, STEPS_MAX
-from g2rpo.errors import problem
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
     check_rewards,
@@ -67,123 +63,15 @@ from g2rpo.strategies.base import (
     LossTerm,
     NFECounters,
     Rollout,
-    StrategySettings,
     TreeStates,
     VelocityModel,
 )
+from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.strategies.settings import BranchGRPOSettings
 
-if TYPE_CHECKING:  # the config imports this module for BranchGRPOSettings
-    from g2rpo.strategies.config import AlgorithmConfig
-
-__all__ = ["BranchGRPO", "BranchGRPOSettings"]
+__all__ = ["BranchGRPO"]
 
 STD_FLOOR = 1e-6  # published: a depth whose values' std is below this gets zero advantages
-LEAVES_MAX = 4096  # b^|M| leaves per prompt; more is a typo, not a tree
-
-
-class BranchGRPOSettings(StrategySettings):
-    """BranchGRPO's own settings: where the tree branches and how wide, which depths train, learning rate."""
-
-    strategy: ClassVar[str] = "branchgrpo"
-    default_learning_rate: ClassVar[float] = 1e-5
-    learning_rate_source: ClassVar[str] = "BranchGRPO script: 1e-5"
-
-    branch_steps: list[Annotated[int, Field(le=STEPS_MAX)]] | None = Field(
-        None,
-        description=(
-            "M, the grid steps k where every node branches (0 = noisiest, each < num_steps; the published script "
-            "0,3,6,9 at T = 20); null = the published uniform split k = r·⌊T/split_rounds⌋"
-        ),
-    )
-    split_rounds: int = Field(
-        4, ge=1, le=STEPS_MAX, description="branch steps of the uniform split when branch_steps is null (published 4)"
-    )
-    branch_factor: int = Field(2, ge=2, le=COUNT_MAX, description="b, children per node at a branch step (published 2)")
-    split_noise_scale: float = Field(
-        1.0,
-        gt=0.0,
-        allow_inf_nan=False,
-        description=(
-            "c, the branch steps' noise is c·std·ξ while the log-prob keeps std (published tree_split_noise_scale, "
-            "script 4.0); 1 = the log-prob is the sampling density"
-        ),
-    )
-    pruned_depths: list[Annotated[int, Field(ge=0, le=STEPS_MAX)]] = Field(
-        [],
-        description="depth pruning: the edges into these depths (1..num_steps) are sampled and scored but not trained",
-    )
-
-    @field_validator("branch_steps")
-    @classmethod
-    def _distinct_steps_on_a_grid(cls, value: list[int] | None) -> list[int] | None:
-        if value is None:
-            return value
-        if not value:
-            raise ValueError("[] has no branch step: give at least one step k, or null for the uniform split")
-        negative = [k for k in value if k < 0]
-        if negative:
-            raise ValueError(
-                f"{value!r} has steps {negative} outside the grid: each k is a grid index 0..num_steps−1 (0 = noisiest)"
-            )
-        if len(set(value)) != len(value):
-            raise ValueError(f"{value!r} repeats a step: list each branch step once, e.g. [0, 3, 6, 9]")
-        return value
-
-    def all_branch_steps(self, num_steps: int) -> list[int]:
-        """M on a grid of ``num_steps``: the configured steps, sorted, or r·⌊T/rounds⌋ for r < rounds."""
-        if self.branch_steps is not None:
-            return sorted(self.branch_steps)
-        interval = num_steps // self.split_rounds
-        return [r * interval for r in range(self.split_rounds)]
-
-    def trained_steps(self, num_steps: int) -> list[int]:
-        """The grid steps i whose edges train: all but those into a pruned depth i + 1."""
-        return [i for i in range(num_steps) if i + 1 not in self.pruned_depths]
-
-    def cross_checks(self, config: AlgorithmConfig) -> list[str]:
-        problems = []
-        t = config.num_steps
-        outside = [k for k in self.branch_steps or [] if k >= t]
-        if outside:
-            problems.append(
-                problem(
-                    "branchgrpo.branch_steps",
-                    self.branch_steps,
-                    f"steps {outside} are outside the grid: each k must be in 0..{t - 1} (num_steps is {t})",
-                )
-            )
-        if self.branch_steps is None and self.split_rounds > t:
-            problems.append(
-                problem(
-                    "branchgrpo.split_rounds",
-                    self.split_rounds,
-                    f"the uniform split needs split_rounds ≤ num_steps = {t} distinct steps: lower it, "
-                    "or list branchgrpo.branch_steps",
-                )
-            )
-        bad_depths = [d for d in self.pruned_depths if not 1 <= d <= t]
-        if bad_depths:
-            problems.append(
-                problem(
-                    "branchgrpo.pruned_depths",
-                    self.pruned_depths,
-                    f"depths {bad_depths} have no incoming edge: each pruned depth must be in 1..{t}",
-                )
-            )
-        elif set(range(1, t + 1)) <= set(self.pruned_depths):
-            problems.append(
-                problem("branchgrpo.pruned_depths", self.pruned_depths, "every depth is pruned: leave one to train")
-            )
-        if not problems and self.branch_factor ** len(self.all_branch_steps(t)) > LEAVES_MAX:
-            problems.append(
-                problem(
-                    "branchgrpo.branch_factor",
-                    self.branch_factor,
-                    f"b^|M| = {self.branch_factor}^{len(self.all_branch_steps(t))} leaves per prompt is over "
-                    f"{LEAVES_MAX}: lower branch_factor or use fewer branch steps",
-                )
-            )
-        return problems
 
 
 class BranchGRPO:

@@ -6,17 +6,17 @@ and one section per strategy with its own knobs.
     algorithm:
       strategy: g2rpo          # g2rpo | dancegrpo | mixgrpo | flowgrpo | diffusionnft | branchgrpo, or a preset such as g2rpo_no_mgai
       num_steps: 16            # shared: grid, group, SDE noise, advantages, ratio clip, batching
-      g2rpo:                   # the chosen strategy's own section (G2RPOSettings in strategies/g2rpo.py)
+      g2rpo:                   # the chosen strategy's own section (G2RPOSettings in strategies/settings.py)
         granularities: [1, 2, 3]
 
-Each strategy's section is defined next to its class and validated on its own; a knob written in
+Each strategy's section (:mod:`g2rpo.strategies.settings`) is validated on its own; a knob written in
 the wrong place is refused with the section it belongs in. Sections of strategies that are not
 chosen are validated too but do not affect the run, so one file can carry settings for each
 strategy and a run switches with ``algorithm.strategy=...``: the loaded config keeps their
 defaults and leaves them out of the recorded config (``g2rpo config show``, ``to_yaml``) and of
 the config hash.
 
-A preset (:data:`g2rpo.strategies.PRESETS`) is read as its strategy with some settings fixed:
+A preset (:data:`g2rpo.strategies.settings.PRESETS`) is read as its strategy with some settings fixed:
 ``strategy: g2rpo_no_mgai`` loads as ``strategy: g2rpo`` with ``g2rpo.granularities: [1]``. Setting
 one of those knobs to another value is an error.
 
@@ -41,20 +41,23 @@ from pydantic import (
 
 from g2rpo.config import COUNT_MAX, PROBLEM_SEPARATOR, STEPS_MAX, Section
 from g2rpo.errors import did_you_mean, problem
-from g2rpo.strategies import PRESETS, STRATEGIES
-from g2rpo.strategies.base import StrategySettings
-from g2rpo.strategies.branchgrpo import BranchGRPOSettings
-from g2rpo.strategies.dancegrpo import DanceGRPOSettings
-from g2rpo.strategies.diffusionnft import DiffusionNFTSettings
-from g2rpo.strategies.flowgrpo import FlowGRPOSettings
-from g2rpo.strategies.g2rpo import G2RPOSettings
-from g2rpo.strategies.mixgrpo import MixGRPOSettings
+from g2rpo.strategies.settings import (
+    PRESETS,
+    SETTINGS,
+    BranchGRPOSettings,
+    DanceGRPOSettings,
+    DiffusionNFTSettings,
+    FlowGRPOSettings,
+    G2RPOSettings,
+    MixGRPOSettings,
+    StrategySettings,
+)
 
 __all__ = ["AlgorithmConfig"]
 
 PositiveInt = Annotated[int, Field(ge=1, le=COUNT_MAX)]
 
-_NAMES = " | ".join(STRATEGIES)
+_NAMES = " | ".join(SETTINGS)
 _PRESET_NAMES = ", ".join(
     f"{p} (= {base} with {', '.join(f'{key} {value}' for key, value in fixed.items())})"
     for p, (base, fixed) in PRESETS.items()
@@ -169,10 +172,10 @@ class AlgorithmConfig(Section):
     @field_validator("strategy")
     @classmethod
     def _known_strategy(cls, value: str) -> str:
-        if value not in STRATEGIES:
+        if value not in SETTINGS:
             raise ValueError(
-                f"{value!r} is not a strategy{did_you_mean(value, [*STRATEGIES, *PRESETS])}: use one of "
-                f"{', '.join(STRATEGIES)}, or a preset ({', '.join(PRESETS)})"
+                f"{value!r} is not a strategy{did_you_mean(value, [*SETTINGS, *PRESETS])}: use one of "
+                f"{', '.join(SETTINGS)}, or a preset ({', '.join(PRESETS)})"
             )
         return value
 
@@ -191,9 +194,9 @@ class AlgorithmConfig(Section):
         # their defaults: what `config show` prints is what the object holds.
         config = handler(data)
         unused = {
-            name: STRATEGIES[name].Settings()
-            for name in STRATEGIES
-            if name != config.strategy and getattr(config, name) != STRATEGIES[name].Settings()
+            name: section()
+            for name, section in SETTINGS.items()
+            if name != config.strategy and getattr(config, name) != section()
         }
         return config.model_copy(update=unused) if unused else config
 
@@ -201,7 +204,7 @@ class AlgorithmConfig(Section):
     def _only_the_chosen_section(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         # The other strategies' sections do not affect the run: keep them out of the record and the hash.
         data = handler(self)
-        for name in STRATEGIES:
+        for name in SETTINGS:
             if name != self.strategy:
                 data.pop(name, None)
         return data
@@ -210,9 +213,9 @@ class AlgorithmConfig(Section):
     def unknown_key_fix(cls, key: str, path: str) -> str | None:
         """A strategy's own knob written at the top of the section (or under its old prefixed name)."""
         prefix = f"{path}." if path else ""
-        for name, strategy in STRATEGIES.items():
+        for name, section in SETTINGS.items():
             field = key.removeprefix(f"{name}_")
-            if field in strategy.Settings.model_fields:
+            if field in section.model_fields:
                 return f"{key} is a setting of strategy {name}: write it as {prefix}{name}.{field}"
         return None
 

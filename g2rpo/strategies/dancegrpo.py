@@ -33,22 +33,17 @@ Rollout ``states`` (:class:`~g2rpo.strategies.base.TrajectoryStates`): ``latents
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, ClassVar
 
 import torch
-from pydantic import Field
 
-from g2rpo.config import COUNT_MAX
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
     make_grid,
     sample_velocity,
     terminal_advantages,
     trajectory_loss_terms,
-    trajectory_multi_step_setting,
     trajectory_rollout,
     trajectory_sde_step,
-    trajectory_stepping_problems,
 )
 from g2rpo.strategies.base import (
     Advantages,
@@ -56,58 +51,12 @@ from g2rpo.strategies.base import (
     LossTerm,
     NFECounters,
     Rollout,
-    StrategySettings,
     VelocityModel,
 )
+from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.strategies.settings import DanceGRPOSettings
 
-if TYPE_CHECKING:  # the config imports this module for DanceGRPOSettings
-    from g2rpo.strategies.config import AlgorithmConfig
-
-__all__ = ["DanceGRPO", "DanceGRPOSettings"]
-
-
-class DanceGRPOSettings(StrategySettings):
-    """DanceGRPO's own settings: which steps train, the noise of the group, optimiser stepping, learning rate."""
-
-    strategy: ClassVar[str] = "dancegrpo"
-    default_learning_rate: ClassVar[float] = 1e-5
-    learning_rate_source: ClassVar[str] = "DanceGRPO script: 1e-5"
-
-    train_fraction: float = Field(
-        0.6,
-        gt=0.0,
-        le=1.0,
-        allow_inf_nan=False,
-        description="f, each trajectory trains int(f·(T−1)) of the first T−1 steps, drawn at random (DanceGRPO: 0.6)",
-    )
-    shared_noise: bool = Field(
-        True, description="one initial noise for the whole group (false = independent, Flow-GRPO style)"
-    )
-    trajectories_per_step: int | None = Field(
-        4,
-        ge=1,
-        le=COUNT_MAX,
-        description=(
-            "trajectories per prompt accumulated into each optimiser step (DanceGRPO script: 4, i.e. 3 steps "
-            "per iteration at G = 12); null = one step per iteration"
-        ),
-    )
-
-    def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
-        return trajectory_multi_step_setting(self.strategy, self.trajectories_per_step, config)
-
-    def clamped(self, config: AlgorithmConfig) -> list[str]:
-        trainable = config.num_steps - 1
-        if int(self.train_fraction * trainable) >= 1:
-            return []
-        return [
-            f"dancegrpo.train_fraction={self.train_fraction:g}: int({self.train_fraction:g} × (T − 1 = {trainable})) "
-            "= 0 steps; each trajectory trains 1 step, as DanceGRPO's code does "
-            f"(use train_fraction ≥ {1 / trainable:.3g} to say what runs)"
-        ]
-
-    def cross_checks(self, config: AlgorithmConfig) -> list[str]:
-        return trajectory_stepping_problems(self.strategy, self.trajectories_per_step, config)
+__all__ = ["DanceGRPO"]
 
 
 class DanceGRPO:

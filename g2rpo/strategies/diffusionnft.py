@@ -43,21 +43,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any
 
 import torch
-from pydantic import Field
 
 from g2rpo import core
-from g2rpo.config import COUNT_MAX
-from g2rpo.errors import problem
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
     flow_grpo_terminal_advantages,
     make_grid,
     model_sigma,
     sample_velocity,
-    trajectory_multi_step_setting,
 )
 from g2rpo.strategies.base import (
     Advantages,
@@ -65,16 +61,15 @@ from g2rpo.strategies.base import (
     LossTerm,
     NFECounters,
     NFTStates,
+    ReferenceVelocityModel,
     Rollout,
-    StrategySettings,
     TermStats,
     VelocityModel,
 )
+from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.strategies.settings import DiffusionNFTSettings
 
-if TYPE_CHECKING:  # the config imports this module for DiffusionNFTSettings
-    from g2rpo.strategies.config import AlgorithmConfig
-
-__all__ = ["DiffusionNFT", "DiffusionNFTSettings", "OldPolicy", "old_policy_decay", "trained_timesteps_per_sample"]
+__all__ = ["DiffusionNFT", "OldPolicy", "old_policy_decay", "trained_timesteps_per_sample"]
 
 WEIGHT_FLOOR = 1e-5  # train_nft_sd3.py: the adaptive weight's .clip(min=0.00001)
 
@@ -157,107 +152,6 @@ class OldPolicy:
             )
 
 
-class DiffusionNFTSettings(StrategySettings):
-    """DiffusionNFT's own settings: β, the old policy's update schedule, timesteps, the KL to the reference."""
-
-    strategy: ClassVar[str] = "diffusionnft"
-    default_learning_rate: ClassVar[float] = 3e-4
-    learning_rate_source: ClassVar[str] = "DiffusionNFT, LoRA: 3e-4"
-
-    beta: float = Field(
-        1.0,
-        gt=0.0,
-        allow_inf_nan=False,
-        description=(
-            "β of the implicit policies v± = v_old ± β·(v_θ − v_old), > 0 (DiffusionNFT config.beta 1.0; "
-            "its OCR and multi-reward configs 0.1)"
-        ),
-    )
-    sampler: Literal["euler", "dpmpp_2m"] = Field(
-        "euler",
-        description=(
-            "deterministic ODE sampler of the rollouts: euler (the evaluation's sampler) or dpmpp_2m "
-            "(DPM-Solver++(2M), the published dpm2)"
-        ),
-    )
-    train_fraction: float = Field(
-        0.99,
-        gt=0.0,
-        le=1.0,
-        allow_inf_nan=False,
-        description="f, every sample trains int(f·T) distinct random grid timesteps (DiffusionNFT timestep_fraction 0.99)",
-    )
-    kl_beta: float = Field(
-        1e-4,
-        ge=0.0,
-        allow_inf_nan=False,
-        description=(
-            "weight of mean (v_θ − v_ref)² to the reference policy (DiffusionNFT train.beta 1e-4); > 0 needs the "
-            "reference (train.lora.enabled: the base with adapters disabled); 0 = none"
-        ),
-    )
-    global_std: bool = Field(
-        True, description="normalise advantages by the std of the whole batch (DiffusionNFT) rather than the group's"
-    )
-    old_decay_flat: int = Field(
-        0,
-        ge=0,
-        le=COUNT_MAX,
-        description="optimiser steps during which the old policy copies θ outright (decay 0; published 0, OCR 75)",
-    )
-    old_decay_rate: float = Field(
-        1e-3,
-        ge=0.0,
-        allow_inf_nan=False,
-        description="the old policy's decay grows by this per optimiser step after the flat ones (published 0.001)",
-    )
-    old_decay_max: float = Field(
-        0.5,
-        ge=0.0,
-        le=1.0,
-        allow_inf_nan=False,
-        description="the old policy's decay stops growing here (published 0.5, OCR 0.999; 1 = never updated)",
-    )
-    trajectories_per_step: int | None = Field(
-        None,
-        ge=1,
-        le=COUNT_MAX,
-        description=(
-            "samples per prompt accumulated into each optimiser step; null = one step per iteration (DiffusionNFT's "
-            "gradient_step_per_epoch 1; its OCR config steps twice)"
-        ),
-    )
-
-    def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
-        return trajectory_multi_step_setting(self.strategy, self.trajectories_per_step, config)
-
-    def clamped(self, config: AlgorithmConfig) -> list[str]:
-        if int(self.train_fraction * config.num_steps) >= 1:
-            return []
-        return [
-            f"diffusionnft.train_fraction={self.train_fraction:g}: int({self.train_fraction:g} × "
-            f"(T = {config.num_steps})) = 0 timesteps; each sample trains 1, as DiffusionNFT's script does "
-            f"(use train_fraction ≥ {1 / config.num_steps:.3g} to say what runs)"
-        ]
-
-    def cross_checks(self, config: AlgorithmConfig) -> list[str]:
-        if config.optimizer_step == "per_step":
-            return [
-                problem(
-                    "optimizer_step",
-                    config.optimizer_step,
-                    "diffusionnft trains on random timesteps of every sample, not on a step k: use per_iteration, "
-                    "and diffusionnft.trajectories_per_step to step more often",
-                )
-            ]
-        return []
-
-    def steps_per_iteration(self, group_size: int) -> int:
-        """Optimiser steps one iteration takes: ceil(G / trajectories_per_step), or 1."""
-        per_step = self.trajectories_per_step or group_size
-        return math.ceil(group_size / per_step)
-
-
 class DiffusionNFT:
     """θ_old samples with the ODE; the clean samples train θ on the forward process, pulled toward
     the well-rewarded ones and pushed from the others around θ_old."""
@@ -307,13 +201,13 @@ class DiffusionNFT:
             raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {num_prompts}")
         reference = None
         if s.kl_beta > 0:
-            reference = getattr(model, "reference_velocity", None)
-            if reference is None:
+            if not isinstance(model, ReferenceVelocityModel):
                 raise ValueError(
                     f"a KL weight (kl_beta = {s.kl_beta}) needs the reference policy: the velocity model "
                     f"{type(model).__name__} has no reference_velocity (train with LoRA, whose base is the "
                     "reference, or set diffusionnft.kl_beta: 0)"
                 )
+            reference = model.reference_velocity
         steps_so_far = draws.iteration * s.steps_per_iteration(group)
         decay = old_policy_decay(steps_so_far, s.old_decay_flat, s.old_decay_rate, s.old_decay_max)
         self.old.advance(model, draws.iteration, decay)

@@ -37,22 +37,17 @@ same first S steps in every row).
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, ClassVar
 
 import torch
-from pydantic import Field
 
-from g2rpo.config import COUNT_MAX
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
     flow_grpo_terminal_advantages,
     make_grid,
     sample_velocity,
     trajectory_loss_terms,
-    trajectory_multi_step_setting,
     trajectory_rollout,
     trajectory_sde_step,
-    trajectory_stepping_problems,
 )
 from g2rpo.strategies.base import (
     Advantages,
@@ -60,71 +55,17 @@ from g2rpo.strategies.base import (
     LossTerm,
     NFECounters,
     Rollout,
-    StrategySettings,
     VelocityModel,
 )
+from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.strategies.settings import FlowGRPOSettings
 
-if TYPE_CHECKING:  # the config imports this module for FlowGRPOSettings
-    from g2rpo.strategies.config import AlgorithmConfig
-
-__all__ = ["FlowGRPO", "FlowGRPOSettings", "trained_steps_per_trajectory"]
+__all__ = ["FlowGRPO", "trained_steps_per_trajectory"]
 
 
 def trained_steps_per_trajectory(num_steps: int, train_fraction: float) -> int:
     """S = int(f·T), at least 1 and at most T (the script's ``num_train_timesteps``)."""
     return min(num_steps, max(1, int(train_fraction * num_steps)))
-
-
-class FlowGRPOSettings(StrategySettings):
-    """Flow-GRPO's own settings: which steps train, the KL penalty, the advantage's std, optimiser stepping."""
-
-    strategy: ClassVar[str] = "flowgrpo"
-    default_learning_rate: ClassVar[float] = 3e-4
-    learning_rate_source: ClassVar[str] = "Flow-GRPO base config, LoRA: 3e-4"
-
-    train_fraction: float = Field(
-        0.99,
-        gt=0.0,
-        le=1.0,
-        allow_inf_nan=False,
-        description="f, every trajectory trains its first int(f·T) steps (Flow-GRPO timestep_fraction 0.99)",
-    )
-    kl_beta: float = Field(
-        0.04,
-        ge=0.0,
-        allow_inf_nan=False,
-        description=(
-            "β of the KL penalty to the reference policy (Flow-GRPO GenEval/OCR 0.04, PickScore 0.01); "
-            "> 0 needs the reference (train.lora.enabled: the base with adapters disabled); 0 = no KL"
-        ),
-    )
-    global_std: bool = Field(
-        True, description="normalise advantages by the std of the whole batch (Flow-GRPO) rather than the group's"
-    )
-    trajectories_per_step: int | None = Field(
-        6,
-        ge=1,
-        le=COUNT_MAX,
-        description=(
-            "trajectories per prompt accumulated into each optimiser step (Flow-GRPO steps twice per epoch: 6 "
-            "at G = 12); null = one step per iteration"
-        ),
-    )
-
-    def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
-        return trajectory_multi_step_setting(self.strategy, self.trajectories_per_step, config)
-
-    def clamped(self, config: AlgorithmConfig) -> list[str]:
-        if int(self.train_fraction * config.num_steps) >= 1:
-            return []
-        return [
-            f"flowgrpo.train_fraction={self.train_fraction:g}: int({self.train_fraction:g} × (T = {config.num_steps})) "
-            "= 0 steps; each trajectory trains 1 step, as Flow-GRPO's script does "
-            f"(use train_fraction ≥ {1 / config.num_steps:.3g} to say what runs)"
-        ]
-
-    def cross_checks(self, config: AlgorithmConfig) -> list[str]:
-        return trajectory_stepping_problems(self.strategy, self.trajectories_per_step, config)
 
 
 class FlowGRPO:

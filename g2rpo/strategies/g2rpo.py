@@ -22,7 +22,7 @@ with M the steps drawn this iteration and n_max = ``finish_steps`` (∞ by defau
 Compute-efficient options (beyond the paper; each off by default): ``branch_steps_per_iteration``
 trains a random subset of M per prompt and iteration (its finishes and, when the subset stops
 earlier, the anchor's tail are not computed); ``finish_steps`` caps each stride's finish at n_max
-steps (:func:`g2rpo.core.thin_schedule`); ``finish_solver: dpmpp_2m`` finishes with
+steps (:func:`g2rpo.strides.thin_schedule`); ``finish_solver: dpmpp_2m`` finishes with
 DPM-Solver++(2M) (:func:`g2rpo.core.dpmpp_2m_step`; same forwards per step, second order, so a
 capped finish stays closer to the ODE solution); coarser strides only are ``granularities`` without 1.
 
@@ -36,10 +36,10 @@ Advantages. Rewards ``[R, P, |M|, J, G]`` → per (reward model, stride) group-n
 ``clip(Σ_r w_r Σ_j α_j A, ±clip)`` → ``[P, |M|, G]``. A (prompt, k) group with any NaN/inf reward
 is dropped (advantage 0, no loss term rows) and counted.
 
-Settings (:class:`G2RPOSettings`, the ``algorithm.g2rpo`` section): M (``branch_steps``,
+Settings (:class:`~g2rpo.strategies.settings.G2RPOSettings`, the ``algorithm.g2rpo`` section): M (``branch_steps``,
 ``branch_steps_per_iteration``), Λ (``granularities``), the finishing schedule, solver and cap
 (``stride_schedule``, ``finish_solver``, ``finish_steps``) and α (``stride_weights``). "G²RPO without MGAI" is this strategy with Λ = {1}: the preset
-``strategy: g2rpo_no_mgai`` (:data:`g2rpo.strategies.PRESETS`) sets ``granularities: [1]``.
+``strategy: g2rpo_no_mgai`` (:data:`g2rpo.strategies.settings.PRESETS`) sets ``granularities: [1]``.
 
 Rollout ``states`` (:class:`~g2rpo.strategies.base.G2RPOStates`): ``steps`` ``[P, K]`` long (the k
 of each slot; with ``branch_steps_per_iteration`` each prompt draws its own subset), ``x_k``
@@ -49,16 +49,11 @@ of each slot; with ``branch_steps_per_iteration`` each prompt draws its own subs
 from __future__ import annotations
 
 import heapq
-import math
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, Annotated, ClassVar, Literal
 
 import torch
-from pydantic import Field, field_validator, model_validator
 
 from g2rpo import core
-from g2rpo.config import PROBLEM_SEPARATOR, STEPS_MAX
-from g2rpo.errors import problem
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
     check_rewards,
@@ -75,185 +70,13 @@ from g2rpo.strategies.base import (
     LossTerm,
     NFECounters,
     Rollout,
-    StrategySettings,
     VelocityModel,
 )
+from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.strategies.settings import G2RPOSettings
+from g2rpo.strides import finish_forwards, stride_indices
 
-if TYPE_CHECKING:  # the config imports this module for G2RPOSettings
-    from g2rpo.strategies.config import AlgorithmConfig
-
-__all__ = ["G2RPO", "G2RPOSettings", "pack_calls", "sampling_forwards"]
-
-
-class G2RPOSettings(StrategySettings):
-    """G²RPO's own settings: where it branches, the strides it finishes with and their weights."""
-
-    strategy: ClassVar[str] = "g2rpo"
-
-    branch_steps: list[Annotated[int, Field(le=STEPS_MAX)]] | None = Field(
-        None,
-        description=(
-            "M, the grid indices k where G²RPO branches (0 = noisiest, each < num_steps); "
-            "null = the noisiest half, k = 0 … ceil(T/2)−1"
-        ),
-    )
-    branch_steps_per_iteration: Annotated[int, Field(ge=1, le=STEPS_MAX)] | None = Field(
-        None,
-        description="draw this many steps of M at random each iteration (per prompt, seeded); null = all of M",
-    )
-    granularities: list[Annotated[int, Field(le=STEPS_MAX)]] = Field(
-        [1, 2, 3],
-        min_length=1,
-        description="Λ, the strides each branch is finished with (integers ≥ 1; paper [1, 2, 3], reference [1, 2])",
-    )
-    stride_schedule: Literal["to_zero", "reference"] = Field(
-        "to_zero",
-        description=(
-            "to_zero: σ[k+1], σ[k+1+λ], …, 0 (spec default); reference: the reference code's "
-            "σ[:k+2] + σ[k+2::λ] (one stride-1 step first), finished with an Euler step to 0"
-        ),
-    )
-    # Non-finite and negative weights are refused together by _weights_finite_non_negative (one problem
-    # naming them all), not item by item as the section's allow_inf_nan=False would.
-    stride_weights: list[Annotated[float, Field(allow_inf_nan=True)]] | None = Field(
-        None, description="α_j ≥ 0, one weight per granularity for the advantage sum (not all 0); null = all 1"
-    )
-    finish_solver: Literal["euler", "dpmpp_2m"] = Field(
-        "euler",
-        description=(
-            "ODE solver of the branch finish: euler (paper, reference) or dpmpp_2m (DPM-Solver++(2M), second order, "
-            "same forwards per step; pair it with finish_steps to spend fewer forwards)"
-        ),
-    )
-    finish_steps: Annotated[int, Field(ge=1, le=STEPS_MAX)] | None = Field(
-        None,
-        description=(
-            "at most this many finishing steps per stride (its schedule thinned evenly, first and last σ kept); "
-            "null = every point of the stride schedule (paper)"
-        ),
-    )
-
-    @field_validator("granularities")
-    @classmethod
-    def _distinct_strides(cls, value: list[int]) -> list[int]:
-        below = [lam for lam in value if lam < 1]
-        if below:
-            raise ValueError(f"{value!r} has strides {below} below 1: each stride is an integer ≥ 1, e.g. [1, 2, 3]")
-        if len(set(value)) != len(value):
-            raise ValueError(f"{value!r} repeats a stride: list each stride once, e.g. [1, 2, 3]")
-        return value
-
-    @field_validator("stride_weights")
-    @classmethod
-    def _weights_finite_non_negative(cls, value: list[float] | None) -> list[float] | None:
-        bad = [w for w in value or [] if not math.isfinite(w) or w < 0]
-        if bad:
-            raise ValueError(
-                f"{value!r} has weights {bad} that are not finite numbers ≥ 0: give each α_j ≥ 0, e.g. [1, 1, 1]"
-            )
-        return value
-
-    @field_validator("branch_steps")
-    @classmethod
-    def _steps_on_a_grid(cls, value: list[int] | None) -> list[int] | None:
-        # k ≥ num_steps is checked with num_steps (cross_checks); a negative k is outside any grid.
-        negative = [k for k in value or [] if k < 0]
-        if negative:
-            raise ValueError(
-                f"{value!r} has steps {negative} outside the grid: each k is a grid index 0..num_steps−1 (0 = noisiest)"
-            )
-        return value
-
-    @model_validator(mode="after")
-    def _checks(self) -> G2RPOSettings:
-        problems = []
-        if self.branch_steps is not None:
-            if not self.branch_steps:
-                problems.append(problem("branch_steps", [], "give at least one step k, or null for the noisiest half"))
-            if len(set(self.branch_steps)) != len(self.branch_steps):
-                problems.append(problem("branch_steps", self.branch_steps, "list each step once"))
-        if self.stride_weights is not None and len(self.stride_weights) != len(self.granularities):
-            problems.append(
-                problem(
-                    "stride_weights",
-                    self.stride_weights,
-                    f"give one weight per granularity ({len(self.granularities)} for {self.granularities}), or null",
-                )
-            )
-        if self.stride_weights and not any(self.stride_weights):
-            problems.append(
-                problem(
-                    "stride_weights",
-                    self.stride_weights,
-                    "all weights are 0, so every advantage would be 0: give at least one weight > 0",
-                )
-            )
-        if problems:
-            raise ValueError(PROBLEM_SEPARATOR.join(problems))
-        return self
-
-    def cross_checks(self, config: AlgorithmConfig) -> list[str]:
-        problems = []
-        t = config.num_steps
-        outside = [k for k in self.branch_steps or [] if k >= t]
-        if outside:
-            problems.append(
-                problem(
-                    "g2rpo.branch_steps",
-                    self.branch_steps,
-                    f"steps {outside} are outside the grid: each k must be in 0..{t - 1} (num_steps is {t})",
-                )
-            )
-        problems += self._duplicate_finish_problems(t)
-        m = len(self.all_branch_steps(t))
-        if self.branch_steps_per_iteration is not None and self.branch_steps_per_iteration > m:
-            problems.append(
-                problem(
-                    "g2rpo.branch_steps_per_iteration",
-                    self.branch_steps_per_iteration,
-                    f"must be ≤ |M| = {m}, or null for all of M",
-                )
-            )
-        return problems
-
-    def _duplicate_finish_problems(self, num_steps: int) -> list[str]:
-        """A ``finish_steps`` cap that gives two strides the same σ points at every k makes their rewards
-        duplicates (the advantage would count one granularity twice): refuse it."""
-        if self.finish_steps is None or any(k >= num_steps for k in self.branch_steps or []):
-            return []
-        steps = self.all_branch_steps(num_steps)
-        schedules = {
-            lam: [core.stride_indices(num_steps, k, lam, self.stride_schedule, self.finish_steps) for k in steps]
-            for lam in self.granularities
-        }
-        same = [
-            (a, b)
-            for i, a in enumerate(self.granularities)
-            for b in self.granularities[i + 1 :]
-            if schedules[a] == schedules[b]
-        ]
-        if not same:
-            return []
-        pairs = ", ".join(f"{a} and {b}" for a, b in same)
-        return [
-            problem(
-                "g2rpo.finish_steps",
-                self.finish_steps,
-                f"strides {pairs} then visit the same σ at every branch step, so their rewards are duplicates: "
-                "raise finish_steps, drop a stride from granularities, or set finish_steps: null",
-            )
-        ]
-
-    def all_branch_steps(self, num_steps: int) -> list[int]:
-        """M on a grid of ``num_steps``: the configured branch steps, or the noisiest half ``0 … ceil(T/2) − 1``."""
-        if self.branch_steps is not None:
-            return sorted(self.branch_steps)
-        return list(range(math.ceil(num_steps / 2)))
-
-    @property
-    def weights(self) -> list[float]:
-        """α_j, one per granularity (all 1 unless configured)."""
-        return list(self.stride_weights) if self.stride_weights is not None else [1.0] * len(self.granularities)
+__all__ = ["G2RPO", "pack_calls", "sampling_forwards"]
 
 
 def sampling_forwards(
@@ -267,7 +90,7 @@ def sampling_forwards(
     """Sampling forwards for one prompt whose branch steps this iteration are ``steps`` (the formula
     in the module docstring; ``max_steps`` is ``finish_steps``)."""
     anchor = max(steps) + 1
-    return anchor + group_size * sum(core.finish_forwards(num_steps, k, list(strides), mode, max_steps) for k in steps)
+    return anchor + group_size * sum(finish_forwards(num_steps, k, list(strides), mode, max_steps) for k in steps)
 
 
 def pack_calls(parent: Sequence[int], micro_batch: int) -> list[list[int]]:
@@ -325,7 +148,7 @@ class _RolloutPlan:
         num_strides = len(strides)
         self.group, self.num_strides = group, num_strides
         schedules = [
-            core.stride_indices(num_steps, int(steps[p, s]), lam, settings.stride_schedule, settings.finish_steps)
+            stride_indices(num_steps, int(steps[p, s]), lam, settings.stride_schedule, settings.finish_steps)
             for p in range(num_prompts)
             for s in range(num_slots)
             for lam in strides

@@ -33,24 +33,18 @@ Rollout ``states`` (:class:`~g2rpo.strategies.base.TrajectoryStates`): ``latents
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import TYPE_CHECKING, ClassVar
 
 import torch
-from pydantic import Field
 
 from g2rpo import core
-from g2rpo.config import COUNT_MAX, STEPS_MAX
-from g2rpo.errors import problem
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
     make_grid,
     sample_velocity,
     terminal_advantages,
     trajectory_loss_terms,
-    trajectory_multi_step_setting,
     trajectory_rollout,
     trajectory_sde_step,
-    trajectory_stepping_problems,
 )
 from g2rpo.strategies.base import (
     Advantages,
@@ -58,56 +52,12 @@ from g2rpo.strategies.base import (
     LossTerm,
     NFECounters,
     Rollout,
-    StrategySettings,
     VelocityModel,
 )
+from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.strategies.settings import MixGRPOSettings
 
-if TYPE_CHECKING:  # the config imports this module for MixGRPOSettings
-    from g2rpo.strategies.config import AlgorithmConfig
-
-__all__ = ["MixGRPO", "MixGRPOSettings", "window_steps"]
-
-
-class MixGRPOSettings(StrategySettings):
-    """MixGRPO's own settings: the sliding SDE window (MixGRPO code's defaults)."""
-
-    strategy: ClassVar[str] = "mixgrpo"
-    default_learning_rate: ClassVar[float] = 1e-5
-    learning_rate_source: ClassVar[str] = "MixGRPO script: 1e-5"
-
-    window_size: int = Field(4, ge=1, le=STEPS_MAX, description="W, SDE steps in the sliding window (MixGRPO code: 4)")
-    window_shift: int = Field(1, ge=1, le=STEPS_MAX, description="steps the window advances each time (code: 1)")
-    iters_per_shift: int = Field(25, ge=1, le=COUNT_MAX, description="iterations between advances (code: 25)")
-    trajectories_per_step: int | None = Field(
-        3,
-        ge=1,
-        le=COUNT_MAX,
-        description=(
-            "trajectories per prompt accumulated into each optimiser step (MixGRPO script: 3, i.e. 4 steps per "
-            "iteration at G = 12); null = one step per iteration"
-        ),
-    )
-
-    def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
-        return trajectory_multi_step_setting(self.strategy, self.trajectories_per_step, config)
-
-    def clamped(self, config: AlgorithmConfig) -> list[str]:
-        room = config.num_steps - 2  # window indices stay < T − 2
-        if self.window_size <= room:
-            return []
-        return [
-            f"mixgrpo.window_size={self.window_size}: the grid of num_steps={config.num_steps} holds at most "
-            f"T − 2 = {room} window step(s); every window is cut to at most {room} step(s), as MixGRPO's code cuts it "
-            f"(use window_size ≤ {room}, or more num_steps, to say what runs)"
-        ]
-
-    def cross_checks(self, config: AlgorithmConfig) -> list[str]:
-        problems = trajectory_stepping_problems(self.strategy, self.trajectories_per_step, config)
-        if config.num_steps < 3:
-            problems.append(
-                problem("num_steps", config.num_steps, "MixGRPO keeps its window below step T − 2: use num_steps ≥ 3")
-            )
-        return problems
+__all__ = ["MixGRPO", "window_steps"]
 
 
 def window_steps(

@@ -11,6 +11,10 @@ The **config hash** that guards resume (:func:`resume_hash`) covers ``model``, `
 ``data``: what the weights and the trajectory of draws depend on. Run length, learning-rate,
 checkpoint cadence and output paths are free to change between a run and its resume.
 
+The config is data: this module checks it field by field and across sections, and imports no
+torch. What depends on the machine and the files it sees (memory, ranks, the model folder, the
+prompt file) is checked by :mod:`g2rpo.training.preflight`.
+
 Defaults are the paper's / reference code's (docs/algorithm.md §6) at Flux.1-dev scale. Test and demo configs
 (``configs/tiny-cpu.yaml``) change them — larger learning rate and ratio clip, few steps — and
 say so.
@@ -18,6 +22,7 @@ say so.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Annotated, Any, Literal
@@ -38,16 +43,15 @@ from g2rpo.config import (
 from g2rpo.errors import ConfigError, G2RPOError, problem
 from g2rpo.rewards.config import RewardsConfig
 from g2rpo.strategies.config import AlgorithmConfig
-from g2rpo.textfile import JSON_MAX_BYTES, read_json_file
+from g2rpo.strategies.settings import SETTINGS
 from g2rpo.training.deepspeed_config import DeepSpeedSection
-from g2rpo.training.memory import available_memory, memory_problem, rollout_memory
-from g2rpo.training.validation import ValidationSection, validation_problems
 
 __all__ = [
     "ModelSection",
     "DataSection",
     "LoraSection",
     "EmaSection",
+    "ValidationSection",
     "TrainSection",
     "OutputSection",
     "ObservabilitySection",
@@ -55,12 +59,14 @@ __all__ = [
     "load_run_config",
     "resume_hash",
     "HASHED_SECTIONS",
-    "run_problems",
     "cross_field_problems",
-    "validate_run",
+    "valid_sections",
+    "deepspeed_rank_problem",
 ]
 
 HASHED_SECTIONS = ("model", "algorithm", "data")
+# Each strategy's own learning rate and its source, from its section: a list written here went stale.
+_STRATEGY_RATES = "; ".join(section.learning_rate_source for section in SETTINGS.values())
 # An AdamW beta: torch.optim.AdamW raises "Invalid beta parameter" outside [0, 1) — at the first step.
 Beta = Annotated[float, Field(ge=0.0, lt=1.0)]
 
@@ -171,6 +177,98 @@ class EmaSection(Section):
     )
 
 
+class ValidationSection(Section):
+    """Validation during training (off by default): a fixed held-out pass, best-checkpoint export, early stop."""
+
+    enabled: bool = Field(False, description="validate every `every` iterations, at iteration 0 and at the end")
+    every: int = Field(
+        10, ge=1, le=COUNT_MAX, description="validate after every this many iterations (each gets a checkpoint)"
+    )
+    num_prompts: int = Field(
+        8,
+        ge=1,
+        le=COUNT_MAX,
+        description="prompts of the training split to validate on, evenly spaced over it (the prepare step's "
+        "train.jsonl; the test split is for the evaluate task and never read here)",
+    )
+    seeds: list[Annotated[int, Field(ge=0, le=SEED_MAX)]] = Field(
+        default_factory=lambda: [0, 1],
+        min_length=1,
+        description="sampling seeds; each (prompt, seed) is one deterministic ODE sample, as in g2rpo eval",
+    )
+    metrics: list[str] = Field(
+        default_factory=list,
+        description="reward names to score (each one of rewards.models); empty = every reward, trained and weight-0",
+    )
+    max_regression: dict[str, float] = Field(
+        default_factory=dict,
+        description="out-of-domain tolerance: metric -> largest drop of its mean allowed below the first "
+        "validation's (score units, the promotion gates' max_regression); a validation beyond it cannot be exported",
+    )
+    select_best: bool = Field(
+        True, description="export the best validated checkpoint (see docs/training.md) instead of the last"
+    )
+    stop_after_breaches: int | None = Field(
+        None,
+        ge=1,
+        le=COUNT_MAX,
+        description="early stop after this many validations in a row breach max_regression; null = never",
+    )
+    patience: int | None = Field(
+        None,
+        ge=1,
+        le=COUNT_MAX,
+        description="early stop when the objective has not improved for this many validations; null = never",
+    )
+    micro_batch: int = Field(
+        8,
+        ge=1,
+        le=COUNT_MAX,
+        description="(prompt, seed) rows per sampling chunk; chunks are shared round-robin by the ranks, so the "
+        "result does not depend on the world size",
+    )
+    max_forwards: int | None = Field(
+        None,
+        ge=1,
+        le=COUNT_MAX,
+        description="bound on one validation's transformer forwards (prompts × seeds × algorithm.num_steps); a "
+        "config above it is refused; null = no bound",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ValidationSection:
+        problems = []
+        if len(set(self.seeds)) != len(self.seeds):
+            problems.append(problem("train.validation.seeds", self.seeds, "list each seed once"))
+        if len(set(self.metrics)) != len(self.metrics):
+            problems.append(problem("train.validation.metrics", self.metrics, "list each reward once"))
+        negative = {k: v for k, v in self.max_regression.items() if not (v >= 0 and math.isfinite(v))}
+        if negative:
+            problems.append(
+                problem(
+                    "train.validation.max_regression",
+                    negative,
+                    "give each metric a finite drop ≥ 0 in score units (0: no drop allowed)",
+                )
+            )
+        if self.stop_after_breaches is not None and not self.max_regression:
+            problems.append(
+                problem(
+                    "train.validation.stop_after_breaches",
+                    self.stop_after_breaches,
+                    "counts breaches of max_regression, which is empty: set max_regression for the out-of-domain "
+                    "metrics, or leave stop_after_breaches null",
+                )
+            )
+        if problems:
+            raise ValueError(PROBLEM_SEPARATOR.join(problems))
+        return self
+
+    def forwards(self, num_steps: int) -> int:
+        """Transformer forwards of one validation pass (every rank together)."""
+        return self.num_prompts * len(self.seeds) * num_steps
+
+
 class TrainSection(Section):
     """The optimisation loop."""
 
@@ -194,7 +292,7 @@ class TrainSection(Section):
         le=1.0,
         description=(
             "AdamW learning rate, constant, for every strategy; null = the chosen strategy's own "
-            "(algorithm.<strategy>.learning_rate: G²RPO 2e-6 as the paper, DanceGRPO and MixGRPO 1e-5 as their scripts)"
+            f"(algorithm.<strategy>.learning_rate: {_STRATEGY_RATES})"
         ),
     )
     weight_decay: float = Field(1e-4, ge=0, description="AdamW weight decay (paper 1e-4)")
@@ -295,6 +393,62 @@ class RunConfig(Section):
         return self
 
 
+def validation_problems(
+    validation: ValidationSection, reward_names: list[str], weights: list[float], num_steps: int
+) -> list[str]:
+    """The checks that need the rewards and the algorithm (called from the run config's cross-field checks)."""
+    if not validation.enabled:
+        return []
+    problems = []
+    known = set(reward_names)
+    unknown = [m for m in validation.metrics if m not in known]
+    if unknown:
+        problems.append(
+            problem("train.validation.metrics", unknown, f"name rewards of rewards.models: {', '.join(reward_names)}")
+        )
+    scored = set(validation.metrics or reward_names)
+    trained = [n for n, w in zip(reward_names, weights) if w != 0]
+    missing = [n for n in trained if n not in scored]
+    if missing:
+        problems.append(
+            problem(
+                "train.validation.metrics",
+                validation.metrics,
+                f"must include the trained rewards {missing}: the objective is their weighted sum",
+            )
+        )
+    outside = [m for m in validation.max_regression if m not in scored]
+    if outside:
+        problems.append(
+            problem(
+                "train.validation.max_regression",
+                outside,
+                f"names metrics validation does not score; use some of {sorted(scored)}",
+            )
+        )
+    in_domain = [m for m in validation.max_regression if m in trained]
+    if in_domain:
+        problems.append(
+            problem(
+                "train.validation.max_regression",
+                in_domain,
+                "names trained rewards: the tolerance guards the out-of-domain (weight-0) metrics; the trained "
+                "ones form the objective",
+            )
+        )
+    cost = validation.forwards(num_steps)
+    if validation.max_forwards is not None and cost > validation.max_forwards:
+        problems.append(
+            problem(
+                "train.validation.max_forwards",
+                validation.max_forwards,
+                f"one validation costs {validation.num_prompts} prompts × {len(validation.seeds)} seeds × "
+                f"{num_steps} steps = {cost} forwards: lower num_prompts or seeds, or raise the bound",
+            )
+        )
+    return problems
+
+
 def cross_field_problems(config: Any) -> list[str]:
     """The checks that span sections. ``config`` is a :class:`RunConfig` or any object with the
     sections as attributes, some None (those that did not validate on their own): a check runs
@@ -388,7 +542,7 @@ def load_run_config(path: str | Path | None = None, overrides: Any = ()) -> RunC
     try:
         return load_config(RunConfig, path, overrides)
     except ConfigError as exc:
-        hidden = [p for p in cross_field_problems(_valid_sections(path, overrides)) if p not in exc.problems]
+        hidden = [p for p in cross_field_problems(valid_sections(path, overrides)) if p not in exc.problems]
         if not hidden:
             raise
         raise ConfigError(exc.problems + hidden, source=exc.source) from None
@@ -409,134 +563,7 @@ def deepspeed_rank_problem(enabled: bool, world_size: int) -> str | None:
     return None
 
 
-def run_problems(config: Any, world_size: int = 1) -> list[str]:
-    """Problems a config can still have on this machine: files, the rank split, DeepSpeed.
-
-    ``config`` is a :class:`RunConfig` or any object with the sections as attributes, some of
-    them None (``g2rpo validate`` passes the sections that validated on their own, so these
-    checks run even when another section has errors, and every problem is listed together).
-    """
-    train, ds, model, data = (getattr(config, n, None) for n in ("train", "deepspeed", "model", "data"))
-    algorithm = getattr(config, "algorithm", None)
-    problems: list[str] = []
-    if train is not None and model is not None and algorithm is not None:
-        fits = rollout_memory_problem(algorithm, model, train, world_size)
-        if fits:
-            problems.append(fits)
-    if train is not None and train.prompts_per_iteration % world_size:
-        problems.append(
-            problem(
-                "train.prompts_per_iteration",
-                train.prompts_per_iteration,
-                f"must be a multiple of the world size {world_size}: one whole group per prompt stays on one rank",
-            )
-        )
-    if ds is not None and (ranks := deepspeed_rank_problem(ds.enabled, world_size)):
-        problems.append(ranks)
-    if ds is not None and train is not None and ds.enabled:
-        from g2rpo.training.deepspeed_config import build_deepspeed_config, validate_deepspeed_config
-
-        generated = build_deepspeed_config(
-            ds,
-            precision=train.precision,
-            max_grad_norm=train.max_grad_norm,
-            world_size=world_size,
-            accumulation_steps=1,
-        )
-        try:
-            validate_deepspeed_config(generated, world_size)
-        except ConfigError as exc:
-            problems += [p for p in exc.problems if not p.startswith("deepspeed.train_batch_size")]
-    if model is not None and model.path and "://" not in model.path:
-        if not (model.create_tiny and not Path(model.path).exists()):
-            from g2rpo.models.loading import TEXT_COMPONENTS, TRAINING_COMPONENTS, check_model_dir
-
-            needed = (
-                TRAINING_COMPONENTS if data is not None and data.embeddings else TRAINING_COMPONENTS + TEXT_COMPONENTS
-            )
-            try:
-                check_model_dir(Path(model.path), needed)
-            except G2RPOError as exc:
-                problems.append(f"model.path: {exc}")
-            else:
-                if train is not None and train.lora.enabled:
-                    problems += _lora_problems(model.path, train.lora.target_modules)
-    if data is not None and data.prompts and not data.prompts.startswith("s3://"):
-        from g2rpo.data import read_prompt_location
-
-        try:
-            read_prompt_location(data.prompts)
-        except G2RPOError as exc:
-            problems.append(f"data.prompts: {exc}")
-    if data is not None and data.embeddings and not (Path(data.embeddings) / "manifest.json").is_file():
-        problems.append(
-            problem(
-                "data.embeddings",
-                data.embeddings,
-                "no finished embedding cache there (no manifest.json): run `g2rpo data prep`",
-            )
-        )
-    return problems
-
-
-def _lora_problems(model_path: str, target_modules: list[str]) -> list[str]:
-    """``train.lora.target_modules`` checked against the model's transformer, built on the meta device
-    (no weights read): a name it lacks failed only at set-up, on a cluster after the pods started."""
-    from g2rpo.models.loading import transformer_skeleton
-    from g2rpo.training.lora import lora_target_problem
-
-    try:
-        wrong = lora_target_problem(transformer_skeleton(model_path), target_modules)
-    except G2RPOError as exc:
-        return [f"model.path: {exc}"]
-    return [wrong] if wrong else []
-
-
-FLUX_PACKED_CHANNELS = 64  # Flux: 16 latent channels × a 2×2 patch
-
-
-def _packed_latent_channels(model: ModelSection) -> int:
-    """The transformer's ``in_channels`` when a local model folder states it, else Flux's. A folder
-    whose config cannot be read falls back to Flux's too: check_model_dir reports that folder."""
-    if not model.path or "://" in model.path:
-        return FLUX_PACKED_CHANNELS
-    transformer_config = Path(model.path) / "transformer" / "config.json"
-    try:
-        config = read_json_file(transformer_config, what="transformer config", fix="", max_bytes=JSON_MAX_BYTES)
-        return int(config.get("in_channels", FLUX_PACKED_CHANNELS))
-    except (G2RPOError, ValueError, TypeError):
-        return FLUX_PACKED_CHANNELS
-
-
-def rollout_memory_problem(
-    algorithm: AlgorithmConfig, model: ModelSection, train: TrainSection, world_size: int
-) -> str | None:
-    """The rollout of one iteration cannot fit in the memory this machine shows (:mod:`g2rpo.training.memory`)."""
-    tokens = (model.height // 16) * (model.width // 16)  # packed 2×2 patches of the 8× VAE latent
-    channels = _packed_latent_channels(model)
-    trajectory = algorithm.strategy != "g2rpo"
-    settings = algorithm.g2rpo
-    trained = settings.branch_steps_per_iteration or len(settings.all_branch_steps(algorithm.num_steps))
-    estimate = rollout_memory(
-        trajectory=trajectory,
-        prompts=max(1, train.prompts_per_iteration // world_size),
-        trained_steps=trained,
-        strides=len(settings.granularities),
-        group_size=algorithm.group_size,
-        num_steps=algorithm.num_steps,
-        latent_tokens=tokens,
-        latent_channels=channels,
-        height=model.height,
-        width=model.width,
-    )
-    shown = f"strategy={algorithm.strategy}, G={algorithm.group_size}, T={algorithm.num_steps}"
-    if not trajectory:
-        shown += f", |M|={trained}, Λ={list(settings.granularities)}"
-    shown += f", prompts per rank={max(1, train.prompts_per_iteration // world_size)}, {model.height}×{model.width}"
-    return memory_problem(estimate, available_memory(train.device), shown)
-
-
-def _valid_sections(path: str | Path | None, overrides: Any) -> SimpleNamespace:
+def valid_sections(path: str | Path | None, overrides: Any) -> SimpleNamespace:
     """The sections of a (possibly invalid) config that validate on their own (None for the others)."""
     try:
         raw = read_config_file(path, overrides)
@@ -551,18 +578,3 @@ def _valid_sections(path: str | Path | None, overrides: Any) -> SimpleNamespace:
         except ValidationError:
             out[name] = None
     return SimpleNamespace(**out)
-
-
-def validate_run(path: str | Path | None, overrides: Any = (), world_size: int = 1) -> tuple[str, list[str]]:
-    """Validate a run config completely; raise ConfigError listing every problem, else return its hash
-    and the settings the strategy will clamp (:meth:`~g2rpo.strategies.base.StrategySettings.clamped`)."""
-    try:
-        config = load_run_config(path, overrides)
-    except ConfigError as exc:
-        # Also run the machine-level checks on the sections that are valid by themselves.
-        extra = run_problems(_valid_sections(path, overrides), world_size)
-        raise ConfigError(exc.problems + extra, source=str(path) if path else None) from None
-    problems = run_problems(config, world_size)
-    if problems:
-        raise ConfigError(problems, source=str(path) if path else None)
-    return resume_hash(config), config.algorithm.settings.clamped(config.algorithm)

@@ -60,8 +60,8 @@ from g2rpo.models.flux import avoid_cudnn_attention, decode_latents
 from g2rpo.progress import progress_bar
 from g2rpo.rewards.scoring import score_rewards
 from g2rpo.seeding import Draws
-from g2rpo.strategies import build_strategy
 from g2rpo.strategies.base import StatefulStrategy, summarize_step
+from g2rpo.strategies.registry import build_strategy
 from g2rpo.training.callbacks import TrainerCallback
 from g2rpo.training.checkpoint import CheckpointManager, TrainerState
 from g2rpo.training.distributed import global_prompt_indices, init_distributed, lockstep_rounds, prompts_per_rank
@@ -80,7 +80,8 @@ from g2rpo.training.loading import (
 from g2rpo.training.memory import is_out_of_memory, out_of_memory_message
 from g2rpo.training.metrics import IterationRecord, MetricsLog
 from g2rpo.training.preemption import Preempted, StopOnSignal
-from g2rpo.training.run_config import RunConfig, resume_hash, run_problems
+from g2rpo.training.preflight import run_problems
+from g2rpo.training.run_config import RunConfig, resume_hash
 from g2rpo.training.run_dir import RunDir, WriterClaim
 from g2rpo.training.validation import Selection, ValidationRecord, Validator
 

@@ -35,6 +35,9 @@ metrics, σ grid), the history, the best checkpoint (kept by retention) and the 
 trainer calls :meth:`Validator.validate` at iteration 0, every ``every`` iterations and at the end,
 and hands the record to its callbacks. Nothing here departs from an anchor — DanceGRPO, MixGRPO and the G²RPO reference keep the last weights;
 TRL and torchtune evaluate on a schedule but do not select.
+
+The ``train.validation`` section and its checks against the rewards and the grid
+(:class:`~g2rpo.training.run_config.ValidationSection`) live with the run config, which imports no torch.
 """
 
 from __future__ import annotations
@@ -46,14 +49,13 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict
 from torch import nn
 
 from g2rpo import core
-from g2rpo.config import COUNT_MAX, PROBLEM_SEPARATOR, SEED_MAX, Section
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.sampling import sample_rows
 from g2rpo.models.flux import FluxConditioning, FluxVelocity
@@ -63,9 +65,9 @@ from g2rpo.strategies.config import AlgorithmConfig
 from g2rpo.textfile import JSON_MAX_BYTES, decode_record, read_regular_file
 from g2rpo.training.checkpoint import CheckpointManager
 from g2rpo.training.distributed import DistContext
+from g2rpo.training.run_config import ValidationSection
 
 __all__ = [
-    "ValidationSection",
     "MetricSummary",
     "ValidationRecord",
     "read_validation_file",
@@ -77,161 +79,12 @@ __all__ = [
     "early_stop_reason",
     "validation_prompt_indices",
     "validation_chunks",
-    "validation_problems",
     "Validator",
     "VALIDATION_FILE",
 ]
 
 Z_95 = 1.959964  # two-sided 95 % normal quantile
 VALIDATION_FILE = "validation.json"  # in each checkpoint of a run with validation: identity + history
-
-
-class ValidationSection(Section):
-    """Validation during training (off by default): a fixed held-out pass, best-checkpoint export, early stop."""
-
-    enabled: bool = Field(False, description="validate every `every` iterations, at iteration 0 and at the end")
-    every: int = Field(
-        10, ge=1, le=COUNT_MAX, description="validate after every this many iterations (each gets a checkpoint)"
-    )
-    num_prompts: int = Field(
-        8,
-        ge=1,
-        le=COUNT_MAX,
-        description="prompts of the training split to validate on, evenly spaced over it (the prepare step's "
-        "train.jsonl; the test split is for the evaluate task and never read here)",
-    )
-    seeds: list[Annotated[int, Field(ge=0, le=SEED_MAX)]] = Field(
-        default_factory=lambda: [0, 1],
-        min_length=1,
-        description="sampling seeds; each (prompt, seed) is one deterministic ODE sample, as in g2rpo eval",
-    )
-    metrics: list[str] = Field(
-        default_factory=list,
-        description="reward names to score (each one of rewards.models); empty = every reward, trained and weight-0",
-    )
-    max_regression: dict[str, float] = Field(
-        default_factory=dict,
-        description="out-of-domain tolerance: metric -> largest drop of its mean allowed below the first "
-        "validation's (score units, the promotion gates' max_regression); a validation beyond it cannot be exported",
-    )
-    select_best: bool = Field(
-        True, description="export the best validated checkpoint (see docs/training.md) instead of the last"
-    )
-    stop_after_breaches: int | None = Field(
-        None,
-        ge=1,
-        le=COUNT_MAX,
-        description="early stop after this many validations in a row breach max_regression; null = never",
-    )
-    patience: int | None = Field(
-        None,
-        ge=1,
-        le=COUNT_MAX,
-        description="early stop when the objective has not improved for this many validations; null = never",
-    )
-    micro_batch: int = Field(
-        8,
-        ge=1,
-        le=COUNT_MAX,
-        description="(prompt, seed) rows per sampling chunk; chunks are shared round-robin by the ranks, so the "
-        "result does not depend on the world size",
-    )
-    max_forwards: int | None = Field(
-        None,
-        ge=1,
-        le=COUNT_MAX,
-        description="bound on one validation's transformer forwards (prompts × seeds × algorithm.num_steps); a "
-        "config above it is refused; null = no bound",
-    )
-
-    @model_validator(mode="after")
-    def _check(self) -> ValidationSection:
-        problems = []
-        if len(set(self.seeds)) != len(self.seeds):
-            problems.append(problem("train.validation.seeds", self.seeds, "list each seed once"))
-        if len(set(self.metrics)) != len(self.metrics):
-            problems.append(problem("train.validation.metrics", self.metrics, "list each reward once"))
-        negative = {k: v for k, v in self.max_regression.items() if not (v >= 0 and math.isfinite(v))}
-        if negative:
-            problems.append(
-                problem(
-                    "train.validation.max_regression",
-                    negative,
-                    "give each metric a finite drop ≥ 0 in score units (0: no drop allowed)",
-                )
-            )
-        if self.stop_after_breaches is not None and not self.max_regression:
-            problems.append(
-                problem(
-                    "train.validation.stop_after_breaches",
-                    self.stop_after_breaches,
-                    "counts breaches of max_regression, which is empty: set max_regression for the out-of-domain "
-                    "metrics, or leave stop_after_breaches null",
-                )
-            )
-        if problems:
-            raise ValueError(PROBLEM_SEPARATOR.join(problems))
-        return self
-
-    def forwards(self, num_steps: int) -> int:
-        """Transformer forwards of one validation pass (every rank together)."""
-        return self.num_prompts * len(self.seeds) * num_steps
-
-
-def validation_problems(
-    validation: ValidationSection, reward_names: list[str], weights: list[float], num_steps: int
-) -> list[str]:
-    """The checks that need the rewards and the algorithm (called from the run config's cross-field checks)."""
-    if not validation.enabled:
-        return []
-    problems = []
-    known = set(reward_names)
-    unknown = [m for m in validation.metrics if m not in known]
-    if unknown:
-        problems.append(
-            problem("train.validation.metrics", unknown, f"name rewards of rewards.models: {', '.join(reward_names)}")
-        )
-    scored = set(validation.metrics or reward_names)
-    trained = [n for n, w in zip(reward_names, weights) if w != 0]
-    missing = [n for n in trained if n not in scored]
-    if missing:
-        problems.append(
-            problem(
-                "train.validation.metrics",
-                validation.metrics,
-                f"must include the trained rewards {missing}: the objective is their weighted sum",
-            )
-        )
-    outside = [m for m in validation.max_regression if m not in scored]
-    if outside:
-        problems.append(
-            problem(
-                "train.validation.max_regression",
-                outside,
-                f"names metrics validation does not score; use some of {sorted(scored)}",
-            )
-        )
-    in_domain = [m for m in validation.max_regression if m in trained]
-    if in_domain:
-        problems.append(
-            problem(
-                "train.validation.max_regression",
-                in_domain,
-                "names trained rewards: the tolerance guards the out-of-domain (weight-0) metrics; the trained "
-                "ones form the objective",
-            )
-        )
-    cost = validation.forwards(num_steps)
-    if validation.max_forwards is not None and cost > validation.max_forwards:
-        problems.append(
-            problem(
-                "train.validation.max_forwards",
-                validation.max_forwards,
-                f"one validation costs {validation.num_prompts} prompts × {len(validation.seeds)} seeds × "
-                f"{num_steps} steps = {cost} forwards: lower num_prompts or seeds, or raise the bound",
-            )
-        )
-    return problems
 
 
 # --------------------------------------------------------------------------- records

@@ -14,8 +14,8 @@ from g2rpo import core
 from g2rpo.config import load_config
 from g2rpo.errors import ConfigError
 from g2rpo.seeding import Draws
-from g2rpo.strategies import build_strategy
 from g2rpo.strategies.config import AlgorithmConfig
+from g2rpo.strategies.registry import build_strategy
 from g2rpo.toy import make_toy_problem
 
 LATENT = (4, 4)

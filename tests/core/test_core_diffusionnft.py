@@ -16,12 +16,13 @@ from g2rpo import core
 from g2rpo.config import load_config
 from g2rpo.errors import ConfigError
 from g2rpo.seeding import Draws
-from g2rpo.strategies import STRATEGIES, build_strategy
-from g2rpo.strategies.base import NFTStates, StatefulStrategy, WithReference
+from g2rpo.strategies.base import NFTStates, StatefulStrategy
 from g2rpo.strategies.config import AlgorithmConfig
 from g2rpo.strategies.diffusionnft import old_policy_decay, trained_timesteps_per_sample
+from g2rpo.strategies.registry import STRATEGIES, build_strategy
 from g2rpo.toy import make_toy_problem
 from g2rpo.training.run_config import RunConfig
+from tests.core.core_helpers import WithReference
 
 LATENT = (4, 4)
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,12 +14,12 @@ from g2rpo import core
 from g2rpo.config import load_config
 from g2rpo.errors import ConfigError
 from g2rpo.seeding import Draws
-from g2rpo.strategies import build_strategy
-from g2rpo.strategies.base import WithReference
 from g2rpo.strategies.config import AlgorithmConfig
 from g2rpo.strategies.flowgrpo import trained_steps_per_trajectory
+from g2rpo.strategies.registry import build_strategy
 from g2rpo.toy import make_toy_problem
 from g2rpo.training.run_config import RunConfig
+from tests.core.core_helpers import WithReference
 
 LATENT = (4, 4)
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from g2rpo import core
+from g2rpo import core, strides
 
 # --------------------------------------------------------------------------- grids
 
@@ -264,7 +264,7 @@ def test_gaussian_log_prob_broadcast_group_mean_and_batch_dims():
     ],
 )
 def test_stride_indices_hand_enumerated_for_T16(k, stride, expected):
-    assert core.stride_indices(16, k, stride) == expected
+    assert strides.stride_indices(16, k, stride) == expected
 
 
 @pytest.mark.parametrize(
@@ -281,7 +281,7 @@ def test_stride_indices_hand_enumerated_for_T16(k, stride, expected):
     ],
 )
 def test_reference_mode_stride_indices_hand_enumerated_for_T16(k, stride, expected):
-    assert core.stride_indices(16, k, stride, mode="reference") == expected
+    assert strides.stride_indices(16, k, stride, mode="reference") == expected
 
 
 def test_stride_schedule_returns_the_grid_sigmas_and_rejects_bad_values():
@@ -290,45 +290,45 @@ def test_stride_schedule_returns_the_grid_sigmas_and_rejects_bad_values():
     assert sched.tolist() == sigmas[[8, 11, 14, 16]].tolist()
     assert sched[-1].item() == 0.0
     with pytest.raises(ValueError):
-        core.stride_indices(16, 16, 1)
+        strides.stride_indices(16, 16, 1)
     with pytest.raises(ValueError):
-        core.stride_indices(16, 0, 0)
+        strides.stride_indices(16, 0, 0)
     with pytest.raises(ValueError, match="mode"):
-        core.stride_indices(16, 0, 1, mode="nearest")
+        strides.stride_indices(16, 0, 1, mode="nearest")
 
 
 def test_thin_schedule_and_capped_stride_indices_hand_values():
     # n = 15 steps [1 … 16] thinned to 4: positions round(j·15/4) = round(0, 3.75, 7.5, 11.25, 15)
     # = 0, 4, 8, 11, 15 (halves up) → [1, 5, 9, 12, 16]
-    assert core.thin_schedule(list(range(1, 17)), 4) == [1, 5, 9, 12, 16]
-    assert core.stride_indices(16, 0, 1, max_steps=4) == [1, 5, 9, 12, 16]
+    assert strides.thin_schedule(list(range(1, 17)), 4) == [1, 5, 9, 12, 16]
+    assert strides.stride_indices(16, 0, 1, max_steps=4) == [1, 5, 9, 12, 16]
     # λ = 2 from k = 0: [1, 3, …, 15, 16] (n = 8) → positions 0, 2, 4, 6, 8 → [1, 5, 9, 13, 16]
-    assert core.stride_indices(16, 0, 2, max_steps=4) == [1, 5, 9, 13, 16]
+    assert strides.stride_indices(16, 0, 2, max_steps=4) == [1, 5, 9, 13, 16]
     # λ = 3 from k = 7: [8, 11, 14, 16] has 3 ≤ 4 steps: unchanged; a cap of 1 leaves [8, 16]
-    assert core.stride_indices(16, 7, 3, max_steps=4) == [8, 11, 14, 16]
-    assert core.stride_indices(16, 7, 3, max_steps=1) == [8, 16]
+    assert strides.stride_indices(16, 7, 3, max_steps=4) == [8, 11, 14, 16]
+    assert strides.stride_indices(16, 7, 3, max_steps=1) == [8, 16]
     # reference mode is thinned the same way: [1, 2, 5, 8, 11, 16] (n = 5) to 2 → positions 0, 3 (2.5 up), 5
-    assert core.stride_indices(16, 0, 3, mode="reference", max_steps=2) == [1, 8, 16]
+    assert strides.stride_indices(16, 0, 3, mode="reference", max_steps=2) == [1, 8, 16]
     assert core.stride_schedule(core.static_shift_sigmas(16), 0, 1, max_steps=4).tolist() == (
         core.static_shift_sigmas(16)[[1, 5, 9, 12, 16]].tolist()
     )
     with pytest.raises(ValueError, match="max_steps must be ≥ 1"):
-        core.thin_schedule([1, 2, 3], 0)
+        strides.thin_schedule([1, 2, 3], 0)
 
 
 def test_finish_forwards_shares_the_first_forward():
     # T = 16, k = 0, Λ = {1, 2, 3}: n = 15, 8, 5 steps; first forward shared → 1 + 14 + 7 + 4 = 26
-    assert core.finish_forwards(16, 0, [1, 2, 3]) == 26
+    assert strides.finish_forwards(16, 0, [1, 2, 3]) == 26
     # k = 7: n = 8, 4, 3 → 1 + 7 + 3 + 2 = 13
-    assert core.finish_forwards(16, 7, [1, 2, 3]) == 13
-    assert core.finish_forwards(16, 15, [1, 2, 3]) == 0
+    assert strides.finish_forwards(16, 7, [1, 2, 3]) == 13
+    assert strides.finish_forwards(16, 15, [1, 2, 3]) == 0
     # reference mode, k = 0: n = 15, 8 ([1,2,4,…,16]), 5 ([1,2,5,8,11,16]) → 1 + 14 + 7 + 4 = 26
-    assert core.finish_forwards(16, 0, [1, 2, 3], mode="reference") == 26
+    assert strides.finish_forwards(16, 0, [1, 2, 3], mode="reference") == 26
     # reference mode, k = 13, λ = 3: [14, 16] → 1 step; λ = 1: [14, 15, 16] → 2; 1 + 1 + 0 = 2
-    assert core.finish_forwards(16, 13, [1, 3], mode="reference") == 2
+    assert strides.finish_forwards(16, 13, [1, 3], mode="reference") == 2
     # capped at 4 steps, k = 0: n = 4, 4, 4 → 1 + 3·3 = 10; k = 7: n = 4, 4, 3 → 1 + 3 + 3 + 2 = 9
-    assert core.finish_forwards(16, 0, [1, 2, 3], max_steps=4) == 10
-    assert core.finish_forwards(16, 7, [1, 2, 3], max_steps=4) == 9
+    assert strides.finish_forwards(16, 0, [1, 2, 3], max_steps=4) == 10
+    assert strides.finish_forwards(16, 7, [1, 2, 3], max_steps=4) == 9
 
 
 # --------------------------------------------------------------------------- advantages

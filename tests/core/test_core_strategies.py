@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,17 +14,18 @@ import pytest
 import torch
 import yaml
 
-from g2rpo import core
+from g2rpo import core, strides
 from g2rpo.cli import main as cli_main
 from g2rpo.config import config_hash, load_config, to_yaml
 from g2rpo.errors import ConfigError
 from g2rpo.seeding import Draws, derive_seed
-from g2rpo.strategies import PRESETS, STRATEGIES, build_strategy
 from g2rpo.strategies.base import Conditioning, G2RPOStates, Strategy, TrajectoryStates, VelocityModel, summarize_step
 from g2rpo.strategies.config import AlgorithmConfig
-from g2rpo.strategies.dancegrpo import DanceGRPO, DanceGRPOSettings
-from g2rpo.strategies.g2rpo import G2RPO, G2RPOSettings, pack_calls, sampling_forwards
-from g2rpo.strategies.mixgrpo import MixGRPO, MixGRPOSettings, window_steps
+from g2rpo.strategies.dancegrpo import DanceGRPO
+from g2rpo.strategies.g2rpo import G2RPO, pack_calls, sampling_forwards
+from g2rpo.strategies.mixgrpo import MixGRPO, window_steps
+from g2rpo.strategies.registry import STRATEGIES, build_strategy
+from g2rpo.strategies.settings import PRESETS, SETTINGS, DanceGRPOSettings, G2RPOSettings, MixGRPOSettings
 from g2rpo.toy import make_toy_problem
 from g2rpo.training.run_config import RunConfig
 
@@ -468,7 +470,7 @@ def test_finishes_match_a_sequential_solve_per_stride(mode, solver, cap):
             for j, lam in enumerate(strategy.strides):
                 for g in range(cfg.group_size):
                     x = rollout.states.branches[0, s, g][None]
-                    idx = core.stride_indices(cfg.num_steps, k, lam, mode, cap)
+                    idx = strides.stride_indices(cfg.num_steps, k, lam, mode, cap)
                     assert cap is None or len(idx) - 1 <= cap
                     previous = (None, None)
                     for a, b in zip(idx[:-1], idx[1:]):
@@ -735,11 +737,13 @@ def test_the_no_mgai_preset_is_g2rpo_with_one_stride():
 
 
 def test_registry_lists_each_strategy_with_its_section():
-    # adding a strategy: its module, a registry line and its section field; this keeps the three in step
+    # adding a strategy: its module, its section (and SETTINGS entry), a registry line and its section
+    # field; this keeps the four in step, in the same order (help text lists the names in SETTINGS' order)
     sections = {name for name, info in AlgorithmConfig.model_fields.items() if name in STRATEGIES}
     assert set(STRATEGIES) == sections == {"g2rpo", "dancegrpo", "mixgrpo", "flowgrpo", "diffusionnft", "branchgrpo"}
+    assert list(SETTINGS) == list(STRATEGIES)
     for name, cls in STRATEGIES.items():
-        assert cls.name == name and cls.Settings.strategy == name
+        assert cls.name == name and cls.Settings.strategy == name and SETTINGS[name] is cls.Settings
         assert AlgorithmConfig.model_fields[name].annotation is cls.Settings
     assert set(PRESETS) == {"g2rpo_no_mgai"} and all(base in STRATEGIES for base, _ in PRESETS.values())
     for name, cls in {"g2rpo": G2RPO, "dancegrpo": DanceGRPO, "mixgrpo": MixGRPO}.items():
@@ -915,3 +919,26 @@ def test_learning_rate_is_one_field_whose_default_each_strategy_sets():
         assert field.description.endswith(f"({settings.learning_rate_source})"), name
         with pytest.raises(Exception, match="greater than 0"):
             settings(learning_rate=0.0)
+
+
+def _rate(value: float) -> str:
+    """A learning rate as the docs and the sources write it: 2e-6, 1e-5, 3e-4."""
+    mantissa, exponent = f"{value:.0e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+def test_the_lists_of_learning_rates_come_from_the_sections():
+    """train.learning_rate's help named 3 of the 6 strategies' own rates: it is generated from the sections,
+    each source states its section's default, and docs/core.md's one list is held to them."""
+    assert [_rate(r) for r in (2e-6, 1e-5, 3e-4)] == ["2e-6", "1e-5", "3e-4"]
+    help_text = RunConfig.model_fields["train"].annotation.model_fields["learning_rate"].description
+    for name, section in SETTINGS.items():
+        assert _rate(section.default_learning_rate) in section.learning_rate_source, name
+        assert section.learning_rate_source in help_text, name
+    line = next(
+        line
+        for line in (Path(__file__).resolve().parents[2] / "docs" / "core.md").read_text().split("\n\n")
+        if line.startswith("Every strategy section: `learning_rate` [")
+    )
+    listed = dict(re.findall(r"(\w+) (\d+e-\d+)", line.split("]")[0]))
+    assert listed == {name: _rate(section.default_learning_rate) for name, section in SETTINGS.items()}

@@ -17,10 +17,9 @@ import torch
 from g2rpo.core import take_rows
 from g2rpo.models.flux import FluxConditioning, FluxTextEncoder, FluxVelocity
 from g2rpo.seeding import Draws
-from g2rpo.strategies import build_strategy
 from g2rpo.strategies.config import AlgorithmConfig
-from g2rpo.strategies.diffusionnft import DiffusionNFTSettings
-from g2rpo.strategies.g2rpo import G2RPOSettings
+from g2rpo.strategies.registry import build_strategy
+from g2rpo.strategies.settings import DiffusionNFTSettings, G2RPOSettings
 from g2rpo.toy import ToyConditioning, make_toy_problem
 
 

@@ -13,10 +13,10 @@ import torch
 
 from g2rpo.models.flux import FluxTextEncoder, FluxVelocity, decode_latents, timestep_mode_for
 from g2rpo.seeding import Draws
-from g2rpo.strategies import build_strategy
 from g2rpo.strategies.base import VelocityModel
 from g2rpo.strategies.config import AlgorithmConfig
-from g2rpo.strategies.g2rpo import G2RPOSettings
+from g2rpo.strategies.registry import build_strategy
+from g2rpo.strategies.settings import G2RPOSettings
 
 pytestmark = pytest.mark.integration
 

@@ -85,7 +85,8 @@ def test_the_run_config_mapping_and_the_unset_rules_come_from_the_table(tmp_path
 def test_the_tables_help_names_no_list_a_registry_holds():
     """The strategies and their learning rates live in their registry and sections; a help text that listed
     them went stale (it named 4 of 6 strategies and 3 of 6 rates): it points at `g2rpo config describe`."""
-    from g2rpo.strategies import PRESETS, STRATEGIES
+    from g2rpo.strategies.registry import STRATEGIES
+    from g2rpo.strategies.settings import PRESETS
 
     for row in TRAIN_PARAMETERS:
         named = [name for name in (*STRATEGIES, *PRESETS) if f"{name}," in row.help or f" {name} " in row.help]

@@ -387,7 +387,8 @@ def test_a_failing_server_names_what_it_may_have_left_per_request_kind(capsys):
 
 def test_the_ranks_need_deepspeed_rule_has_one_wording_before_a_run_and_in_validate():
     """One owner (run_config.deepspeed_rank_problem): the pipeline's check and `g2rpo validate` say the same."""
-    from g2rpo.training.run_config import deepspeed_rank_problem, load_run_config, run_problems
+    from g2rpo.training.preflight import run_problems
+    from g2rpo.training.run_config import deepspeed_rank_problem, load_run_config
 
     rule = deepspeed_rank_problem(False, 2)
     assert rule == "deepspeed.enabled=False: 2 ranks need DeepSpeed for data parallelism: set it to true"

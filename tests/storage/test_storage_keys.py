@@ -121,16 +121,3 @@ def test_storage_unique_uri_keeps_bucket_and_parent(tmp_path):
     for bucket_only in ("s3://bucket", "s3://bucket/"):
         with pytest.raises(G2RPOError, match="name the artifact below the bucket"):
             unique_uri(bucket_only)
-
-
-def test_the_split_artifact_layer_keeps_its_old_names_importable_from_manifest():
-    """publish/cache/gc moved out of g2rpo.artifacts.manifest; its old names still resolve there."""
-    from g2rpo.artifacts import cache, manifest, publish
-    from g2rpo.artifacts import gc as gc_module
-
-    assert manifest.publish_dir is publish.publish_dir
-    assert manifest.unique_prefix is publish.unique_prefix
-    assert manifest.fetch_to_cache is cache.fetch_to_cache
-    assert manifest.gc is gc_module.gc
-    with pytest.raises(AttributeError):
-        manifest.no_such_name  # noqa: B018

@@ -67,7 +67,8 @@ def test_validate_accepts_the_paper_rollout_size_on_this_machine_kind(tmp_path):
     # The paper's settings at one prompt per rank need ~1.9 GiB of rollout: no memory problem here.
 
     from g2rpo.config import load_config
-    from g2rpo.training.run_config import RunConfig, rollout_memory_problem
+    from g2rpo.training.preflight import rollout_memory_problem
+    from g2rpo.training.run_config import RunConfig
 
     overrides = [
         "model.path=/nowhere",
