@@ -465,3 +465,44 @@ def test_a_run_cancelled_through_the_api_while_training_leaves_nothing_running(d
             f"\nKFP: run {run_id} terminated while training: {state} (Workflow {phase}), no pod left running "
             f"{time.monotonic() - started:.0f} s after terminate_run"
         )
+
+
+def test_a_schedule_is_kept_refused_or_replaced_by_name_through_the_api(deployment, capsys):
+    """``g2rpo pipeline schedule`` against the real API server, by the recurring run's name (a yearly cron: nothing
+    fires): the same settings again keep the one there; other settings are refused, naming ``--replace``; with
+    ``--replace`` the new one is created, then the old one disabled and deleted, which the API confirms."""
+    name, arguments = "cluster-tier-replaced", {**kfp_arguments(), "model_name": "g2rpo-scheduled"}
+    client = kfp.Client(host=deployment.kfp.host)
+    first = schedule(deployment.kfp.host, name, "0 0 0 1 1 *", arguments)
+
+    def cli(cron: str, *flags: str) -> subprocess.CompletedProcess:
+        items = [f"{k}={v}" if isinstance(v, str) else f"{k}={json.dumps(v)}" for k, v in arguments.items()]
+        command = [sys.executable, "-m", "g2rpo.cli", "pipeline", "schedule", "--host", deployment.kfp.host]
+        command += ["--experiment", EXPERIMENT, "--cron", cron, "--name", name, *flags, *items]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+
+    again = cli("0 0 0 1 1 *")
+    assert again.returncode == 0 and f"already scheduled with these settings: recurring run {first}" in again.stdout, (
+        again.stdout + again.stderr
+    )
+    refused = cli("0 0 0 1 7 *")
+    assert refused.returncode != 0 and "--replace" in refused.stdout + refused.stderr, refused.stdout + refused.stderr
+    assert client.get_recurring_run(first).status == "ENABLED"
+    replaced = cli("0 0 0 1 7 *", "--replace")
+    found = re.search(r"scheduled recurring run (\S+) ", replaced.stdout)
+    assert replaced.returncode == 0 and found and f"replaced recurring run {first}" in replaced.stdout, (
+        replaced.stdout + replaced.stderr
+    )
+    second = found.group(1)
+    try:
+        assert second != first
+        new = client.get_recurring_run(second)
+        assert (new.status, new.trigger.cron_schedule.cron) == ("ENABLED", "0 0 0 1 7 *"), new
+        with pytest.raises(Exception, match="(?i)not found|404"):
+            client.get_recurring_run(first)
+    finally:
+        client.delete_recurring_run(second)
+    with capsys.disabled():
+        print(f"\nKFP: schedule {name!r}: kept {first} for the same settings, refused other settings without "
+              f"--replace, replaced it by {second} (the old one deleted through the API)")  # fmt: skip

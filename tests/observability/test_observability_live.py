@@ -120,6 +120,8 @@ def test_prometheus_scrapes_the_training_run_and_the_pushes(prom, produced):
     assert decision[0]["metric"]["outcome"] == "promoted" and decision[0]["metric"]["reason"] == "passed"
     assert prom.wait_for(f'g2rpo_promotion_last_promotion_timestamp_seconds{{pipeline="{PIPELINE}"}}')
     assert prom.wait_for(f'g2rpo_pipeline_last_success_timestamp_seconds{{pipeline="{PIPELINE}"}}')
+    # Each push is scraped on its own: wait for the failed one too, not only for the first series to appear.
+    prom.wait_for('g2rpo_pipeline_last_run_timestamp_seconds{job="g2rpo-pipeline", pipeline="broken-test"}')
     outcomes = prom.wait_for('g2rpo_pipeline_last_run_timestamp_seconds{job="g2rpo-pipeline"}')
     assert {(s["metric"]["pipeline"], s["metric"]["outcome"]) for s in outcomes} == {
         (PIPELINE, "succeeded"),
