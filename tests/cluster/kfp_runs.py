@@ -153,3 +153,46 @@ def run_pods(deployment, workflow: str) -> dict[str, str]:
     selector = f"workflows.argoproj.io/workflow={workflow}"
     listed = deployment.cluster.kubectl("-n", KFP_NAMESPACE, "get", "pods", "-l", selector, "-o", "json")
     return {p["metadata"]["name"]: p["status"].get("phase", "") for p in json.loads(listed.stdout)["items"]}
+
+
+# Run in the tools' venv (ml-metadata 1.17.1, made by `kfp up`): the artifacts of the given ids with their
+# custom properties, as JSON — the values KFP's UI shows in a run's metrics tab.
+_MLMD_READ = """
+import json, sys
+from ml_metadata.metadata_store import metadata_store
+from ml_metadata.proto import metadata_store_pb2 as pb
+host, port, ids = sys.argv[1], int(sys.argv[2]), [int(i) for i in sys.argv[3:]]
+store = metadata_store.MetadataStore(pb.MetadataStoreClientConfig(host=host, port=port))
+types = {t.id: t.name for t in store.get_artifact_types()}
+def value(v):
+    kind = v.WhichOneof("value")
+    if kind == "struct_value":
+        from google.protobuf.json_format import MessageToDict
+        return MessageToDict(v.struct_value)
+    return getattr(v, kind) if kind else None
+print(json.dumps([
+    {"id": a.id, "type": types[a.type_id], "uri": a.uri,
+     "properties": {k: value(v) for k, v in a.custom_properties.items()}}
+    for a in store.get_artifacts_by_id(ids)
+]))
+"""
+MLMD_PORT = 8080  # where `kfp up` serves ML Metadata, at `cluster ip`
+
+
+def task_output_artifacts(deployment, run_id: str, task: str, output: str) -> list[dict]:
+    """The ``output`` artifacts of the run's ``task`` as KFP records them: their ids from the API server's run details
+    (``task_details[].outputs``, what the persistence agent reported), their values from ML Metadata by those ids."""
+    run = kfp.Client(host=deployment.kfp.host).get_run(run_id)
+    details = [t for t in (run.run_details.task_details or []) if t.display_name == task]
+    ids: list[int] = []
+    for detail in details:
+        listed = (detail.outputs or {}).get(output)
+        ids += [int(i) for i in listed.artifact_ids or []] if listed is not None else []
+    assert ids, f"run {run_id}: the API server names no {output!r} artifact of task {task!r}: {details}"
+    python = deployment.cluster.workdir / "kfp" / "venv" / "bin" / "python"
+    done = subprocess.run(
+        [str(python), "-c", _MLMD_READ, deployment.cluster.ip(), str(MLMD_PORT), *map(str, ids)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)

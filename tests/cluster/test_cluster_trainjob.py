@@ -37,7 +37,10 @@ from contextlib import contextmanager
 import kfp
 import pytest
 
+from g2rpo.artifacts.cache import CACHE_ENV
+from g2rpo.errors import USAGE_EXIT_STATUS
 from g2rpo.faults import fault_env
+from g2rpo.launch.trainjob import FAIL_JOBSET_REASON, USAGE_FAILURE_RULE, job_name
 from g2rpo.observability.dashboard import DEFAULT_PATH
 from g2rpo.steps.train_task import checkpoint_uri_for
 from tests.cluster import jobset
@@ -330,4 +333,65 @@ def test_a_two_node_run_terminated_through_the_api_while_training_leaves_no_trai
         print(
             f"\nKFP: two-node run {run_id} terminated while training: TrainJob {job} and its pods gone {seconds:.0f} s "
             f"after terminate_run; the run is {state}"
+        )
+
+
+def test_a_usage_error_fails_the_trainjob_at_once_and_kfps_retry_starts_the_next_attempt(
+    deployment, controllers, uninterrupted, capsys
+):
+    """The training pods' cache folder cannot be written (``G2RPO_CACHE_DIR`` through the runtime's env, for this
+    run's first job only): ``g2rpo train`` exits 2 on every rank, the node's command keeps that status, the runtime's
+    Job ``podFailurePolicy`` fails the Job and its JobSet rule ``TrainerUsageError`` fails the JobSet at once — no
+    restart, as the real Job and JobSet controllers apply them. The train task fails naming why; KFP's retry of the
+    task (the pipeline's ``set_retry``, through Argo) finds that job ``Failed`` and starts the next attempt's job
+    (``…-a2``), which trains, with the folder fixed, to the uninterrupted run's weights."""
+    cluster = deployment.cluster
+    arguments = {**uninterrupted["arguments"], "model_name": "g2rpo-two-nodes-retried"}
+    started = time.monotonic()
+    with runtime_env(cluster, {CACHE_ENV: "/proc/g2rpo-cache"}):
+        run_id = submit(deployment.kfp.host, "cluster-tier-two-nodes-usage-error", arguments)
+        first = trainjob_of(run_id)
+
+        def failed() -> dict | None:
+            done = cluster.kubectl("get", "trainjob", first, "-n", NAMESPACE, "-o", "json", check=False)
+            if done.returncode != 0:
+                return None
+            conditions = json.loads(done.stdout).get("status", {}).get("conditions", [])
+            return next((c for c in conditions if c["type"] == "Failed" and c["status"] == "True"), None)
+
+        condition = wait_for(
+            f"TrainJob {first} Failed", failed, TRAINJOB_TIMEOUT_S, lambda: _explain(deployment, run_id)
+        )
+        exits = [
+            state["terminated"].get("exitCode")
+            for pod in pods_of(cluster, first)
+            for status in pod["status"].get("containerStatuses", [])
+            if (state := status.get("state") or {}).get("terminated")
+        ]
+        restarts = cluster.get("jobset", first, NAMESPACE).get("status", {}).get("restarts", 0)
+    assert restarts == 0, f"the JobSet restarted {restarts} time(s) on a usage error"
+    assert exits and set(exits) == {USAGE_EXIT_STATUS}, exits
+    assert condition.get("reason") == FAIL_JOBSET_REASON or USAGE_FAILURE_RULE in condition.get("message", ""), (
+        condition
+    )
+    try:
+        run = wait_for_run(deployment, run_id)
+    except AssertionError as exc:
+        raise AssertionError(f"the retried two-node run: {exc}\n{_explain(deployment, run_id)}") from None
+    deployment.timings["kfp two-node run, a usage error then a retry (submit to SUCCEEDED)"] = (
+        time.monotonic() - started
+    )
+    assert tasks(run).get("train") == "SUCCEEDED", tasks(run)
+    second = job_name(run_id, TRAIN_TASK, attempt=2)
+    trainjob = cluster.get("trainjob", second, NAMESPACE)
+    assert any(c["type"] == "Complete" and c["status"] == "True" for c in trainjob["status"]["conditions"]), trainjob
+    assert failed() is not None  # the failed attempt stays, for its logs
+    record, weights, _ = trained_weights(deployment, run_id)
+    assert f"/{second}/" in record["export_uri"] or f"/{first}/" in record["export_uri"], record["export_uri"]
+    assert weights == uninterrupted["weights"], (weights, uninterrupted["weights"])
+    with capsys.disabled():
+        print(
+            f"\nKFP: two-node run {run_id}: TrainJob {first} Failed at once on exit {USAGE_EXIT_STATUS} "
+            f"({condition.get('reason')}; JobSet restarts {restarts}); KFP's retry started {second}, which completed "
+            "with the uninterrupted run's weights"
         )
