@@ -36,7 +36,6 @@ from typing import Any, TextIO
 
 from kfp import local
 
-from g2rpo.artifacts.promotion import load_gates
 from g2rpo.artifacts.registry import Registry
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.shapes import HELD_OUT  # the task's 64 held-out prompts: evaluated, never trained on
@@ -46,7 +45,7 @@ from g2rpo.rewards.shapes_learned import SHIPPED_SHAPES_CLIP, SHIPPED_SHAPES_PRE
 from g2rpo.steps.evaluate import EvaluateResult, evaluate_once
 from g2rpo.steps.parameters import PARAMETER_KEYS
 from g2rpo.steps.prepare import prepare_data
-from g2rpo.steps.promote import base_model_floors, write_gates
+from g2rpo.steps.promote import floor_gates_file
 from g2rpo.steps.train import matching_evaluation
 from g2rpo.steps.train_task import run_config_for
 from g2rpo.tasks.shapes import write_prompts
@@ -172,7 +171,7 @@ def run_local(
             base = _evaluate_base(run_dir / "base", arguments, echo)
             base_means, base_eval_uri = base.means, base.output_uri
             echo("base model on the held-out prompts: " + _means_line(base_means))
-            arguments["gates_uri"] = str(_gates_with_floors(arguments["gates_uri"], base_means, run_dir / "gates.yaml"))
+            arguments["gates_uri"] = str(floor_gates_file(arguments["gates_uri"], base_means, run_dir / "gates.yaml"))
     except BaseException:
         if made_run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -414,17 +413,6 @@ def _evaluate_base(folder: Path, arguments: dict[str, Any], echo: Callable[[str]
         progress=True,
         log=lambda line: echo(f"    {line}"),
     )
-
-
-def _gates_with_floors(gates_uri: str, base: dict[str, float], path: Path) -> Path:
-    """``gates_uri``'s gates with the base model's floors (:func:`g2rpo.steps.promote.base_model_floors`), written to ``path``."""
-    gates, _ = load_gates(gates_uri)
-    comment = (
-        f"{gates_uri} with floors for a first version (no champion): the base model's means on the same\n"
-        "held-out prompts and seeds plus the required improvement (in-domain), less the allowed regression\n"
-        "(out-of-domain)."
-    )
-    return write_gates(base_model_floors(gates, base), path, comment=comment)[0]
 
 
 def _means_line(means: dict[str, float]) -> str:
