@@ -31,6 +31,7 @@ __all__ = [
     "RunParameter",
     "TrainParameter",
     "choice_tree",
+    "describe_parameters",
     "parameter_help",
     "pipeline_defaults",
     "source_of",
@@ -192,6 +193,24 @@ def train_parameter_defaults() -> dict[str, Any]:
 def parameter_help() -> dict[str, str]:
     """Each parameter's help, by name (the pipeline's input descriptions)."""
     return {p.name: p.help for p in (*RUN_PARAMETERS, *TRAIN_PARAMETERS)}
+
+
+def describe_parameters() -> str:
+    """Every parameter with its pipeline default and help, as ``g2rpo pipeline submit --help`` lists them."""
+
+    def line(row: RunParameter | TrainParameter) -> str:
+        default = repr(row.default)
+        return f"  {row.name} = {default if len(default) <= 40 else default[:37] + '...'}: {row.help}"
+
+    return "\n".join(
+        [
+            "pipeline parameters (NAME=VALUE), with their defaults (g2rpo/steps/parameters.py):",
+            *(line(row) for row in RUN_PARAMETERS),
+            "training choices, over config_uri's file (then overrides over them):",
+            *(line(row) for row in TRAIN_PARAMETERS),
+            "and the placement profile's: gpus_per_node, node_selector, tolerations, train_pod_gpus/_cpu/_memory",
+        ]
+    )
 
 
 def train_choices(values: Mapping[str, Any]) -> dict[str, Any]:

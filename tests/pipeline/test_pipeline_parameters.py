@@ -16,6 +16,7 @@ import yaml
 
 import g2rpo.steps.parameters as run_parameters
 from components.train import train
+from g2rpo.cli import main
 from g2rpo.errors import G2RPOError
 from g2rpo.steps.parameters import (
     RUN_PARAMETERS,
@@ -119,6 +120,15 @@ def test_the_choices_reach_the_run_config_as_values_and_problems_name_what_set_t
     assert "(parameter group_size)" not in str(refused.value)
 
 
+def test_submit_help_lists_every_parameter_with_its_default(capsys):
+    with pytest.raises(SystemExit):
+        main(["pipeline", "submit", "--help"])
+    out = capsys.readouterr().out
+    for row in (*RUN_PARAMETERS, *TRAIN_PARAMETERS):
+        assert f"  {row.name} = " in out and f": {row.help}\n" in out, row.name
+    assert "  group_size = 12: G, images per prompt\n" in out
+
+
 def test_the_tables_help_names_no_list_a_registry_holds():
     """The strategies and their learning rates live in their registry and sections; a help text that listed
     them went stale (it named 4 of 6 strategies and 3 of 6 rates): it points at `g2rpo config describe`."""
@@ -159,10 +169,11 @@ def _train_component_with(tmp_path: Path, line: str):
     return module.train
 
 
-def test_a_new_training_choice_is_two_edits_and_reaches_every_use(tmp_path, monkeypatch):
+def test_a_new_training_choice_is_two_edits_and_reaches_every_use(tmp_path, monkeypatch, capsys):
     """Edit 1: a row in TRAIN_PARAMETERS. Edit 2: the parameter in the train component's signature. Nothing
     else is named: the pipeline's signature, default and description, the compiled spec and the train task's
-    wiring, the component's choices, the run config and the checks before a run is sent all follow."""
+    wiring, the component's choices, the run config, the checks before a run is sent and the parameters'
+    listing in `g2rpo pipeline submit --help` all follow."""
     monkeypatch.setattr(run_parameters, "TRAIN_PARAMETERS", (*TRAIN_PARAMETERS, NEW_ROW))
     monkeypatch.setattr("pipelines.alignment.train", _train_component_with(tmp_path, "    seed: int,\n"))
 
@@ -191,6 +202,11 @@ def test_a_new_training_choice_is_two_edits_and_reaches_every_use(tmp_path, monk
     # The checks before a run is sent name the parameter.
     with pytest.raises(G2RPOError, match=re.escape("train.seed=-1 (parameter seed): Input should be greater")):
         check_arguments({"seed": -1}, load_profile())
+
+    # The parameters' listing: `g2rpo pipeline submit --help`.
+    with pytest.raises(SystemExit):
+        main(["pipeline", "submit", "--help"])
+    assert f"  seed = 5: {NEW_ROW.help}\n" in capsys.readouterr().out
 
     # The train component hands it to the train task with the other choices.
     given = {}
