@@ -36,19 +36,18 @@ from typing import Any, TextIO
 
 from kfp import local
 
-from g2rpo.artifacts.promotion import load_gates
 from g2rpo.artifacts.registry import Registry
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.shapes import HELD_OUT  # the task's 64 held-out prompts: evaluated, never trained on
 from g2rpo.models.shapes import UNSEEN_PRETRAINING, ShapesPretraining, ensure_shapes_model
 from g2rpo.rewards.shapes import IN_DOMAIN, IN_DOMAIN_CHECKS, OUT_OF_DOMAIN
 from g2rpo.rewards.shapes_learned import SHIPPED_SHAPES_CLIP, SHIPPED_SHAPES_PREF
+from g2rpo.steps.check import evaluation_for
 from g2rpo.steps.evaluate import EvaluateResult, evaluate_once
-from g2rpo.steps.parameters import PARAMETER_KEYS
+from g2rpo.steps.parameters import pipeline_defaults
 from g2rpo.steps.prepare import prepare_data
-from g2rpo.steps.promote import base_model_floors, write_gates
-from g2rpo.steps.train import matching_evaluation
-from g2rpo.steps.train_task import run_config_for
+from g2rpo.steps.promote import floor_gates_file
+from g2rpo.steps.train_task import train_config
 from g2rpo.tasks.shapes import write_prompts
 from g2rpo.textfile import read_json_file
 from g2rpo.training.metrics import read_metrics_records
@@ -172,7 +171,7 @@ def run_local(
             base = _evaluate_base(run_dir / "base", arguments, echo)
             base_means, base_eval_uri = base.means, base.output_uri
             echo("base model on the held-out prompts: " + _means_line(base_means))
-            arguments["gates_uri"] = str(_gates_with_floors(arguments["gates_uri"], base_means, run_dir / "gates.yaml"))
+            arguments["gates_uri"] = str(floor_gates_file(arguments["gates_uri"], base_means, run_dir / "gates.yaml"))
     except BaseException:
         if made_run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -385,24 +384,12 @@ def _evaluate_base(folder: Path, arguments: dict[str, Any], echo: Callable[[str]
     held-out split (the same prompts, ``test_size`` and seed give the same split) × ``eval_seeds``,
     sampled as the run config says; published at its content address in the run's store, so that the
     evaluate task (and every later run) reads it back instead of scoring the base model again."""
+    values = {**pipeline_defaults(), **arguments}  # the pipeline's defaults where the demo sets none
     data = prepare_data(
-        arguments["prompts_uri"], folder / "data", test_size=arguments["test_size"], seed=arguments.get("split_seed", 0)
+        values["prompts_uri"], folder / "data", test_size=values["test_size"], seed=values["split_seed"]
     )
-    choices = {key: arguments[key] for key in PARAMETER_KEYS if key in arguments}
-    config = run_config_for(
-        arguments["config_uri"],
-        choices,
-        arguments["overrides"],
-        base_model_uri=arguments["base_model_uri"],
-        prompts=str(data.train_prompts),
-        output_dir=folder / "unused",
-    )
-    evaluation = matching_evaluation(
-        config,
-        str(data.test_prompts),
-        num_prompts=arguments.get("eval_num_prompts") or None,
-        seeds=arguments["eval_seeds"],
-    )
+    config = train_config(values, prompts=str(data.train_prompts), output_dir=folder / "unused")
+    evaluation = evaluation_for(values, config, str(data.test_prompts))
     evaluations = f"{arguments['store_uri'].rstrip('/')}/evaluations"
     # Scored once per settings: the evaluate task of a first version reads this evaluation back, and a
     # later run reuses it (verified; g2rpo.evaluation.identity).
@@ -414,17 +401,6 @@ def _evaluate_base(folder: Path, arguments: dict[str, Any], echo: Callable[[str]
         progress=True,
         log=lambda line: echo(f"    {line}"),
     )
-
-
-def _gates_with_floors(gates_uri: str, base: dict[str, float], path: Path) -> Path:
-    """``gates_uri``'s gates with the base model's floors (:func:`g2rpo.steps.promote.base_model_floors`), written to ``path``."""
-    gates, _ = load_gates(gates_uri)
-    comment = (
-        f"{gates_uri} with floors for a first version (no champion): the base model's means on the same\n"
-        "held-out prompts and seeds plus the required improvement (in-domain), less the allowed regression\n"
-        "(out-of-domain)."
-    )
-    return write_gates(base_model_floors(gates, base), path, comment=comment)[0]
 
 
 def _means_line(means: dict[str, float]) -> str:

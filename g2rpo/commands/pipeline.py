@@ -18,12 +18,14 @@ from typing import Any
 import g2rpo
 from g2rpo.commands.model import add_shapes_model_args, pretraining_settings, shapes_model_path
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.steps.parameters import describe_parameters
 
 _PARAMS_HELP = (
     "pipeline parameters as name=value (values are YAML: iterations=100, granularities=[1,2], "
     "node_selector='{pool: h200-spot}'); unknown names are refused with the valid ones listed, and every value "
     "is checked as the tasks will use it before anything is sent. node_selector is MERGED over the profile's "
-    "labels ({pool: h200-spot} keeps nvidia.com/gpu.product); a label set to null is removed"
+    "labels ({pool: h200-spot} keeps nvidia.com/gpu.product); a label set to null is removed. "
+    "`g2rpo pipeline submit --help` lists every parameter with its default"
 )
 RUN_LOCAL_ITERATIONS = 40  # the shapes recipe's (docs/demo.md)
 _CRON_HELP = (
@@ -47,7 +49,12 @@ def add_commands(subparsers) -> None:
     _profile_arg(comp)
     comp.set_defaults(handler=_compile)
 
-    run = sub.add_parser("submit", help="start one run on a KFP cluster")
+    run = sub.add_parser(
+        "submit",
+        help="start one run on a KFP cluster",
+        epilog=describe_parameters(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _cluster_args(run)
     run.add_argument("--run-name", default=None, help="display name of the run (default: the pipeline's name)")
     run.set_defaults(handler=_submit)

@@ -2,10 +2,9 @@
 
 :func:`run_config_for` turns the pipeline's parameters into a validated :class:`RunConfig`: the base
 config file, then the choices a retraining run changes, then any further ``key=value`` overrides, then
-where this task reads and writes. The choices are one table, :data:`TRAIN_PARAMETERS` (name, type,
-pipeline default, run-config key, what its "unset" value means): the pipeline's signature and defaults
-(``pipelines/alignment.py``), :data:`PARAMETER_KEYS` and the unset rules are read off it, and a test
-holds the train component's signature (KFP ships it as source, so it is written out) to it.
+where this task reads and writes, each merged over the last as values. The choices are one table,
+:data:`g2rpo.steps.parameters.TRAIN_PARAMETERS` (name, type, pipeline default, the run-config field it
+sets, what its "unset" value means), applied by :func:`g2rpo.steps.parameters.choice_tree`.
 :func:`train_task` trains on one node — in this process for one device, under ``torchrun
 --nproc_per_node`` for several — publishes the export under the run's store and writes a
 :class:`~g2rpo.steps.records.TrainRecord` with the resolved config beside it.
@@ -27,6 +26,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -35,11 +35,11 @@ from pydantic import BaseModel, ConfigDict
 
 import g2rpo
 from g2rpo.artifacts.storage import ObjectNotFound, open_store
-from g2rpo.config import load_config, parse_overrides, to_yaml
-from g2rpo.errors import G2RPOError, did_you_mean, problem
+from g2rpo.config import deep_merge, load_config, parse_overrides, to_yaml
+from g2rpo.errors import G2RPOError, problem
 from g2rpo.launch.quantity import quantity_problem
 from g2rpo.launch.trainjob import DEFAULT_DEADLINE_S, Placement, TrainJobLaunch
-from g2rpo.steps.parameters import BY_NAME, PARAMETER_KEYS
+from g2rpo.steps.parameters import choice_tree, train_choices
 from g2rpo.steps.records import TrainRecord, write_record
 from g2rpo.steps.train import publish_export, train
 from g2rpo.textfile import JSON_MAX_BYTES, decode_record
@@ -51,6 +51,7 @@ __all__ = [
     "checkpoint_uri_for",
     "resolve_config_path",
     "run_config_for",
+    "train_config",
     "train_task",
     "trainjob_for",
 ]
@@ -81,23 +82,26 @@ def run_config_for(
     prompts: str,
     output_dir: str | Path,
 ) -> RunConfig:
-    """The run config: ``config_uri``, then ``choices`` (keys of :data:`PARAMETER_KEYS`), then ``overrides``,
-    then the model, prompts and output folder of this task. Every problem is reported at once."""
-    unknown = sorted(set(choices) - set(PARAMETER_KEYS))
-    if unknown:
-        guesses = "".join(did_you_mean(name, PARAMETER_KEYS) for name in unknown)
-        raise G2RPOError(problem("choices", unknown, f"unknown{guesses}; valid: {', '.join(PARAMETER_KEYS)}"))
-    # A KFP parameter has no null: an unset choice (TrainParameter.unset) leaves its key alone.
-    given = {name: value for name, value in choices.items() if not BY_NAME[name].is_unset(value)}
-    items = [f"{PARAMETER_KEYS[name]}={json.dumps(value)}" for name, value in given.items()]
-    items += [item for name in given for item in BY_NAME[name].when_set]
-    items += list(overrides)
-    items += [
-        f"model.path={json.dumps(base_model_uri)}",
-        f"data.prompts={json.dumps(str(prompts))}",
-        f"output.dir={json.dumps(str(output_dir))}",
-    ]
-    return load_config(RunConfig, resolve_config_path(config_uri), parse_overrides(items))
+    """The run config: ``config_uri``, then ``choices`` (training choices by name, :func:`choice_tree`), then
+    ``overrides`` (``key=value`` text), then the model, prompts and output folder of this task, each merged
+    over the last as values. Every problem is reported at once."""
+    where = {"model": {"path": base_model_uri}, "data": {"prompts": str(prompts)}, "output": {"dir": str(output_dir)}}
+    tree = deep_merge(deep_merge(choice_tree(choices), parse_overrides(overrides)), where)
+    return load_config(RunConfig, resolve_config_path(config_uri), tree)
+
+
+def train_config(values: Mapping[str, Any], *, prompts: str, output_dir: str | Path) -> RunConfig:
+    """The run config the train task builds from a run's ``values`` (the pipeline's parameters by name:
+    ``config_uri``, the training choices, ``overrides``, ``base_model_uri``), with ``prompts`` and
+    ``output_dir`` for this task's files (:func:`run_config_for`)."""
+    return run_config_for(
+        values["config_uri"],
+        train_choices(values),
+        values["overrides"],
+        base_model_uri=values["base_model_uri"],
+        prompts=prompts,
+        output_dir=output_dir,
+    )
 
 
 def checkpoint_uri_for(store_uri: str, run_id: str, task: str, checkpoint_store_uri: str = "") -> str:
