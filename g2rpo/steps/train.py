@@ -107,6 +107,16 @@ def train(
                 "a run with a checkpoint URI resumes from what is mirrored there: use auto, or leave the URI out",
             )
         )
+    if config.output.node_local and checkpoint_uri is None:
+        raise G2RPOError(
+            problem(
+                "output.node_local",
+                True,
+                "each node keeps only its part of a checkpoint in its own output.dir, so the whole exists only in the "
+                "checkpoint mirror: give one (--checkpoint-uri s3://bucket/runs/RUN/checkpoints), or put output.dir "
+                "on a volume every node shares and set output.node_local=false",
+            )
+        )
     if nodes > 1:
         return _train_as_trainjob(config, nodes, trainjob, publish_uri, checkpoint_uri, settings)
     if nodes < 1:

@@ -47,6 +47,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -143,7 +144,8 @@ class Trainer:
             check_cache_writable(cfg.rewards.cache_dir, "rewards.cache_dir")
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
-        self.ctx = init_distributed(cfg.train.device)
+        # output.node_local: each node's first rank makes, claims and tidies its node's own output.dir.
+        self.ctx = replace(init_distributed(cfg.train.device), node_local=cfg.output.node_local)
         avoid_cudnn_attention(self.ctx.device)  # its backward fails at FLUX.1-dev's shapes on an H200 (see there)
         self.metrics = MetricsLog(run_dir.metrics, self.ctx.is_main)
         problems = run_problems(cfg, self.ctx.world_size)
@@ -173,6 +175,9 @@ class Trainer:
             rank=self.ctx.rank,
             world_size=self.ctx.world_size,
             barrier=self.ctx.barrier,
+            node_local=self.ctx.node_local,
+            leader=self.ctx.is_folder_leader,
+            node_rank=self.ctx.node_rank,
         )
         for callback in self.callbacks:
             hook = getattr(callback, "before_resume", None)  # duck-typed callbacks may lack it
@@ -204,11 +209,12 @@ class Trainer:
             self.metrics.event({"event": "resumed", "from": str(resume_from), "iteration": state.iteration})
             if self.ctx.is_main:  # the resumed run's config, next to the original (never overwritten)
                 run_dir.resumed_config_yaml(state.iteration).write_text(to_yaml(cfg), encoding="utf-8")
-        elif self.ctx.is_main:
-            self.claim_output_dir()  # a new folder: made now, with its claim and marker first
-            run_dir.config_yaml.write_text(to_yaml(cfg), encoding="utf-8")
-            if run_dir.metrics.exists():  # a run killed before its first checkpoint
-                self.metrics.event({"event": "restarted", "iteration": 0})
+        else:
+            self.claim_output_dir()  # a new folder: made now, with its claim and marker first (each node's own too)
+            if self.ctx.is_main:
+                run_dir.config_yaml.write_text(to_yaml(cfg), encoding="utf-8")
+                if run_dir.metrics.exists():  # a run killed before its first checkpoint
+                    self.metrics.event({"event": "restarted", "iteration": 0})
         duplicates = report_duplicates(cfg, prompt_set, self.ctx)
         if duplicates is not None:
             self.metrics.event(duplicates)
@@ -223,9 +229,10 @@ class Trainer:
         return self
 
     def claim_output_dir(self) -> None:
-        """Take this process's writer claim on ``output.dir`` (rank 0, once per setup): the folder is made,
-        claimed and marked before anything else is written there (:meth:`~g2rpo.training.run_dir.RunDir.claim`)."""
-        if self.ctx.is_main and not self.claims:
+        """Take this process's writer claim on ``output.dir`` (rank 0, or each node's first rank with node-local
+        folders; once per setup): the folder is made, claimed and marked before anything else is written there
+        (:meth:`~g2rpo.training.run_dir.RunDir.claim`)."""
+        if self.ctx.is_folder_leader and not self.claims:
             self.claims.append(self.run_dir.claim(self.hash))
 
     def _build_validator(self) -> Validator:
