@@ -49,7 +49,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from g2rpo.rewards.registry import REWARDS
+    from g2rpo.rewards.specs import REWARDS
 
     rows = [
         {
