@@ -33,6 +33,31 @@ class RewardSpec:
     dtype: str = "float32"
 
 
+# The UnifiedReward judge's four scores: one model folder, the same keys and scale.
+_JUDGE_NEEDS = (
+    "weights: Qwen2.5-VL judge folder, e.g. CodeGoat24/UnifiedReward-qwen-7b (model + processor); "
+    "optional tokenizer (processor folder), max_new_tokens"
+)
+_JUDGE_KEYS = ("weights", "tokenizer", "max_new_tokens")
+_JUDGE_SCALE = "0–5 (decimals); NaN when the answer has no score"
+
+
+def _semantic_task(name: str, summary: str, label: str) -> RewardSpec:
+    """One score of the judge's semantic task (one instruction; alignment, coherence or style)."""
+    return RewardSpec(
+        name,
+        summary,
+        _JUDGE_NEEDS,
+        _JUDGE_KEYS,
+        ("weights",),
+        _JUDGE_SCALE,
+        definition="UnifiedReward qwen_point_score_ACS_image_generation.py @ed52f98 instruction verbatim, "
+        "checkpoint generation config "
+        f"(max_new_tokens 4096), number after '{label} Score (1-5):', first match (MixGRPO unified_reward.py @e5cdd6a)",
+        dtype=AUTO_DTYPE,
+    )
+
+
 REWARDS: dict[str, RewardSpec] = {
     spec.name: spec
     for spec in [
@@ -80,55 +105,24 @@ REWARDS: dict[str, RewardSpec] = {
         RewardSpec(
             "unified_reward_score",
             "UnifiedReward point score: the judge's 'Final Score:' (caption alignment + quality)",
-            "weights: Qwen2.5-VL judge folder, e.g. CodeGoat24/UnifiedReward-qwen-7b (model + processor); "
-            "optional tokenizer (processor folder), max_new_tokens",
-            ("weights", "tokenizer", "max_new_tokens"),
+            _JUDGE_NEEDS,
+            _JUDGE_KEYS,
             ("weights",),
-            "0–5 (decimals); NaN when the answer has no score",
+            _JUDGE_SCALE,
             definition="UnifiedReward qwen_point_score_image_generation.py @ed52f98 instruction verbatim, "
             "checkpoint generation config "
             "(max_new_tokens 512), number after 'Final Score:', first match (MixGRPO unified_reward.py @e5cdd6a)",
-            dtype="auto",
+            dtype=AUTO_DTYPE,
         ),
-        RewardSpec(
+        _semantic_task(
             "unified_reward_alignment",
             "UnifiedReward semantic task: the judge's Alignment Score (MixGRPO's reported metric)",
-            "weights: Qwen2.5-VL judge folder, e.g. CodeGoat24/UnifiedReward-qwen-7b (model + processor); "
-            "optional tokenizer (processor folder), max_new_tokens",
-            ("weights", "tokenizer", "max_new_tokens"),
-            ("weights",),
-            "0–5 (decimals); NaN when the answer has no score",
-            definition="UnifiedReward qwen_point_score_ACS_image_generation.py @ed52f98 instruction verbatim, "
-            "checkpoint generation config "
-            "(max_new_tokens 4096), number after 'Alignment Score (1-5):', first match (MixGRPO unified_reward.py @e5cdd6a)",
-            dtype="auto",
+            "Alignment",
         ),
-        RewardSpec(
-            "unified_reward_coherence",
-            "UnifiedReward semantic task: the judge's Coherence Score",
-            "weights: Qwen2.5-VL judge folder, e.g. CodeGoat24/UnifiedReward-qwen-7b (model + processor); "
-            "optional tokenizer (processor folder), max_new_tokens",
-            ("weights", "tokenizer", "max_new_tokens"),
-            ("weights",),
-            "0–5 (decimals); NaN when the answer has no score",
-            definition="UnifiedReward qwen_point_score_ACS_image_generation.py @ed52f98 instruction verbatim, "
-            "checkpoint generation config "
-            "(max_new_tokens 4096), number after 'Coherence Score (1-5):', first match (MixGRPO unified_reward.py @e5cdd6a)",
-            dtype="auto",
+        _semantic_task(
+            "unified_reward_coherence", "UnifiedReward semantic task: the judge's Coherence Score", "Coherence"
         ),
-        RewardSpec(
-            "unified_reward_style",
-            "UnifiedReward semantic task: the judge's Style Score",
-            "weights: Qwen2.5-VL judge folder, e.g. CodeGoat24/UnifiedReward-qwen-7b (model + processor); "
-            "optional tokenizer (processor folder), max_new_tokens",
-            ("weights", "tokenizer", "max_new_tokens"),
-            ("weights",),
-            "0–5 (decimals); NaN when the answer has no score",
-            definition="UnifiedReward qwen_point_score_ACS_image_generation.py @ed52f98 instruction verbatim, "
-            "checkpoint generation config "
-            "(max_new_tokens 4096), number after 'Style Score (1-5):', first match (MixGRPO unified_reward.py @e5cdd6a)",
-            dtype="auto",
-        ),
+        _semantic_task("unified_reward_style", "UnifiedReward semantic task: the judge's Style Score", "Style"),
         RewardSpec(
             "aesthetic",
             "LAION aesthetic predictor: MLP on CLIP ViT-L/14 image embeddings (prompt unused)",
