@@ -49,6 +49,7 @@ from g2rpo.artifacts.storage import (
     S3Settings,
     Store,
     WriteConflict,
+    _parse,
     open_store,
     validate_key,
 )
@@ -88,7 +89,6 @@ def unique_uri(uri: str) -> str:
     The URI must name something below its bucket or folder (``s3://bucket`` alone is refused: a
     unique *bucket* name is not what anyone wants).
     """
-    from g2rpo.artifacts.storage import _parse
 
     scheme, where, prefix = _parse(uri)
     if scheme == "s3":
