@@ -33,7 +33,7 @@ from g2rpo.config import COUNT_MAX, SEED_MAX, format_validation_error, parse_ove
 from g2rpo.errors import ConfigError, G2RPOError, problem
 from g2rpo.evaluation.config import EvaluationConfig
 from g2rpo.launch.quantity import quantity_problem
-from g2rpo.rewards.registry import get_spec
+from g2rpo.rewards.specs import get_spec
 from g2rpo.steps.gate import gates_from
 from g2rpo.steps.parameters import pipeline_defaults, source_of, train_choices
 from g2rpo.steps.train import matching_evaluation
