@@ -18,6 +18,7 @@ from typing import Any
 import g2rpo
 from g2rpo.commands.model import add_shapes_model_args, pretraining_settings, shapes_model_path
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.progress import import_saying
 
 _PARAMS_HELP = (
     "pipeline parameters as name=value (values are YAML: iterations=100, granularities=[1,2], "
@@ -26,6 +27,14 @@ _PARAMS_HELP = (
     "labels ({pool: h200-spot} keeps nvidia.com/gpu.product); a label set to null is removed"
 )
 RUN_LOCAL_ITERATIONS = 40  # the shapes recipe's (docs/demo.md)
+# What run-local loads before its first check, in the order its imports reach them, each said as it starts.
+RUN_LOCAL_LIBRARIES = (
+    ("torch", "torch"),
+    ("transformers", "transformers"),
+    ("diffusers", "diffusers"),
+    ("kfp", "kfp"),
+    ("the pipeline and its tasks", "pipelines.local"),
+)
 _CRON_HELP = (
     "KFP cron: SIX fields, seconds first — 'sec min hour day-of-month month day-of-week' — evaluated in UTC "
     "by the KFP scheduler, e.g. '0 0 3 * * *' = 03:00 UTC every day, '0 30 2 * * MON' = Mondays 02:30 UTC"
@@ -220,15 +229,15 @@ def _schedule(args: argparse.Namespace) -> int:
 def run_local_command(args: argparse.Namespace) -> int:
     """``g2rpo pipeline run-local`` (and ``g2rpo demo``): the pipeline here, then its summary and verdict."""
     _use_source_tree()
-    # A line at once: the imports below (torch, diffusers, transformers, kfp) take seconds, more on a busy CPU.
-    print("g2rpo pipeline run-local: loading torch, diffusers and kfp …", flush=True)
-    from g2rpo.errors import G2RPOError, problem
+    if args.iterations < 1:  # refused before the seconds of imports
+        raise G2RPOError(problem("--iterations", args.iterations, "run at least one iteration"))
+    # A line at once, then one per library: together they take 5-10 s on two cores, more on a busy CPU.
+    print("g2rpo pipeline run-local: loading its libraries …", flush=True)
+    import_saying(RUN_LOCAL_LIBRARIES, lambda label: print(f"  {label} …", flush=True))
     from g2rpo.models.shapes import UNSEEN_PRETRAINING
     from pipelines.local import run_local
     from pipelines.submit import parse_arguments
 
-    if args.iterations < 1:
-        raise G2RPOError(problem("--iterations", args.iterations, "run at least one iteration"))
     arguments = parse_arguments(args.parameters)
     pretraining = pretraining_settings(args, base=UNSEEN_PRETRAINING)  # --model's default is shapes_flux_unseen
     if not args.verbose:

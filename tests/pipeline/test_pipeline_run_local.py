@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ from PIL import Image
 from g2rpo.artifacts.registry import Registry
 from g2rpo.cli import main
 from g2rpo.commands.model import pretraining_settings, shapes_model_path
-from g2rpo.commands.pipeline import add_run_local_args
+from g2rpo.commands.pipeline import RUN_LOCAL_LIBRARIES, add_run_local_args
 from g2rpo.errors import G2RPOError
 from g2rpo.models.shapes import SHIPPED_UNSEEN_MODEL, UNSEEN_PRETRAINING, check_shapes_model
 from g2rpo.models.tiny import TINY_MARKER
@@ -60,7 +63,7 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     # The first run with the shapes gates as they are (no floors: a first version is not gated).
     assert _run(out, shared, "first", f"gates_uri={ROOT / 'configs' / 'shapes-gates.yaml'}") == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("g2rpo pipeline run-local: loading torch, diffusers and kfp …\n")  # before the imports
+    assert printed.startswith("g2rpo pipeline run-local: loading its libraries …\n")  # before the imports
     assert "pretraining the shapes model into" in printed
     assert "base model on the held-out prompts" not in printed and not (out / "first" / "gates.yaml").exists()
     assert json.loads((tmp_path / "shapes-flux" / TINY_MARKER).read_text())["task"] == "shapes"
@@ -199,6 +202,19 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     assert _run(out, shared, "first") == 2
     assert "holds a finished run" in capsys.readouterr().err
     assert registry.version_numbers(MODEL) == [1, 2]
+
+
+def test_a_fresh_run_local_says_each_library_it_loads_before_its_first_check(tmp_path):
+    """In a new process the imports take 5-10 s (more on a busy CPU): a line before each, none silent."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "g2rpo", "pipeline", "run-local", "--out", str(tmp_path)]
+    done = subprocess.run([*command, "nope=1"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 2 and "parameter='nope': unknown" in done.stderr  # refused after the imports
+    labels = [f"  {label} …" for label, _ in RUN_LOCAL_LIBRARIES]
+    assert done.stdout.splitlines() == ["g2rpo pipeline run-local: loading its libraries …", *labels]
+    # a bad count is refused before any of it
+    done = subprocess.run([*command, "--iterations", "0"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2 and done.stdout == "" and "--iterations=0" in done.stderr
 
 
 def test_unknown_choices_are_refused(tmp_path):
