@@ -41,6 +41,16 @@ _CRON_HELP = (
 )
 
 
+class DefaultsOnceFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default said once: argparse's ``(default: X)``, unless the help already says it or
+    there is none to say (``None``: the help says what is used instead)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def add_commands(subparsers) -> None:
     parser = subparsers.add_parser(
         "pipeline",
@@ -94,7 +104,7 @@ def add_commands(subparsers) -> None:
         "OUT/NAME holds the pipeline root, the tasks' temp files and pipeline.log (all of kfp.local's output); the store (exports, evaluations) and the registry live in "
         "--shared and are reused, so a second run evaluates its challenger against the first run's champion and "
         "promotes or refuses it, with the reason.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceFormatter,
     )
     add_run_local_args(local)
     local.set_defaults(handler=run_local_command)
