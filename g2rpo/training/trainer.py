@@ -401,8 +401,9 @@ class Trainer:
         first: IterationRecord | None = None
         last: IterationRecord | None = None
         bar = None
-        if cfg.train.progress and self.ctx.is_main and self._baseline_due():
-            # seconds before the first iteration on a CPU (the demo's 16 prompts × 2 seeds): said, not silent
+        if self.ctx.is_main and self._baseline_due():
+            # seconds before the first iteration on a CPU (the demo's 16 prompts × 2 seeds, progress bar off):
+            # said, not silent, as a clamped setting is
             rows = f"{len(self.validator.prompt_indices)} prompt(s) × {len(cfg.train.validation.seeds)} seed(s)"
             print(
                 f"g2rpo train: validating iteration 0, the weights before any update: {rows} …",

@@ -38,17 +38,19 @@ def test_validation_on_more_prompts_than_exist_is_announced(tiny_model, tmp_path
 
 
 def test_the_baseline_validation_is_said_before_it_starts(tiny_model, tmp_path, capsys):
-    """Iteration 0's validation takes seconds on a CPU before the first record: a run with progress says it."""
+    """Iteration 0's validation takes seconds on a CPU before the first record: the run says it, with its
+    progress bar (before the bar starts) and without one (as make demo's train task runs)."""
     validation = {"enabled": True, "every": 1, "num_prompts": 3, "seeds": [0, 1], "micro_batch": 4}
-    train = {"iterations": 1, "progress": True}
-    overrides = tiny_overrides(tiny_model, tmp_path / "out", **{"train.validation": validation})
-    overrides["train"] |= train
-    Trainer(load_config(RunConfig, None, overrides)).run()
-    err = capsys.readouterr().err
     said = "g2rpo train: validating iteration 0, the weights before any update: 3 prompt(s) × 2 seed(s) …\n"
-    assert err.count(said) == 1 and err.index(said) < err.index("g2rpo train:   0%")  # before the bar
-    # quiet without progress (the tests' and a library caller's default)
-    overrides = tiny_overrides(tiny_model, tmp_path / "quiet", **{"train.validation": validation})
-    overrides["train"] |= {"iterations": 1}
+    for progress in (True, False):
+        overrides = tiny_overrides(tiny_model, tmp_path / f"out-{progress}", **{"train.validation": validation})
+        overrides["train"] |= {"iterations": 1, "progress": progress}
+        Trainer(load_config(RunConfig, None, overrides)).run()
+        err = capsys.readouterr().err
+        assert err.count(said) == 1, err
+        if progress:
+            assert err.index(said) < err.index("g2rpo train:   0%")
+    # a run without validation has none to say
+    overrides = tiny_overrides(tiny_model, tmp_path / "none", **{"train.iterations": 1})
     Trainer(load_config(RunConfig, None, overrides)).run()
     assert "validating iteration 0" not in capsys.readouterr().err
