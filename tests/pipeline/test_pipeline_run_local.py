@@ -284,6 +284,21 @@ def test_the_last_training_records_are_printed_before_the_line_that_says_trainin
     assert lines[2].endswith("train: SUCCESS (0 s)") and lines[3].endswith("evaluate …")
 
 
+def test_a_task_quiet_for_a_while_is_said_to_be_still_running():
+    """On a busy CPU a task's start (its imports) or one figure outlasts the gap between its own lines."""
+    console_out = io.StringIO()
+    console = _QuietConsole(io.StringIO(), console_out)
+    console.still_running(quiet_s=0.0)  # no task yet: nothing to say
+    console.write("x - INFO - Executing task 'train'\n")
+    console.still_running(quiet_s=3600.0)  # it printed its start just now
+    console.still_running(quiet_s=0.0)
+    console.write("x - INFO - Task 'train' finished with status SUCCESS\n")
+    console.still_running(quiet_s=0.0)  # between tasks: kfp.local's own seconds
+    lines = console_out.getvalue().splitlines()
+    assert len(lines) == 3 and lines[0].endswith("train …") and lines[2].endswith("train: SUCCESS (0 s)")
+    assert lines[1] == "    (train: 0 s, still running)"
+
+
 def test_the_verdict_is_one_line_worded_apart_from_the_runs_state(tmp_path):
     def run(state: str, decision: dict, champion: int | None) -> LocalRun:
         return LocalRun(tmp_path, tmp_path, state, {}, decision, champion, tmp_path / "pipeline.log", {})
