@@ -63,6 +63,9 @@ LOG_FILE = "pipeline.log"  # in the run folder: everything kfp.local printed
 PROMPTS_FILE = "shapes-prompts.txt"  # in the shared folder, rewritten by every run
 MODEL_NAME = "g2rpo-shapes"
 TRAIN_WATCH_S = 2.0  # how often the quiet console looks for new training records
+# A task quiet this long gets a line that it still runs: on a busy CPU a task's start (its imports) or one
+# figure can take longer than any of its own lines are apart.
+QUIET_TASK_S = 5.0
 # The paper's HPS-v2.1 + CLIP, learned on the shapes task (docs/models.md): what the demo trains on, as the
 # full-size job trains on HPS + CLIP; the exact shapes rewards stay held-out ground truth (docs/demo.md).
 LEARNED_REWARDS = {"hps_v21": SHIPPED_SHAPES_PREF, "clip": SHIPPED_SHAPES_CLIP}
@@ -219,6 +222,8 @@ class _QuietConsole(io.TextIOBase):
         self._streaming = False  # inside a task's streamed logs
         self._in_executor_input = False
         self._started: dict[str, float] = {}
+        self._running: str | None = None  # the task kfp.local runs now
+        self._last_echo = time.monotonic()
         self.lock = threading.RLock()  # held by the training watch across its own say() calls
         self.before_task_end: Callable[[], None] | None = None
 
@@ -248,19 +253,27 @@ class _QuietConsole(io.TextIOBase):
         with self.lock:
             self._log.write(line + "\n")
 
+    def still_running(self, quiet_s: float = QUIET_TASK_S) -> None:
+        """A line when the running task has printed nothing for ``quiet_s``: which task, and how long it has run."""
+        with self.lock:
+            now = time.monotonic()
+            if self._running is not None and now - self._last_echo >= quiet_s:
+                self._echo(f"    ({self._running}: {now - self._started[self._running]:.0f} s, still running)")
+
     def _echo(self, line: str) -> None:
         self._console.write(line + "\n")
         self._console.flush()
+        self._last_echo = time.monotonic()
 
     def _line(self, line: str) -> None:
         if _FINISHED.search(line) and self.before_task_end is not None:
             self.before_task_end()  # the train task's last records, before the line that says it ended
         if match := _EXECUTING.search(line):
             self._started[match.group(1)] = time.monotonic()
-            self._streaming = False
+            self._running, self._streaming = match.group(1), False
             self._echo(f"[{time.strftime('%H:%M:%S')}] {match.group(1)} …")
         elif match := _FINISHED.search(line):
-            self._streaming = False
+            self._running, self._streaming = None, False
             seconds = time.monotonic() - self._started.get(match.group(1), time.monotonic())
             self._echo(f"[{time.strftime('%H:%M:%S')}] {match.group(1)}: {match.group(2)} ({seconds:.0f} s)")
         elif match := _PIPELINE_DONE.search(line):
@@ -328,7 +341,8 @@ class _Tee(io.TextIOBase):
 
 class _TrainingWatch:
     """Print the train task's iteration records (its ``metrics.jsonl`` under the run's temp folder) as
-    they appear: the train task itself prints nothing until it ends. The console calls :meth:`catch_up`
+    they appear: the train task itself prints nothing until it ends; and, at each look, that a quiet
+    task still runs (:meth:`_QuietConsole.still_running`). The console calls :meth:`catch_up`
     before it prints a task's end, so no record is printed after the line that says training ended."""
 
     def __init__(self, tmp: Path, console: _QuietConsole, iterations: int):
@@ -338,6 +352,7 @@ class _TrainingWatch:
     def run(self, stop: threading.Event) -> None:
         while not stop.wait(TRAIN_WATCH_S):
             self.catch_up()
+            self._console.still_running()
         self.catch_up()  # the records written since the last look
 
     def catch_up(self) -> None:

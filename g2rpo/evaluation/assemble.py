@@ -136,8 +136,7 @@ def assemble(
         },
     )
     primary = eval_result_from(root, prompts, seeds, scores, output_uri)
-    pages = save_score_grid_pages(primary, root)
-    say(f"{len(pages)} grid page(s) drawn")
+    pages = save_score_grid_pages(primary, root, say=say)
     report.write_report_html(
         root / "report.html",
         title=f"Evaluation of {model_uri}",

@@ -269,7 +269,7 @@ class Trainer:
         if not self._is_setup:
             self.setup()
         cfg, ctx = self.config, self.ctx
-        if cfg.train.validation.enabled and self.iteration == 0 and not self.validator.history:
+        if self._baseline_due():
             self.validate()  # the baseline: the weights before any update
         batch = global_prompt_indices(
             cfg.train.seed, self.iteration, cfg.train.prompts_per_iteration, len(self.prompts)
@@ -366,6 +366,10 @@ class Trainer:
 
     # ------------------------------------------------------------------ validation
 
+    def _baseline_due(self) -> bool:
+        """Whether the next step validates the weights before any update first."""
+        return self.config.train.validation.enabled and self.iteration == 0 and not self.validator.history
+
     def validate(self) -> ValidationRecord:
         """Validate the current weights (collective; :meth:`Validator.validate`), then call the callbacks'
         ``on_validation``."""
@@ -404,6 +408,15 @@ class Trainer:
         first: IterationRecord | None = None
         last: IterationRecord | None = None
         bar = None
+        if self.ctx.is_main and self._baseline_due():
+            # seconds before the first iteration on a CPU (the demo's 16 prompts × 2 seeds, progress bar off):
+            # said, not silent, as a clamped setting is
+            rows = f"{len(self.validator.prompt_indices)} prompt(s) × {len(cfg.train.validation.seeds)} seed(s)"
+            print(
+                f"g2rpo train: validating iteration 0, the weights before any update: {rows} …",
+                file=sys.stderr,
+                flush=True,
+            )
         if cfg.train.progress and self.ctx.is_main:
             bar = progress_bar(total=cfg.train.iterations, initial=start, desc="g2rpo train", unit="it")
         with StopOnSignal(cfg.train.stop_grace_s, announce=self.ctx.is_main) as stop:
