@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,18 +53,17 @@ from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict
-from torch import nn
 
 from g2rpo import core
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.sampling import sample_rows
-from g2rpo.models.flux import FluxConditioning, FluxVelocity
-from g2rpo.rewards.base import RewardModel
+from g2rpo.models.flux import FluxVelocity
 from g2rpo.rewards.scoring import score_rewards
 from g2rpo.strategies.config import AlgorithmConfig
 from g2rpo.textfile import JSON_MAX_BYTES, decode_record, read_regular_file
 from g2rpo.training.checkpoint import CheckpointManager
 from g2rpo.training.distributed import DistContext
+from g2rpo.training.loading import Policy, PromptSet, RewardSet
 from g2rpo.training.run_config import ValidationSection
 
 __all__ = [
@@ -283,37 +282,32 @@ def validation_chunks(rows: int, micro_batch: int) -> list[range]:
 class Validator:
     """``train.validation`` during one run: the fixed set, its history, the best checkpoint and early stop.
 
-    Built by the trainer at setup, once the models, prompts and rewards are loaded. :meth:`validate`
-    is collective (every rank calls it); the trainer hands its record to the callbacks. The history
-    travels in each checkpoint (:meth:`checkpoint_files`) and comes back with :meth:`resume`.
+    Built by the trainer at setup from the bundles it loaded (the policy, the prompt set, the rewards).
+    :meth:`validate` is collective (every rank calls it); the trainer hands its record to the callbacks.
+    The history travels in each checkpoint (:meth:`checkpoint_files`) and comes back with :meth:`resume`.
     """
 
     def __init__(
         self,
         settings: ValidationSection,
         algorithm: AlgorithmConfig,
+        policy: Policy,
+        prompt_set: PromptSet,
+        rewards: RewardSet,
         *,
-        velocity: FluxVelocity,
-        vae: nn.Module,
-        prompts: Sequence[str],
-        conditioning_of: Callable[[Sequence[int]], FluxConditioning],
-        reward_names: Sequence[str],
-        reward_weights: Sequence[float],
-        reward_models: Sequence[RewardModel],
-        reward_batch: Sequence[int],
         decode_micro_batch: int,
         ctx: DistContext,
         checkpoints: CheckpointManager,
         log_event: Callable[[dict[str, Any]], None],
     ) -> None:
         self.settings = settings
-        self.velocity, self.vae = velocity, vae
-        self.prompts, self.conditioning_of = prompts, conditioning_of
+        self.policy, self.prompt_set = policy, prompt_set
         self.ctx, self.checkpoints, self.log_event = ctx, checkpoints, log_event
         self.decode_micro_batch = decode_micro_batch
         self.truncate_timestep = algorithm.truncate_timestep
         # The fixed set: prompts of the training split, seeds, the scored rewards and the run's σ grid
         # (the rollout's; the ODE sampler has no noise).
+        prompts = prompt_set.prompts
         self.prompt_indices = validation_prompt_indices(settings.num_prompts, len(prompts))
         if settings.num_prompts > len(prompts) and ctx.is_main:
             print(
@@ -322,12 +316,12 @@ class Validator:
                 file=sys.stderr,
                 flush=True,
             )
-        self.metrics = list(settings.metrics or reward_names)
-        self.weights = {name: weight for name, weight in zip(reward_names, reward_weights) if weight != 0}
-        picked = [list(reward_names).index(name) for name in self.metrics]
-        self.reward_models = [reward_models[i] for i in picked]
-        self.reward_batch = [reward_batch[i] for i in picked]
-        image_tokens = velocity.latent_shape[0]
+        self.metrics = list(settings.metrics or rewards.names)
+        self.weights = {name: weight for name, weight in zip(rewards.names, rewards.weights) if weight != 0}
+        picked = [list(rewards.names).index(name) for name in self.metrics]
+        self.reward_models = [rewards.models[i] for i in picked]
+        self.reward_batch = [rewards.batch[i] for i in picked]
+        image_tokens = policy.velocity.latent_shape[0]
         if algorithm.grid == "flux":
             self.sigmas = core.flux_sigmas(algorithm.num_steps, image_tokens)  # [T+1]
         else:
@@ -392,21 +386,22 @@ class Validator:
         rows = [(p, seed) for p in self.prompt_indices for seed in settings.seeds]
         chunks = validation_chunks(len(rows), settings.micro_batch)
         mine: dict[int, list[list[float]]] = {}
-        with _timestep_mode(self.velocity, "truncate" if self.truncate_timestep else self.velocity.timestep_mode):
+        velocity = self.policy.velocity
+        with _timestep_mode(velocity, "truncate" if self.truncate_timestep else velocity.timestep_mode):
             for round_start in range(0, len(chunks), ctx.world_size):
                 index = round_start + ctx.rank
                 chunk = chunks[index] if index < len(chunks) else chunks[0]
                 prompts = [rows[i][0] for i in chunk]
                 images = sample_rows(
-                    self.velocity,
-                    self.vae,
-                    self.conditioning_of(prompts),
+                    velocity,
+                    self.policy.vae,
+                    self.prompt_set.conditioning_of(prompts),
                     [rows[i][1] for i in chunk],
                     self.sigmas,
                     micro_batch=len(chunk),
                     decode_micro_batch=self.decode_micro_batch,
                 )  # [n, 3, H, W]
-                texts = [self.prompts[p] for p in prompts]
+                texts = [self.prompt_set.prompts[p] for p in prompts]
                 scores = score_rewards(self.reward_models, images, texts, self.reward_batch)  # [R', n]
                 if index < len(chunks):
                     mine[index] = scores.double().tolist()
