@@ -38,7 +38,7 @@ and exports the best validated checkpoint instead of the last.
 What set-up loads, the trainer holds as four frozen bundles of :mod:`g2rpo.training.loading` —
 ``policy`` (transformer, VAE, velocity adapter), ``prompt_set`` (prompts, counts, conditioning),
 ``reward_set`` (heads, names, weights, batch sizes) and ``learner`` (strategy, driver, EMA) — and hands
-the first three to the validator.
+the first three to the validator. :meth:`Trainer.run` returns a :class:`RunSummary`.
 
 Callbacks (:class:`~g2rpo.training.callbacks.TrainerCallback`, passed as
 ``Trainer(config, callbacks=[...])``) see each iteration's record and each checkpoint, on every
@@ -52,7 +52,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -97,11 +97,37 @@ from g2rpo.training.preemption import Preempted, StopOnSignal
 from g2rpo.training.preflight import run_problems
 from g2rpo.training.run_config import RunConfig, resume_hash
 from g2rpo.training.run_dir import RunDir, WriterClaim
-from g2rpo.training.validation import Selection, ValidationRecord, Validator
+from g2rpo.training.validation import Selection, ValidationRecord, ValidationSummary, Validator
 
-__all__ = ["Trainer", "train_from_config"]
+__all__ = ["RunSummary", "Trainer", "train_from_config"]
 
 PHASES = ("sampling", "decoding", "reward", "training")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What :meth:`Trainer.run` returns; ``g2rpo train`` prints it and ``--summary-json`` writes it
+    (:meth:`to_json`, keys in field order)."""
+
+    iterations: int  # iterations trained when the run ended (train.iterations, or fewer after an early stop)
+    resumed_at: int  # the iteration this process started from (0: a fresh run)
+    first_reward: float | None  # reward_mean_global of this process's first iteration (None: it trained none)
+    last_reward: float | None  # ... and of its last
+    output_dir: str
+    export: str | None  # the export folder (None with output.export false)
+    world_size: int
+    backend: str  # the driver's: torch or deepspeed
+    prompts: dict[str, int]  # read, unique, duplicates (dropped)
+    validation: ValidationSummary | None  # None without train.validation
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSummary:
+        """Back from :meth:`to_json` (a ``--summary-json`` file the trainer wrote)."""
+        validation = data["validation"]
+        return cls(**{**data, "validation": None if validation is None else ValidationSummary.from_json(validation)})
 
 
 # --------------------------------------------------------------------------- the trainer
@@ -383,7 +409,7 @@ class Trainer:
 
     # ------------------------------------------------------------------ run, checkpoints, export
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> RunSummary:
         """Train until ``train.iterations``, export, and return a summary; the writer claim ends with it."""
         try:
             return self._run()
@@ -396,7 +422,7 @@ class Trainer:
             claim.release()
         self.claims = []
 
-    def _run(self) -> dict[str, Any]:
+    def _run(self) -> RunSummary:
         if not self._is_setup:
             self.setup()
         cfg = self.config
@@ -439,18 +465,18 @@ class Trainer:
                 self.save_checkpoint()
             selection = self.validator.selection() if validating else None
             export_dir = self.export(selection) if cfg.output.export else None
-        return {
-            "iterations": self.iteration,
-            "resumed_at": start,
-            "first_reward": None if first is None else first.reward_mean_global,
-            "last_reward": None if last is None else last.reward_mean_global,
-            "output_dir": str(self.out),
-            "export": None if export_dir is None else str(export_dir),
-            "world_size": self.ctx.world_size,
-            "backend": self.learner.driver.backend,
-            "prompts": dict(self.prompt_set.counts),  # read, unique, duplicates (dropped)
-            "validation": self._validation_summary(selection),
-        }
+        return RunSummary(
+            iterations=self.iteration,
+            resumed_at=start,
+            first_reward=None if first is None else first.reward_mean_global,
+            last_reward=None if last is None else last.reward_mean_global,
+            output_dir=str(self.out),
+            export=None if export_dir is None else str(export_dir),
+            world_size=self.ctx.world_size,
+            backend=self.learner.driver.backend,
+            prompts=dict(self.prompt_set.counts),
+            validation=self._validation_summary(selection),
+        )
 
     def _preempted(self, signum: int, stop: StopOnSignal) -> Preempted:
         """Checkpoint the iteration just finished (unless it already is) and say so: the stop's exception."""
@@ -466,7 +492,7 @@ class Trainer:
             print(f"g2rpo train: {stopped}", file=sys.stderr, flush=True)
         return stopped
 
-    def _validation_summary(self, selection: Selection | None) -> dict[str, Any] | None:
+    def _validation_summary(self, selection: Selection | None) -> ValidationSummary | None:
         if not self.config.train.validation.enabled:
             return None
         training_forwards = round(self.ctx.mean(float(self._training_cost["forwards"])) * self.ctx.world_size)
@@ -540,7 +566,7 @@ def _synchronize(device: torch.device) -> None:
 
 def train_from_config(
     config: RunConfig, callbacks: Sequence[TrainerCallback] = (), run_dir: RunDir | None = None
-) -> dict[str, Any]:
+) -> RunSummary:
     """Run a whole training job from a validated config; returns the summary of :meth:`Trainer.run`.
 
     ``run_dir``: ``output.dir`` as the caller resolved it (:meth:`RunDir.of`). Under torchrun every rank

@@ -71,6 +71,9 @@ __all__ = [
     "ValidationRecord",
     "read_validation_file",
     "Selection",
+    "CurvePoint",
+    "ValidationCost",
+    "ValidationSummary",
     "summarize_metric",
     "objective",
     "breached_metrics",
@@ -167,6 +170,52 @@ class Selection:
     iteration: int
     reason: str
     within_tolerance: bool
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One validation in the run summary's curve: its objective, breaches and per-metric means."""
+
+    iteration: int
+    objective: float
+    breached: list[str]
+    means: dict[str, float]
+
+
+@dataclass(frozen=True)
+class ValidationCost:
+    """Validation's forwards and seconds (every validation of the run) beside training's (this process's
+    iterations: forwards of every rank, seconds of rank 0)."""
+
+    validation_forwards: int
+    validation_seconds: float
+    training_forwards: int
+    training_seconds: float
+
+
+@dataclass(frozen=True)
+class ValidationSummary:
+    """The run summary's validation block (:meth:`Validator.summary`): the curve, the chosen iteration and
+    why, the stop, the cost. Field order is the JSON's key order (``--summary-json``)."""
+
+    curve: list[CurvePoint]
+    selected_iteration: int | None
+    selection_reason: str | None
+    within_tolerance: bool | None
+    early_stop: str | None
+    exported_best: bool
+    cost: ValidationCost
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ValidationSummary:
+        """Back from ``dataclasses.asdict`` of one (a summary JSON the trainer wrote)."""
+        return cls(
+            **{
+                **data,
+                "curve": [CurvePoint(**point) for point in data["curve"]],
+                "cost": ValidationCost(**data["cost"]),
+            }
+        )
 
 
 def summarize_metric(values: list[float]) -> MetricSummary:
@@ -452,34 +501,36 @@ class Validator:
         self.checkpoints.protected = set() if selection is None else {selection.iteration}
         return selection
 
-    def summary(self, selection: Selection | None, training_forwards: int, training_seconds: float) -> dict[str, Any]:
+    def summary(
+        self, selection: Selection | None, training_forwards: int, training_seconds: float
+    ) -> ValidationSummary:
         """The run summary's validation block: the curve, the chosen iteration and why, the stop, the cost.
 
         Validation cost: every validation of the run (the history survives a resume). Training cost (the
         trainer's): the iterations this process ran, forwards of every rank, seconds of rank 0.
         """
-        return {
-            "curve": [
-                {
-                    "iteration": r.iteration,
-                    "objective": r.objective,
-                    "breached": r.breached,
-                    "means": {name: m.mean for name, m in r.metrics.items()},
-                }
+        return ValidationSummary(
+            curve=[
+                CurvePoint(
+                    iteration=r.iteration,
+                    objective=r.objective,
+                    breached=r.breached,
+                    means={name: m.mean for name, m in r.metrics.items()},
+                )
                 for r in self.history
             ],
-            "selected_iteration": None if selection is None else selection.iteration,
-            "selection_reason": None if selection is None else selection.reason,
-            "within_tolerance": None if selection is None else selection.within_tolerance,
-            "early_stop": self.stop_reason,
-            "exported_best": bool(selection and self.settings.select_best),
-            "cost": {
-                "validation_forwards": sum(r.forwards for r in self.history),
-                "validation_seconds": sum(r.seconds for r in self.history),
-                "training_forwards": training_forwards,
-                "training_seconds": training_seconds,
-            },
-        }
+            selected_iteration=None if selection is None else selection.iteration,
+            selection_reason=None if selection is None else selection.reason,
+            within_tolerance=None if selection is None else selection.within_tolerance,
+            early_stop=self.stop_reason,
+            exported_best=bool(selection and self.settings.select_best),
+            cost=ValidationCost(
+                validation_forwards=sum(r.forwards for r in self.history),
+                validation_seconds=sum(r.seconds for r in self.history),
+                training_forwards=training_forwards,
+                training_seconds=training_seconds,
+            ),
+        )
 
 
 @contextmanager

@@ -95,7 +95,7 @@ def trained(tiny_flux_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("export-run") / "run"
     trainer = Trainer(_run_config(tiny_flux_dir, out))
     summary = trainer.run()
-    return trainer, Path(summary["export"])
+    return trainer, Path(summary.export)
 
 
 def test_export_evaluated_in_a_fresh_process_equals_the_live_trainer(trained, tiny_flux_dir, tmp_path):
@@ -121,7 +121,7 @@ def test_export_evaluated_in_a_fresh_process_equals_the_live_trainer(trained, ti
 def test_lora_export_equals_the_live_trainer(tiny_flux_dir, tmp_path):
     lora = {"enabled": True, "rank": 4, "alpha": 8.0}
     trainer = Trainer(_run_config(tiny_flux_dir, tmp_path / "run", iterations=1, lora=lora))
-    export = Path(trainer.run()["export"])
+    export = Path(trainer.run().export)
     assert (export / "lora").is_dir() and not (export / "transformer").exists()
     result = evaluate(str(export), _eval_config(), str(tmp_path / "eval"), base_model_uri=str(tiny_flux_dir))
     assert result.manifest.metadata["policy_kind"] == "export-lora"

@@ -58,7 +58,7 @@ def test_run_writes_metrics_checkpoints_and_export(tiny_model, tmp_path, capsys,
     out = tmp_path / "run"
     monkeypatch.setenv("G2RPO_PROGRESS_INTERVAL_S", "3600")  # a slow machine still gets first and last only
     summary = _trainer(tiny_model, out, **{"train.iterations": 3, "train.progress": True}).run()
-    assert summary["iterations"] == 3 and summary["backend"] == "torch"
+    assert summary.iterations == 3 and summary.backend == "torch"
     # stderr is not a terminal here, as in a pod: the bar is two whole lines, no carriage returns
     # (transformers' own loading bars are quieted by the CLI: test_trainer_resume)
     err = capsys.readouterr().err
