@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,8 @@ from g2rpo.steps.train import publish_export, train
 from g2rpo.textfile import JSON_MAX_BYTES, decode_record
 from g2rpo.training.run_config import RunConfig, resume_hash
 from g2rpo.training.run_dir import RunDir
+from g2rpo.training.trainer import RunSummary
+from g2rpo.training.validation import ValidationSummary
 
 __all__ = [
     "RUN_CONFIG_FILE",
@@ -232,17 +234,19 @@ def train_task(
         )
         export_uri = result.export_uri
         published = result.published.manifest.metadata if result.published is not None else {}
-        summary = {"iterations": published.get("iterations", 0)}
+        summary = None  # the TrainJob's stays in its pods: the export's metadata says how far it trained
+        iterations = int(published.get("iterations", 0))
         base_model = _published_base_model(export_uri)
     else:
         if gpus_per_node > 1:
             summary = _torchrun(record_dir / RUN_CONFIG_FILE, Path(work_dir), gpus_per_node, checkpoint_uri)
-            export_uri = publish_export(summary["export"], publish_uri, config_hash, producer=PRODUCER).uri
+            export_uri = publish_export(summary.export, publish_uri, config_hash, producer=PRODUCER).uri
         else:
             result = train(config, publish_uri=publish_uri, producer=PRODUCER, checkpoint_uri=checkpoint_uri)
             summary, export_uri = result.summary, result.export_uri
+        iterations = summary.iterations
         # Read as is: this task's trainer (in this process, or the torchrun it just ran) wrote it.
-        base_model = json.loads((Path(summary["export"]) / "base_model.json").read_text(encoding="utf-8"))
+        base_model = json.loads((Path(summary.export) / "base_model.json").read_text(encoding="utf-8"))
     record = TrainRecord(
         export_uri=export_uri,
         base_model_uri=base_model_uri,
@@ -250,10 +254,10 @@ def train_task(
         licence=str(base_model["license"]["name"]),
         config_hash=config_hash,
         run_config=RUN_CONFIG_FILE,
-        iterations=int(summary["iterations"]),
-        first_reward=summary.get("first_reward"),
-        last_reward=summary.get("last_reward"),
-        **_validation_fields(summary.get("validation"), base_model),
+        iterations=iterations,
+        first_reward=None if summary is None else summary.first_reward,
+        last_reward=None if summary is None else summary.last_reward,
+        **_validation_fields(None if summary is None else summary.validation, base_model),
     )
     write_record(record, record_dir)
     # The iteration records, for the decision report's reward curves (a multi-node run keeps its own).
@@ -293,7 +297,7 @@ def _published_base_model(export_uri: str) -> dict[str, Any]:
     return decode_record(ExportInfo, data, where, fix=fix).model_dump()
 
 
-def _validation_fields(validation: dict[str, Any] | None, base_model: dict[str, Any]) -> dict[str, Any]:
+def _validation_fields(validation: ValidationSummary | None, base_model: dict[str, Any]) -> dict[str, Any]:
     """The record's validation fields: from the run's summary, or (a TrainJob's run, whose summary
     stays in its pods) the chosen iteration the export's base_model.json names."""
     if validation is None:
@@ -302,14 +306,14 @@ def _validation_fields(validation: dict[str, Any] | None, base_model: dict[str, 
             return {}
         return {"selected_iteration": selected, "selection_reason": base_model["selection_reason"]}
     return {
-        "selected_iteration": validation["selected_iteration"] if validation["exported_best"] else None,
-        "selection_reason": validation["selection_reason"] if validation["exported_best"] else None,
-        "early_stop": validation["early_stop"],
-        "validation_curve": validation["curve"],
+        "selected_iteration": validation.selected_iteration if validation.exported_best else None,
+        "selection_reason": validation.selection_reason if validation.exported_best else None,
+        "early_stop": validation.early_stop,
+        "validation_curve": [asdict(point) for point in validation.curve],
     }
 
 
-def _torchrun(config_file: Path, work_dir: Path, gpus: int, checkpoint_uri: str | None) -> dict[str, Any]:
+def _torchrun(config_file: Path, work_dir: Path, gpus: int, checkpoint_uri: str | None) -> RunSummary:
     """``torchrun --standalone --nproc_per_node gpus -m g2rpo train [--checkpoint-uri URI]``; the run's summary."""
     work_dir.mkdir(parents=True, exist_ok=True)
     summary_file = work_dir / "summary.json"
@@ -320,4 +324,5 @@ def _torchrun(config_file: Path, work_dir: Path, gpus: int, checkpoint_uri: str 
     done = subprocess.run(command, env=os.environ.copy(), check=False)
     if done.returncode != 0:
         raise G2RPOError(f"torchrun with {gpus} processes exited with status {done.returncode}; see the task log")
-    return json.loads(summary_file.read_text(encoding="utf-8"))  # as is: the run just ended wrote it, exit status 0
+    # As is: the run that just ended (exit status 0) wrote it with RunSummary.to_json.
+    return RunSummary.from_json(json.loads(summary_file.read_text(encoding="utf-8")))

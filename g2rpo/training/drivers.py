@@ -37,7 +37,7 @@ from g2rpo.training.distributed import DistContext
 from g2rpo.training.lora import lora_target_problem
 from g2rpo.training.run_config import LoraSection, RunConfig
 
-__all__ = ["TorchDriver", "DeepSpeedDriver", "to_universal", "apply_lora", "EMA"]
+__all__ = ["TorchDriver", "DeepSpeedDriver", "to_universal", "apply_lora", "EMA", "trainable_tensors"]
 
 
 # --------------------------------------------------------------------------- drivers
@@ -371,6 +371,11 @@ def apply_lora(transformer: torch.nn.Module, lora: LoraSection, seed: int | None
     with torch.random.fork_rng(devices=[]):  # the transformer is on the CPU here
         torch.manual_seed(seed)
         transformer.add_adapter(config)
+
+
+def trainable_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters of ``module`` that train, by name: what the EMA averages and the export writes."""
+    return {n: p for n, p in module.named_parameters() if p.requires_grad}
 
 
 class EMA:

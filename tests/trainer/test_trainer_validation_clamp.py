@@ -30,9 +30,12 @@ def test_validation_on_more_prompts_than_exist_is_announced(tiny_model, tmp_path
     )
     trainer = Trainer(config).setup()
     try:
-        assert len(trainer.validator.prompt_indices) == len(trainer.prompts)
+        assert len(trainer.validator.prompt_indices) == len(trainer.prompt_set.prompts)
         err = capsys.readouterr().err
-        assert f"num_prompts = {available + 5} but the training split holds {len(trainer.prompts)} prompts" in err
+        assert (
+            f"num_prompts = {available + 5} but the training split holds {len(trainer.prompt_set.prompts)} prompts"
+            in err
+        )
     finally:
         trainer.release_claims()
 
