@@ -66,11 +66,14 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from benchmarks.stats import t_quantile
+
+if TYPE_CHECKING:  # the benchmark's processes import g2rpo where they use it
+    from g2rpo.training.drivers import EMA
 
 RESULTS = Path(__file__).resolve().parent / "results" / "ablation"
 REPO = Path(__file__).resolve().parents[1]
@@ -260,17 +263,18 @@ class Evaluator:
 
         self.metrics = metrics_for(spec.rewards)
         self.rewards = {name: build_reward(RewardModelConfig(**reward_model(name))) for name in self.metrics}
-        self.sigmas = make_grid(trainer.config.algorithm, trainer.latent_shape[0])
+        self.sigmas = make_grid(trainer.config.algorithm, trainer.policy.latent_shape[0])
         self.spec = spec
 
     def __call__(self, trainer: Any) -> dict[str, float]:
         from g2rpo.evaluation.sampling import sample_and_score
 
-        was_training = trainer.velocity.training
-        trainer.velocity.eval()
-        with ema_weights(trainer):
+        velocity = trainer.policy.velocity
+        was_training = velocity.training
+        velocity.eval()
+        with ema_weights(trainer.learner.ema, trainer.learner.trainable()):
             result = self._sample(trainer, sample_and_score)
-        trainer.velocity.train(was_training)
+        velocity.train(was_training)
         per_prompt = {  # each held-out prompt's mean over the eval seeds: prompt-sampling variance
             name: [round(float(v), 5) for v in result.scores[name].float().mean(1)] for name in self.metrics
         }
@@ -278,8 +282,8 @@ class Evaluator:
 
     def _sample(self, trainer: Any, sample_and_score: Any) -> Any:
         return sample_and_score(
-            trainer.velocity,
-            trainer.vae,
+            trainer.policy.velocity,
+            trainer.policy.vae,
             self.cond,
             list(self.spec.heldout),
             list(self.spec.eval_seeds),
@@ -292,15 +296,13 @@ class Evaluator:
 
 
 @contextmanager
-def ema_weights(trainer: Any) -> Iterator[None]:
-    """The trainer's EMA weights in place of its trained ones for the duration (nothing when it keeps no EMA):
+def ema_weights(ema: EMA | None, live: dict[str, torch.Tensor]) -> Iterator[None]:
+    """The EMA's weights in place of the trained tensors ``live`` for the duration (nothing without an EMA):
     a run with ``train.ema`` is evaluated as its method publishes, on the EMA; the trained weights come back bit
     for bit afterwards."""
-    ema = getattr(trainer, "ema", None)
     if ema is None:
         yield
         return
-    live = trainer._trainable()
     saved = {name: tensor.detach().clone() for name, tensor in live.items()}
     with torch.no_grad():
         for name, tensor in live.items():

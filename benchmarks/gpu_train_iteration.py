@@ -263,8 +263,8 @@ def main(argv: list[str] | None = None) -> dict:
     trainer.setup()
     setup_seconds = time.perf_counter() - t0
     setup_peak = torch.cuda.max_memory_allocated() / 2**30 if cuda else None
-    optimizer = type(trainer.driver.optimizer).__name__
-    inner = getattr(trainer.driver.optimizer, "optimizer", None)  # DeepSpeed's wrapper holds the real one
+    optimizer = type(trainer.learner.driver.optimizer).__name__
+    inner = getattr(trainer.learner.driver.optimizer, "optimizer", None)  # DeepSpeed's wrapper holds the real one
     print(f"set-up {setup_seconds:.1f} s; optimiser {type(inner).__name__ if inner else optimizer}", flush=True)
     records, walls = [], []
     for _ in range(args.iterations):
@@ -304,8 +304,8 @@ def main(argv: list[str] | None = None) -> dict:
         "sdpa": sdpa,
         "overrides": overrides,
         "model_folder": written,
-        "transformer_parameters": sum(p.numel() for p in trainer.transformer.parameters()),
-        "trainable_parameters": sum(p.numel() for p in trainer.transformer.parameters() if p.requires_grad),
+        "transformer_parameters": sum(p.numel() for p in trainer.policy.transformer.parameters()),
+        "trainable_parameters": sum(p.numel() for p in trainer.policy.transformer.parameters() if p.requires_grad),
         "optimizer": type(inner).__name__ if inner is not None else optimizer,
         "fused_adam_op": fused_adam,
         "setup_seconds": setup_seconds,

@@ -53,7 +53,7 @@ def train(
 ):
     """Train on ``data``'s train split; ``model`` receives the record of the export published under ``store_uri``."""
     # The training choices (strategy ... validation_patience) are the rows of g2rpo.steps.parameters'
-    # TRAIN_PARAMETERS, in its order (tests/pipeline/test_pipeline_parameters.py); read off the parameters
+    # TRAIN_PARAMETERS, in its order (tests/pipeline/test_pipeline_parameters.py); taken from the parameters
     # before any other name is bound here.
     given = dict(locals())
     # KFP ships this function's source alone, so its imports live inside it.
@@ -64,7 +64,8 @@ def train(
     quiet_library_bars_in_logs()  # a pod's log: no loading bars of carriage returns (before transformers loads)
     from g2rpo.errors import G2RPOError
     from g2rpo.launch.trainjob import gpus_per_node_from, train_pod_problems
-    from g2rpo.steps.train_task import PARAMETER_KEYS, checkpoint_uri_for, train_task, trainjob_for
+    from g2rpo.steps.parameters import train_choices
+    from g2rpo.steps.train_task import checkpoint_uri_for, train_task, trainjob_for
 
     gpus = gpus_per_node_from(gpus_per_node)  # a string parameter: the driver reads accelerator counts as strings
     # This pod's own size (the train_pod_* parameters, pipelines/train_pod.py): no idle GPUs while a TrainJob trains.
@@ -72,10 +73,9 @@ def train(
     if problems:
         raise G2RPOError(f"train pod ({train_pod_cpu} CPU, {train_pod_memory}): " + "; ".join(problems))
 
-    choices = {name: given[name] for name in PARAMETER_KEYS}
     record = train_task(
         config_uri,
-        choices,
+        train_choices(given),
         overrides,
         prompts=os.path.join(data.path, "train.jsonl"),
         prompts_uri=data.uri.rstrip("/") + "/train.jsonl",  # what a TrainJob's pods read (nodes > 1)

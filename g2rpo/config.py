@@ -315,6 +315,13 @@ def format_validation_error(cls: type[BaseModel], err: ValidationError) -> list[
     return lines
 
 
+def problem_field(line: str) -> str:
+    """The dotted field a problem line names first (``algorithm.group_size`` of ``algorithm.group_size=1: …``):
+    every line of :func:`format_validation_error`, :func:`unknown_key_problem` and
+    :func:`g2rpo.errors.problem` starts with it, followed by ``=``, ``:`` or a space."""
+    return re.split(r"[=:\s]", line, maxsplit=1)[0]
+
+
 def unknown_key_problem(cls: type[BaseModel], loc: tuple[Any, ...]) -> str:
     """``field: unknown key; ...`` for the key at ``loc`` of ``cls``'s tree: the valid keys of its
     section, where it belongs when a section knows (:meth:`Section.unknown_key_fix`), else the closest

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import json
 import os
+import stat
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -44,10 +46,12 @@ from typing import TYPE_CHECKING, Any
 
 from g2rpo import __version__
 from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, mismatches, read_manifest, write_dir_manifest
-from g2rpo.artifacts.storage import FileStore, sha256_file
+from g2rpo.artifacts.ownership import check_replaceable
+from g2rpo.artifacts.storage import FileStore, locate, sha256_file
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.progress import progress_bar
 from g2rpo.seeding import split_key
-from g2rpo.textfile import read_json_file
+from g2rpo.textfile import decode_text, describe_kind, read_json_file
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -101,9 +105,6 @@ def read_prompt_location(location: str | Path) -> list[str]:
     text = str(location)
     if not text.startswith("s3://"):
         return read_prompt_file(text[len("file://") :] if text.startswith("file://") else text)
-    import tempfile
-
-    from g2rpo.artifacts.storage import locate
 
     store, key = locate(text)
     with tempfile.TemporaryDirectory(prefix="g2rpo-prompts-") as tmp:
@@ -120,10 +121,6 @@ def read_prompt_file(path: str | Path) -> list[str]:
 
     Raises a :class:`G2RPOError` listing every empty, non-UTF-8 or malformed line by number.
     """
-    import os
-    import stat
-
-    from g2rpo.textfile import decode_text, describe_kind
 
     src = Path(path)
     try:
@@ -372,7 +369,6 @@ def write_embedding_cache(
     if out.is_dir() and any(out.iterdir()):
         if not overwrite:
             raise G2RPOError(problem("output", str(out), "directory is not empty; choose another or pass --overwrite"))
-        from g2rpo.artifacts.ownership import check_replaceable
 
         # Only a folder of cache files is replaced (a killed build's, without a manifest, included).
         check_replaceable(
@@ -386,8 +382,6 @@ def write_embedding_cache(
 
     bar = None
     if progress:
-        from g2rpo.progress import progress_bar
-
         bar = progress_bar(total=len(prompts), desc="text embeddings", unit="prompt")
     shards: list[str] = []
     entries: list[list[Any]] = []

@@ -3,7 +3,7 @@
 The resume and preemption tests need a run that dies at a known point, the way a preempted node
 dies; :mod:`g2rpo.training.failpoints` (training) and :func:`g2rpo.evaluation.resume.fail_point`
 (evaluation) are those points, picked by one variable, ``G2RPO_FAULT_KILL_AT=iteration:N`` (or
-``checkpoint:N``, ``sigterm:N``, ``hold:N``, ``eval_chunk:N``).
+``checkpoint:N``, ``mirror_part:N``, ``sigterm:N``, ``hold:N``, ``eval_chunk:N``).
 
 A point acts only when a second variable arms it, ``G2RPO_ARM_FAULT_POINTS=1``, which only tests
 set: a ``G2RPO_FAULT_KILL_AT`` left in a shell, a pod spec or a resumed job's environment is

@@ -9,11 +9,12 @@ ending in a newline, with plain ASCII characters.
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TextIO
 
 from tqdm import tqdm
@@ -127,3 +128,15 @@ def progress_bar(
         ncols=100,
         **common,
     )
+
+
+def import_saying(modules: Sequence[tuple[str, str]], say: Callable[[str], None]) -> None:
+    """Import each ``(label, module)`` not loaded yet, calling ``say(label)`` just before it.
+
+    A command whose libraries take seconds to import (torch, diffusers, kfp: 5-10 s together on two
+    cores, more on a busy one) says each as it starts, so no stretch of that goes without a line.
+    """
+    for label, module in modules:
+        if module not in sys.modules:
+            say(label)
+            importlib.import_module(module)

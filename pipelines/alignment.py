@@ -26,6 +26,7 @@ of either could register twice or fail on its own success.
 # No `from __future__ import annotations`: KFP reads the pipeline function's annotations as types.
 
 import ast
+import copy
 import functools
 import inspect
 import re
@@ -43,33 +44,12 @@ from components.report_status import report_status
 from components.train import train
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.launch.trainjob import DEADLINE_GRACE_S
-from g2rpo.steps.parameters import TRAIN_PARAMETERS, train_parameter_defaults
+from g2rpo.steps import parameters
 from pipelines.placement import PlacementProfile, load_profile
 
-__all__ = ["DEFAULTS", "PIPELINE_NAME", "TASK_MARGIN_S", "build_pipeline", "compile_pipeline", "trainjob_deadline"]
+__all__ = ["PIPELINE_NAME", "TASK_MARGIN_S", "build_pipeline", "compile_pipeline", "trainjob_deadline"]
 
 PIPELINE_NAME = "g2rpo-alignment"
-# Run-parameter defaults: FLUX.1-dev with the paper's settings (configs/flux-dev-h200.yaml), on S3.
-DEFAULTS = {
-    "config_uri": "configs/flux-dev-h200.yaml",
-    "base_model_uri": "s3://g2rpo/models/FLUX.1-dev",
-    "prompts_uri": "s3://g2rpo/prompts/hpdv2-train.txt",
-    "store_uri": "s3://g2rpo/artifacts",
-    "registry_uri": "s3://g2rpo/registry",
-    "model_name": "flux-g2rpo",
-    # The training choices (strategy, T, G, Λ, rewards, iterations, learning rate, validation): one table,
-    # g2rpo.steps.parameters.TRAIN_PARAMETERS, with what each one's 0 / {} means.
-    **train_parameter_defaults(),
-    "overrides": [],
-    "test_size": 400,
-    "split_seed": 0,
-    "eval_num_prompts": 0,
-    "eval_seeds": [0, 1, 2],
-    "gates_uri": "",
-    "nodes": 1,
-    "checkpoint_store_uri": "",  # empty: <store_uri>/checkpoints; checkpoints go under <run id>/<task name>
-    "pushgateway_url": "",
-}
 
 
 # What the train task's time limit keeps beyond its TrainJob's deadline: the launcher's wait after the
@@ -106,16 +86,19 @@ def _with_s3(task: dsl.PipelineTask, profile: PlacementProfile, timeout: int) ->
 
 def _with_train_parameters(after: str) -> Callable[[Callable], Callable]:
     """Put the training choices of :data:`~g2rpo.steps.parameters.TRAIN_PARAMETERS` (typed, with their
-    defaults) into a pipeline function's signature after the parameter ``after``; the function takes them
-    as ``**choices``. KFP reads a pipeline's parameters off ``inspect.signature`` and calls the function
-    with them in that order, so the compiled pipeline has them as if written out."""
+    defaults) into a pipeline function's signature after the parameter ``after``, and every table's help
+    into its docstring (KFP's input descriptions); the function takes the choices as ``**choices``. KFP
+    reads a pipeline's parameters off ``inspect.signature`` and calls the function with them in that
+    order, so the compiled pipeline has them as if written out. The table is read when the pipeline is
+    built, not when this module is imported."""
 
     def decorate(func: Callable) -> Callable:
         written = [p for p in inspect.signature(func).parameters.values() if p.kind is not p.VAR_KEYWORD]
         at = [p.name for p in written].index(after) + 1
         kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
         choices = [
-            inspect.Parameter(t.name, kind, default=DEFAULTS[t.name], annotation=t.type) for t in TRAIN_PARAMETERS
+            inspect.Parameter(row.name, kind, default=copy.deepcopy(row.default), annotation=row.type)
+            for row in parameters.TRAIN_PARAMETERS
         ]
         signature = inspect.Signature([*written[:at], *choices, *written[at:]])
 
@@ -124,6 +107,10 @@ def _with_train_parameters(after: str) -> Callable[[Callable], Callable]:
             return func(**signature.bind(*args, **kwargs).arguments)  # the choices land in **choices
 
         pipeline.__signature__ = signature
+        described = parameters.parameter_help()
+        pipeline.__doc__ = "The pipeline's parameters.\n\nArgs:\n" + "".join(
+            f"    {name}: {described[name]}\n" for name in signature.parameters if name in described
+        )
         return pipeline
 
     return decorate
@@ -131,7 +118,7 @@ def _with_train_parameters(after: str) -> Callable[[Callable], Callable]:
 
 def build_pipeline(profile: PlacementProfile):
     """The pipeline function for ``profile`` (see the module docstring)."""
-    d = DEFAULTS
+    d = parameters.pipeline_defaults()  # the run's parameters: g2rpo.steps.parameters
     node_selector_default, tolerations_default = dict(profile.node_selector), list(profile.tolerations)
     gpus_default = str(profile.gpus_per_node)  # a string: see the module docstring
     deadline = trainjob_deadline(profile)
@@ -149,7 +136,7 @@ def build_pipeline(profile: PlacementProfile):
         store_uri: str = d["store_uri"],
         registry_uri: str = d["registry_uri"],
         model_name: str = d["model_name"],
-        # here: the training choices, TRAIN_PARAMETERS (strategy ... validation_patience), as **choices
+        # here: the training choices, the rows of TRAIN_PARAMETERS, as **choices
         overrides: list = d["overrides"],
         test_size: int = d["test_size"],
         split_seed: int = d["split_seed"],

@@ -36,19 +36,18 @@ from typing import Any, TextIO
 
 from kfp import local
 
-from g2rpo.artifacts.promotion import load_gates
 from g2rpo.artifacts.registry import Registry
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.shapes import HELD_OUT  # the task's 64 held-out prompts: evaluated, never trained on
 from g2rpo.models.shapes import UNSEEN_PRETRAINING, ShapesPretraining, ensure_shapes_model
 from g2rpo.rewards.shapes import IN_DOMAIN, IN_DOMAIN_CHECKS, OUT_OF_DOMAIN
 from g2rpo.rewards.shapes_learned import SHIPPED_SHAPES_CLIP, SHIPPED_SHAPES_PREF
+from g2rpo.steps.check import evaluation_for
 from g2rpo.steps.evaluate import EvaluateResult, evaluate_once
-from g2rpo.steps.parameters import PARAMETER_KEYS
+from g2rpo.steps.parameters import pipeline_defaults
 from g2rpo.steps.prepare import prepare_data
-from g2rpo.steps.promote import base_model_floors, write_gates
-from g2rpo.steps.train import matching_evaluation
-from g2rpo.steps.train_task import run_config_for
+from g2rpo.steps.promote import floor_gates_file
+from g2rpo.steps.train_task import train_config
 from g2rpo.tasks.shapes import write_prompts
 from g2rpo.textfile import read_json_file
 from g2rpo.training.metrics import read_metrics_records
@@ -64,6 +63,9 @@ LOG_FILE = "pipeline.log"  # in the run folder: everything kfp.local printed
 PROMPTS_FILE = "shapes-prompts.txt"  # in the shared folder, rewritten by every run
 MODEL_NAME = "g2rpo-shapes"
 TRAIN_WATCH_S = 2.0  # how often the quiet console looks for new training records
+# A task quiet this long gets a line that it still runs: on a busy CPU a task's start (its imports) or one
+# figure can take longer than any of its own lines are apart.
+QUIET_TASK_S = 5.0
 # The paper's HPS-v2.1 + CLIP, learned on the shapes task (docs/models.md): what the demo trains on, as the
 # full-size job trains on HPS + CLIP; the exact shapes rewards stay held-out ground truth (docs/demo.md).
 LEARNED_REWARDS = {"hps_v21": SHIPPED_SHAPES_PREF, "clip": SHIPPED_SHAPES_CLIP}
@@ -172,7 +174,7 @@ def run_local(
             base = _evaluate_base(run_dir / "base", arguments, echo)
             base_means, base_eval_uri = base.means, base.output_uri
             echo("base model on the held-out prompts: " + _means_line(base_means))
-            arguments["gates_uri"] = str(_gates_with_floors(arguments["gates_uri"], base_means, run_dir / "gates.yaml"))
+            arguments["gates_uri"] = str(floor_gates_file(arguments["gates_uri"], base_means, run_dir / "gates.yaml"))
     except BaseException:
         if made_run_dir:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -220,6 +222,8 @@ class _QuietConsole(io.TextIOBase):
         self._streaming = False  # inside a task's streamed logs
         self._in_executor_input = False
         self._started: dict[str, float] = {}
+        self._running: str | None = None  # the task kfp.local runs now
+        self._last_echo = time.monotonic()
         self.lock = threading.RLock()  # held by the training watch across its own say() calls
         self.before_task_end: Callable[[], None] | None = None
 
@@ -249,19 +253,27 @@ class _QuietConsole(io.TextIOBase):
         with self.lock:
             self._log.write(line + "\n")
 
+    def still_running(self, quiet_s: float = QUIET_TASK_S) -> None:
+        """A line when the running task has printed nothing for ``quiet_s``: which task, and how long it has run."""
+        with self.lock:
+            now = time.monotonic()
+            if self._running is not None and now - self._last_echo >= quiet_s:
+                self._echo(f"    ({self._running}: {now - self._started[self._running]:.0f} s, still running)")
+
     def _echo(self, line: str) -> None:
         self._console.write(line + "\n")
         self._console.flush()
+        self._last_echo = time.monotonic()
 
     def _line(self, line: str) -> None:
         if _FINISHED.search(line) and self.before_task_end is not None:
             self.before_task_end()  # the train task's last records, before the line that says it ended
         if match := _EXECUTING.search(line):
             self._started[match.group(1)] = time.monotonic()
-            self._streaming = False
+            self._running, self._streaming = match.group(1), False
             self._echo(f"[{time.strftime('%H:%M:%S')}] {match.group(1)} …")
         elif match := _FINISHED.search(line):
-            self._streaming = False
+            self._running, self._streaming = None, False
             seconds = time.monotonic() - self._started.get(match.group(1), time.monotonic())
             self._echo(f"[{time.strftime('%H:%M:%S')}] {match.group(1)}: {match.group(2)} ({seconds:.0f} s)")
         elif match := _PIPELINE_DONE.search(line):
@@ -329,7 +341,8 @@ class _Tee(io.TextIOBase):
 
 class _TrainingWatch:
     """Print the train task's iteration records (its ``metrics.jsonl`` under the run's temp folder) as
-    they appear: the train task itself prints nothing until it ends. The console calls :meth:`catch_up`
+    they appear: the train task itself prints nothing until it ends; and, at each look, that a quiet
+    task still runs (:meth:`_QuietConsole.still_running`). The console calls :meth:`catch_up`
     before it prints a task's end, so no record is printed after the line that says training ended."""
 
     def __init__(self, tmp: Path, console: _QuietConsole, iterations: int):
@@ -339,6 +352,7 @@ class _TrainingWatch:
     def run(self, stop: threading.Event) -> None:
         while not stop.wait(TRAIN_WATCH_S):
             self.catch_up()
+            self._console.still_running()
         self.catch_up()  # the records written since the last look
 
     def catch_up(self) -> None:
@@ -385,24 +399,12 @@ def _evaluate_base(folder: Path, arguments: dict[str, Any], echo: Callable[[str]
     held-out split (the same prompts, ``test_size`` and seed give the same split) × ``eval_seeds``,
     sampled as the run config says; published at its content address in the run's store, so that the
     evaluate task (and every later run) reads it back instead of scoring the base model again."""
+    values = {**pipeline_defaults(), **arguments}  # the pipeline's defaults where the demo sets none
     data = prepare_data(
-        arguments["prompts_uri"], folder / "data", test_size=arguments["test_size"], seed=arguments.get("split_seed", 0)
+        values["prompts_uri"], folder / "data", test_size=values["test_size"], seed=values["split_seed"]
     )
-    choices = {key: arguments[key] for key in PARAMETER_KEYS if key in arguments}
-    config = run_config_for(
-        arguments["config_uri"],
-        choices,
-        arguments["overrides"],
-        base_model_uri=arguments["base_model_uri"],
-        prompts=str(data.train_prompts),
-        output_dir=folder / "unused",
-    )
-    evaluation = matching_evaluation(
-        config,
-        str(data.test_prompts),
-        num_prompts=arguments.get("eval_num_prompts") or None,
-        seeds=arguments["eval_seeds"],
-    )
+    config = train_config(values, prompts=str(data.train_prompts), output_dir=folder / "unused")
+    evaluation = evaluation_for(values, config, str(data.test_prompts))
     evaluations = f"{arguments['store_uri'].rstrip('/')}/evaluations"
     # Scored once per settings: the evaluate task of a first version reads this evaluation back, and a
     # later run reuses it (verified; g2rpo.evaluation.identity).
@@ -414,17 +416,6 @@ def _evaluate_base(folder: Path, arguments: dict[str, Any], echo: Callable[[str]
         progress=True,
         log=lambda line: echo(f"    {line}"),
     )
-
-
-def _gates_with_floors(gates_uri: str, base: dict[str, float], path: Path) -> Path:
-    """``gates_uri``'s gates with the base model's floors (:func:`g2rpo.steps.promote.base_model_floors`), written to ``path``."""
-    gates, _ = load_gates(gates_uri)
-    comment = (
-        f"{gates_uri} with floors for a first version (no champion): the base model's means on the same\n"
-        "held-out prompts and seeds plus the required improvement (in-domain), less the allowed regression\n"
-        "(out-of-domain)."
-    )
-    return write_gates(base_model_floors(gates, base), path, comment=comment)[0]
 
 
 def _means_line(means: dict[str, float]) -> str:

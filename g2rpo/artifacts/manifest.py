@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -246,7 +247,6 @@ def verify(store: Store, prefix: str = "", deep: bool = False) -> Manifest:
 def _digest_of(store: Store, key: str) -> str:
     if isinstance(store, FileStore):
         return sha256_file(store.root / key)[1]
-    import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         store.get_file(key, Path(tmp) / "blob")

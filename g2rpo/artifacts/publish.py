@@ -12,6 +12,11 @@ Readers trust only prefixes with a manifest (:mod:`g2rpo.artifacts.manifest`,
 :mod:`g2rpo.artifacts.cache`); :mod:`g2rpo.artifacts.gc` removes prefixes a crashed publish left
 with a marker and no manifest.
 
+A publish whose files several processes upload (each node of a multi-node run its part of a
+checkpoint: :mod:`g2rpo.training.mirror`) takes the same steps split up: one process claims the
+prefix (:func:`claim_prefix`), every process uploads its files, and the claimant, once all are done,
+writes the manifest over all of them (:func:`seal_uploaded`).
+
 Use :func:`unique_prefix` to give each publish its own prefix (``name-20261129T150000Z-1a2b3c4d``).
 """
 
@@ -31,6 +36,7 @@ from g2rpo import __version__
 from g2rpo.artifacts.manifest import (
     MANIFEST_NAME,
     MARKER_NAME,
+    FileEntry,
     Manifest,
     _iso,
     _now,
@@ -43,13 +49,24 @@ from g2rpo.artifacts.storage import (
     S3Settings,
     Store,
     WriteConflict,
+    _parse,
     open_store,
     validate_key,
 )
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.textfile import RECORD_MAX_BYTES, decode_json
 
-__all__ = ["LEASE_S", "pid_alive", "process_start", "publish_dir", "unique_prefix", "unique_uri"]
+__all__ = [
+    "LEASE_S",
+    "PrefixClaim",
+    "claim_prefix",
+    "pid_alive",
+    "process_start",
+    "publish_dir",
+    "seal_uploaded",
+    "unique_prefix",
+    "unique_uri",
+]
 
 # A publish's claim on its prefix lapses this long after its holder last renewed it (every sixth of
 # it, while uploading): long enough for a slow request or a pause, short enough that a retry after a
@@ -72,7 +89,6 @@ def unique_uri(uri: str) -> str:
     The URI must name something below its bucket or folder (``s3://bucket`` alone is refused: a
     unique *bucket* name is not what anyone wants).
     """
-    from g2rpo.artifacts.storage import _parse
 
     scheme, where, prefix = _parse(uri)
     if scheme == "s3":
@@ -145,6 +161,34 @@ def publish_dir(
     except BaseException:
         claim.end(release=True)
         raise
+    return seal_uploaded(claim, files, producer=producer, config_hash=config_hash, metadata=metadata)
+
+
+def claim_prefix(
+    uri: str, *, producer: str, settings: S3Settings | None = None, lease_s: float = LEASE_S
+) -> PrefixClaim:
+    """Claim ``uri`` for a publish whose files other processes upload (one node's part each, with
+    ``store.put_file``): the claim holds off any other publish to the prefix while they do, and
+    :func:`seal_uploaded` ends it with the manifest. Refused when ``uri`` is published already."""
+    store = open_store(uri, settings)
+    if has_manifest(store):
+        raise G2RPOError(
+            f"{store.uri} is already published; artifacts are immutable: publish under a new prefix (unique_prefix)"
+        )
+    return _claim(store, producer, lease_s)
+
+
+def seal_uploaded(
+    claim: PrefixClaim,
+    files: list[FileEntry],
+    *,
+    producer: str,
+    config_hash: str | None = None,
+    metadata: dict | None = None,
+) -> Manifest:
+    """Publish the files already uploaded under the claimed prefix: check each is there with its size,
+    then write the manifest, last and create-only, and release the claim (also when this fails)."""
+    store = claim.store
     # A manifest must never name a file that is not there: re-check every size before writing it
     # (one HEAD per file), in case a GC with too short an --older-than or another writer got in.
     changed = [e.path for e in files if (info := store.head(e.path)) is None or info.size != e.size]
@@ -212,6 +256,10 @@ class _Claim:
             return True
         except G2RPOError:
             return False
+
+
+# A publish's hold on its prefix, as claim_prefix hands it out.
+PrefixClaim = _Claim
 
 
 def _claim(store: Store, producer: str, lease_s: float) -> _Claim:

@@ -28,8 +28,10 @@ from __future__ import annotations
 
 import difflib
 import getpass
+import hashlib
 import json
 import re
+import secrets
 import socket
 import tempfile
 from collections.abc import Callable
@@ -294,7 +296,6 @@ class Registry:
 
     def load_scores(self, record: ModelVersion) -> EvalScores:
         """The per-prompt scores of a version's eval, checked against the recorded sha256."""
-        import hashlib
 
         store = open_store(record.eval.scores_uri, self.settings)
         try:
@@ -334,7 +335,6 @@ class Registry:
 
     def publish_scores(self, model: str, scores: EvalScores) -> tuple[str, str]:
         """Publish per-prompt scores as an artifact of their own; returns ``(uri, sha256)``."""
-        import hashlib
 
         validate_model_name(model)
         data = scores.model_dump_json(indent=1).encode()
@@ -360,7 +360,6 @@ class Registry:
         The export must be a published artifact (it has a manifest); its digests are copied into
         the record. Racing registrations get distinct numbers.
         """
-        import hashlib
 
         validate_model_name(model)
         export_store = open_store(export_uri, self.settings)
@@ -401,7 +400,6 @@ class Registry:
         self._check_export(record.export, f"{record.model!r} v{record.version}")
 
     def _check_export(self, export: ExportRef, what: str) -> None:
-        import hashlib
 
         store = open_store(export.uri, self.settings)
         fix = "publish the export again and register it as a new version, or restore the export from a backup"
@@ -428,7 +426,6 @@ class Registry:
 
     def record_decision(self, model: str, version: int, decision: dict) -> str:
         """Store a promotion decision with the version (create-only); returns its key."""
-        import secrets
 
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
         key = f"models/{model}/decisions/{version:06d}/{stamp}-{secrets.token_hex(4)}.json"

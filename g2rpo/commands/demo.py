@@ -5,17 +5,10 @@ from __future__ import annotations
 
 import argparse
 
-from g2rpo.commands.pipeline import RUN_LOCAL_ITERATIONS, add_run_local_args, run_local_command
+from g2rpo.commands.pipeline import RUN_LOCAL_ITERATIONS, DefaultsOnceFormatter, add_run_local_args, run_local_command
 from g2rpo.errors import G2RPOError
 
 TOY_ITERATIONS = 30  # the toy sketch's default (docs/core.md)
-
-
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Defaults shown, except where the help itself says them (``--iterations``: one per mode)."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        return action.help if action.default is None else super()._get_help_string(action)
 
 
 def add_commands(subparsers) -> None:
@@ -29,7 +22,7 @@ def add_commands(subparsers) -> None:
             "--toy instead runs G²RPO's rollout and updates on a small toy velocity model with an exact reward "
             "(no pipeline; its options are --set, --seed, --lr, --prompts, --no-progress)."
         ),
-        formatter_class=_Formatter,
+        formatter_class=DefaultsOnceFormatter,
     )
     add_run_local_args(parser)
     # One flag, two defaults: the pipeline's recipe, or the toy sketch's (docs/core.md).

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import json as _json
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -274,7 +275,6 @@ def _pretrain_shapes_rewards(args: argparse.Namespace) -> int:
 
 
 def _quality_shapes(args: argparse.Namespace) -> int:
-    import json as _json
 
     from g2rpo.evaluation.shapes import shapes_quality
     from g2rpo.models.shapes import (

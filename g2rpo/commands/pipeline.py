@@ -18,18 +18,39 @@ from typing import Any
 import g2rpo
 from g2rpo.commands.model import add_shapes_model_args, pretraining_settings, shapes_model_path
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.progress import import_saying
+from g2rpo.steps.parameters import describe_parameters
 
 _PARAMS_HELP = (
     "pipeline parameters as name=value (values are YAML: iterations=100, granularities=[1,2], "
     "node_selector='{pool: h200-spot}'); unknown names are refused with the valid ones listed, and every value "
     "is checked as the tasks will use it before anything is sent. node_selector is MERGED over the profile's "
-    "labels ({pool: h200-spot} keeps nvidia.com/gpu.product); a label set to null is removed"
+    "labels ({pool: h200-spot} keeps nvidia.com/gpu.product); a label set to null is removed. "
+    "`g2rpo pipeline submit --help` lists every parameter with its default"
 )
 RUN_LOCAL_ITERATIONS = 40  # the shapes recipe's (docs/demo.md)
+# What run-local loads before its first check, in the order its imports reach them, each said as it starts.
+RUN_LOCAL_LIBRARIES = (
+    ("torch", "torch"),
+    ("transformers", "transformers"),
+    ("diffusers", "diffusers"),
+    ("kfp", "kfp"),
+    ("the pipeline and its tasks", "pipelines.local"),
+)
 _CRON_HELP = (
     "KFP cron: SIX fields, seconds first — 'sec min hour day-of-month month day-of-week' — evaluated in UTC "
     "by the KFP scheduler, e.g. '0 0 3 * * *' = 03:00 UTC every day, '0 30 2 * * MON' = Mondays 02:30 UTC"
 )
+
+
+class DefaultsOnceFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Each option's default said once: argparse's ``(default: X)``, unless the help already says it or
+    there is none to say (``None``: the help says what is used instead)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or "(default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
 
 
 def add_commands(subparsers) -> None:
@@ -47,7 +68,12 @@ def add_commands(subparsers) -> None:
     _profile_arg(comp)
     comp.set_defaults(handler=_compile)
 
-    run = sub.add_parser("submit", help="start one run on a KFP cluster")
+    run = sub.add_parser(
+        "submit",
+        help="start one run on a KFP cluster",
+        epilog=describe_parameters(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _cluster_args(run)
     run.add_argument("--run-name", default=None, help="display name of the run (default: the pipeline's name)")
     run.set_defaults(handler=_submit)
@@ -85,7 +111,7 @@ def add_commands(subparsers) -> None:
         "OUT/NAME holds the pipeline root, the tasks' temp files and pipeline.log (all of kfp.local's output); the store (exports, evaluations) and the registry live in "
         "--shared and are reused, so a second run evaluates its challenger against the first run's champion and "
         "promotes or refuses it, with the reason.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=DefaultsOnceFormatter,
     )
     add_run_local_args(local)
     local.set_defaults(handler=run_local_command)
@@ -220,15 +246,15 @@ def _schedule(args: argparse.Namespace) -> int:
 def run_local_command(args: argparse.Namespace) -> int:
     """``g2rpo pipeline run-local`` (and ``g2rpo demo``): the pipeline here, then its summary and verdict."""
     _use_source_tree()
-    # A line at once: the imports below (torch, diffusers, transformers, kfp) take seconds, more on a busy CPU.
-    print("g2rpo pipeline run-local: loading torch, diffusers and kfp …", flush=True)
-    from g2rpo.errors import G2RPOError, problem
+    if args.iterations < 1:  # refused before the seconds of imports
+        raise G2RPOError(problem("--iterations", args.iterations, "run at least one iteration"))
+    # A line at once, then one per library: together they take 5-10 s on two cores, more on a busy CPU.
+    print("g2rpo pipeline run-local: loading its libraries …", flush=True)
+    import_saying(RUN_LOCAL_LIBRARIES, lambda label: print(f"  {label} …", flush=True))
     from g2rpo.models.shapes import UNSEEN_PRETRAINING
     from pipelines.local import run_local
     from pipelines.submit import parse_arguments
 
-    if args.iterations < 1:
-        raise G2RPOError(problem("--iterations", args.iterations, "run at least one iteration"))
     arguments = parse_arguments(args.parameters)
     pretraining = pretraining_settings(args, base=UNSEEN_PRETRAINING)  # --model's default is shapes_flux_unseen
     if not args.verbose:

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import stat
+from pathlib import Path
 
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
@@ -49,7 +53,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _list(args: argparse.Namespace) -> int:
-    from g2rpo.rewards.registry import REWARDS
+    from g2rpo.rewards.specs import REWARDS
 
     rows = [
         {
@@ -63,8 +67,6 @@ def _list(args: argparse.Namespace) -> int:
         for s in sorted(REWARDS.values(), key=lambda s: s.name)
     ]
     if args.json:
-        import json
-
         print(json.dumps(rows, indent=2, ensure_ascii=False))
         return 0
     for row in rows:
@@ -76,8 +78,6 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _score(args: argparse.Namespace) -> int:
-    import json
-    from pathlib import Path
 
     from g2rpo.config import parse_overrides
     from g2rpo.errors import ConfigError, G2RPOError, problem
@@ -94,9 +94,6 @@ def _score(args: argparse.Namespace) -> int:
         from g2rpo.config import format_validation_error
 
         raise ConfigError(format_validation_error(RewardModelConfig, exc), source="command line") from None
-
-    import os
-    import stat
 
     import numpy as np
     import torch

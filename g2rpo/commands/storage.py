@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 _URI_HELP = "a local path, file:///abs/path or s3://bucket/prefix"
 
@@ -26,7 +27,6 @@ def settings_from_args(args):
 
 
 def _put(args) -> int:
-    from pathlib import Path
 
     from g2rpo.artifacts.publish import publish_dir
     from g2rpo.artifacts.storage import locate
@@ -75,7 +75,6 @@ def _get(args) -> int:
         manifest = download_dir(args.source, args.dest, settings)
         print(f"downloaded and verified {len(manifest.files)} file(s), {manifest.total_size} bytes → {args.dest}")
         return 0
-    from pathlib import Path
 
     from g2rpo.errors import G2RPOError, problem
 

@@ -86,14 +86,15 @@ def _train(args: argparse.Namespace) -> int:
         )
     except Preempted as stopped:  # SIGTERM/SIGINT: checkpointed; 128 + signal tells the pod's owner
         return stopped.exit_status
-    if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps(result.summary, indent=1))
+    if int(os.environ.get("RANK", "0")) == 0 and result.summary is not None:  # one node here: always a summary
+        summary = result.summary.to_json()
+        print(json.dumps(summary, indent=1))
         if result.published is not None:
             print(f"published export → {result.published.uri}")
         if args.summary_json:
             Path(args.summary_json).parent.mkdir(parents=True, exist_ok=True)
             with open(args.summary_json, "w", encoding="utf-8") as handle:
-                json.dump(result.summary, handle, indent=1)
+                json.dump(summary, handle, indent=1)
     return 0
 
 

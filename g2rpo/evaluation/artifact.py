@@ -40,6 +40,7 @@ import logging
 import math
 import tempfile
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -367,9 +368,12 @@ def grid_pages(num_prompts: int) -> list[GridPage]:
     ]
 
 
-def save_score_grid_pages(result: EvalResult, root: str | Path, title: str = "") -> list[GridPage]:
+def save_score_grid_pages(
+    result: EvalResult, root: str | Path, title: str = "", say: Callable[[str], None] = lambda _: None
+) -> list[GridPage]:
     """Write every page of the grid under ``root`` (``grid/page-NNN.png``), the index ``grid/index.json``
-    (prompt → page) and ``grid.png`` (the first page, the earlier name); returns the pages."""
+    (prompt → page) and ``grid.png`` (the first page, the earlier name); returns the pages. ``say`` gets
+    a line per page drawn (about a second each on a CPU: eight of them are a silent ten seconds otherwise)."""
     root = Path(root)
     pages = grid_pages(len(result.prompts))
     seeds_shown = result.seeds[:GRID_SEEDS_MAX]
@@ -387,6 +391,7 @@ def save_score_grid_pages(result: EvalResult, root: str | Path, title: str = "")
     (root / GRID_DIR).mkdir(parents=True, exist_ok=True)
     for page in pages:
         save_score_grid(result, root / page.file, title, page=page.number)
+        say(f"grid page {page.number}/{len(pages)} drawn")
     index = {
         "prompts_per_page": GRID_PAGE_PROMPTS,
         "prompts_total": len(result.prompts),

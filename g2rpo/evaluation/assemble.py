@@ -19,7 +19,7 @@ from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation import report, resume
 from g2rpo.evaluation.artifact import Baseline, PromptSet, eval_result_from, save_score_grid_pages, step_image_name
 from g2rpo.evaluation.config import EvaluationConfig
-from g2rpo.rewards.registry import get_spec
+from g2rpo.rewards.specs import get_spec
 
 __all__ = ["assemble"]
 
@@ -136,8 +136,7 @@ def assemble(
         },
     )
     primary = eval_result_from(root, prompts, seeds, scores, output_uri)
-    pages = save_score_grid_pages(primary, root)
-    say(f"{len(pages)} grid page(s) drawn")
+    pages = save_score_grid_pages(primary, root, say=say)
     report.write_report_html(
         root / "report.html",
         title=f"Evaluation of {model_uri}",

@@ -20,6 +20,11 @@ One pod trains on up to one node (``torchrun`` inside the task). For more nodes 
   pods. A retry of the task then creates it again under the same name, and it resumes from the S3 mirror. A task
   killed outright (SIGKILL, a lost node) leaves the job training, and its retry follows it. Get, create and delete
   on TrainJobs are all the task needs;
+- ``output.dir``: on several nodes, a folder per job on the runtime's shared volume (:data:`RUNS_DIR_ENV`, the
+  chart's ``trainingRuntime.sharedVolume``); without one, when the run mirrors its checkpoints to ``s3://``,
+  a folder in an emptyDir of each pod (:data:`NODE_RUN_DIR`) with ``output.node_local=true``: each node keeps
+  its part of every checkpoint there and S3 is the only store the nodes share (:mod:`g2rpo.training.mirror`).
+  With neither, the launch is refused before any job is created;
 - placement (node selector, tolerations, ``/dev/shm``, service account) rides in ``spec.runtimePatches``,
   GPUs per node in ``spec.trainer.resourcesPerNode``, the deadline in ``spec.activeDeadlineSeconds``;
 - the S3 credentials reach the pods through the runtime (the chart's ``s3.existingSecret``), never as env
@@ -79,6 +84,7 @@ __all__ = [
     "train_pod_problems",
     "CONFIG_ENV",
     "MAX_GPUS_PER_NODE",
+    "NODE_RUN_DIR",
     "RUNS_DIR_ENV",
     "S3_SECRET_KEYS",
     "TRAINING_RUNTIME",
@@ -102,6 +108,10 @@ CONFIG_PATH = "/tmp/g2rpo-run-config.yaml"
 # The runtime's node container names the folder every node shares in this variable (the chart's
 # trainingRuntime.sharedVolume); a multi-node job's output.dir is <that folder>/<job name>.
 RUNS_DIR_ENV = "G2RPO_RUNS_DIR"
+# Without a shared folder, a multi-node job that mirrors its checkpoints to S3 keeps each node's output.dir
+# (output.node_local) in an emptyDir of its own pod, mounted here (g2rpo.training.mirror).
+NODE_RUN_DIR = "/g2rpo-node-run"
+NODE_RUN_VOLUME = "node-run"
 # Keys of the Kubernetes Secret named by TrainJobLaunch.s3_secret, exported under the same names
 # unless TrainJobLaunch.s3_secret_keys maps them (the pipeline passes its profile's mapping).
 S3_SECRET_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
@@ -256,13 +266,17 @@ def run_labels(launch: TrainJobLaunch) -> dict[str, str]:
     return {LABEL_RUN: _label_value(launch.run_id), "app.kubernetes.io/part-of": "g2rpo"}
 
 
-def trainjob_options(launch: TrainJobLaunch, name: str, command: list[str]) -> list[Any]:
-    """The SDK options that make the job: name, labels, deadline, command and the runtime patch."""
+def trainjob_options(launch: TrainJobLaunch, name: str, command: list[str], node_local: bool = False) -> list[Any]:
+    """The SDK options that make the job: name, labels, deadline, command and the runtime patch
+    (``node_local``: each pod's own folder for output.dir, an emptyDir at :data:`NODE_RUN_DIR`)."""
     placement = launch.placement
     volumes, mounts = [], []
     if placement.shm_size:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": placement.shm_size}})
         mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    if node_local:  # on the node's disk, as big as a checkpoint's part needs; gone with the pod (S3 holds the whole)
+        volumes.append({"name": NODE_RUN_VOLUME, "emptyDir": {}})
+        mounts.append({"name": NODE_RUN_VOLUME, "mountPath": NODE_RUN_DIR})
     # No env here: the Trainer's webhook refuses env patches of container "node" (module docstring).
     container = ContainerPatch(name=NODE_JOB, volume_mounts=mounts or None)
     pod = PodSpecPatch(
@@ -332,10 +346,13 @@ def launch_trainjob(
         runtime = _read_runtime(api, launch, namespace)
         if launch.s3_secret and runtime is not None:
             _check_runtime_reads_the_secret(runtime, launch)
+        node_local = False
         if nodes > 1 and runtime is not None:
-            # Every rank writes its part of each checkpoint into output.dir: on several nodes it must be
-            # the runtime's shared volume, one folder per job (a restarted pod resumes from it).
-            args = [*args, f"output.dir={_shared_runs_dir(runtime, launch)}/{name}"]
+            # Every rank writes its part of each checkpoint into output.dir: on several nodes the runtime's
+            # shared volume, one folder per job (a restarted pod resumes from it); without one, each pod's
+            # own folder, the run's S3 checkpoint mirror holding the whole (a restarted pod restores from it).
+            runs_dir, node_local = _runs_dir(runtime, launch, args)
+            args = [*args, f"output.dir={runs_dir}/{name}", *(["output.node_local=true"] if node_local else [])]
         container = CustomTrainerContainer(
             image=launch.image,
             num_nodes=nodes,
@@ -346,7 +363,9 @@ def launch_trainjob(
             trainer.train(
                 runtime=launch.runtime,
                 trainer=container,
-                options=trainjob_options(launch, name, train_command(args, max(launch.placement.gpus_per_node, 1))),
+                options=trainjob_options(
+                    launch, name, train_command(args, max(launch.placement.gpus_per_node, 1)), node_local
+                ),
             )
             resumes = " (resuming from the run's checkpoint mirror)" if attempt > 1 else ""
             echo(
@@ -415,26 +434,57 @@ def _node_containers(runtime: dict[str, Any]) -> list[dict[str, Any]]:
     return [c for pod in pods for c in (pod.get("spec") or {}).get("containers") or [] if c.get("name") == NODE_JOB]
 
 
-def _shared_runs_dir(runtime: dict[str, Any], launch: TrainJobLaunch) -> str:
-    """The folder all nodes share (:data:`RUNS_DIR_ENV` on the runtime's ``node`` container, a volume mounted
-    there); refuses, naming the chart's setting, when the runtime has none."""
+def _runs_dir(runtime: dict[str, Any], launch: TrainJobLaunch, args: list[str]) -> tuple[str, bool]:
+    """Where a multi-node job's output.dir goes, and whether it is each node's own (``output.node_local``).
+
+    The folder all nodes share (:data:`RUNS_DIR_ENV` on the runtime's ``node`` container, a volume mounted
+    there) when the runtime has one; else, when the run mirrors its checkpoints to ``s3://``, each pod's
+    own folder (:data:`NODE_RUN_DIR`). Refused, naming the setting and the fix, with neither, or with a
+    mirror that is not S3 (a ``file://`` folder is no more shared than output.dir would be)."""
     containers = _node_containers(runtime)
     env = {e.get("name"): e.get("value") for c in containers for e in c.get("env") or []}
     mounts = {m.get("mountPath") for c in containers for m in c.get("volumeMounts") or []}
     runs_dir = env.get(RUNS_DIR_ENV)
     if runs_dir and runs_dir.rstrip("/") in mounts:
-        return runs_dir.rstrip("/")
+        return runs_dir.rstrip("/"), False
     why = f"{RUNS_DIR_ENV} names {runs_dir!r}, where no volume is mounted" if runs_dir else f"no {RUNS_DIR_ENV}"
+    mirror = _checkpoint_uri(args)
+    if mirror is not None and mirror.startswith("s3://"):
+        return NODE_RUN_DIR, True
+    shared = (
+        "install the Helm chart with trainingRuntime.sharedVolume.claimName=<a ReadWriteMany "
+        "PersistentVolumeClaim in this namespace>"
+    )
+    if mirror is not None:
+        raise G2RPOError(
+            problem(
+                "checkpoint_uri",
+                mirror,
+                f"runtime {launch.runtime} has no folder its nodes share ({why}), so each node keeps its part of "
+                "every checkpoint in a folder of its own and the checkpoint mirror must be the one store every "
+                f"node sees: give an s3:// URI, or {shared}",
+            )
+        )
     raise G2RPOError(
         problem(
             "runtime",
             launch.runtime,
-            f"has no folder its nodes share ({why}): every rank writes its part of each checkpoint into "
-            "output.dir, so a multi-node run needs one. Install the Helm chart with "
-            "trainingRuntime.sharedVolume.claimName=<a ReadWriteMany PersistentVolumeClaim in this namespace>, "
+            f"has no folder its nodes share ({why}) and the run has no checkpoint mirror: every rank writes its "
+            "part of each checkpoint, so a multi-node run needs one store all nodes see. Give the run an s3:// "
+            f"checkpoint URI (--checkpoint-uri: each node then keeps its part in a folder of its own), or {shared}, "
             "or train on one node",
         )
     )
+
+
+def _checkpoint_uri(args: list[str]) -> str | None:
+    """The run's checkpoint mirror, as the job's ``g2rpo train`` arguments name it (``--checkpoint-uri``)."""
+    for i, arg in enumerate(args):
+        if arg == "--checkpoint-uri" and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--checkpoint-uri="):
+            return arg.partition("=")[2]
+    return None
 
 
 def _check_runtime_reads_the_secret(runtime: dict[str, Any], launch: TrainJobLaunch) -> None:

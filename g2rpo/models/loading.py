@@ -29,6 +29,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from g2rpo.artifacts.cache import fetch_to_cache, verify_local
 from g2rpo.errors import G2RPOError, did_you_mean, problem
 from g2rpo.textfile import JSON_MAX_BYTES, RECORD_MAX_BYTES, decode_text, read_json_file
 
@@ -96,7 +97,6 @@ def resolve_model_location(location: str | Path, cache_dir: str | Path | None = 
 def _fetch_s3_model(uri: str, cache_dir: str | Path | None) -> Path:
     """Download a published model directory once (``g2rpo.artifacts.cache.fetch_to_cache``: sha256-checked,
     keyed by its manifest's digest) and return the local copy."""
-    from g2rpo.artifacts.cache import fetch_to_cache
 
     return Path(fetch_to_cache(uri, cache_dir=cache_dir))
 
@@ -224,7 +224,6 @@ def check_model_dir(path: str | Path, components: Iterable[str] = ALL_COMPONENTS
         lines = [f"model directory {str(root)!r} is incomplete ({len(problems)} problem(s)):"]
         lines += [f"  - {p}" for p in problems]
         raise G2RPOError("\n".join(lines))
-    from g2rpo.artifacts.cache import verify_local
 
     # A folder g2rpo made or downloaded carries a manifest: every file of these components is checked
     # against it (sha256, cached by file identity), so damaged weights are never trained or sampled.

@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from g2rpo.artifacts.ownership import check_replaceable
 from g2rpo.artifacts.storage import check_writable
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.textfile import RECORD_MAX_BYTES, read_json_file
@@ -89,7 +90,6 @@ def g2rpo_model_marker_problem(folder: Path) -> str | None:
 
 def check_model_overwrite(folder: Path, field: str = "output") -> None:
     """Refuse ``--overwrite`` of a folder that is not a g2rpo model folder (naming what it holds)."""
-    from g2rpo.artifacts.ownership import check_replaceable
 
     check_replaceable(
         folder, field=field, kind="g2rpo model folder", own=MODEL_ENTRIES, is_ours=g2rpo_model_marker_problem

@@ -315,6 +315,21 @@ def strict_key_check(field: str, path: Path, expected: set[str], found: set[str]
     raise G2RPOError(problem(field, str(path), "; ".join(parts) + f". {fix}"))
 
 
+def shape_check(
+    field: str, path: Path, expected: dict[str, torch.Tensor], found: dict[str, torch.Tensor], fix: str
+) -> None:
+    """Raise a G2RPOError naming the tensors of ``found`` whose shape differs from ``expected``'s (same keys)."""
+    wrong = [
+        f"{k}: file {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
+        for k, v in found.items()
+        if tuple(v.shape) != tuple(expected[k].shape)
+    ]
+    if wrong:
+        raise G2RPOError(
+            problem(field, str(path), f"{len(wrong)} tensor(s) have the wrong shape ({'; '.join(wrong[:4])}): {fix}")
+        )
+
+
 def _head(keys: list[str], n: int = 8) -> str:
     shown = ", ".join(keys[:n])
     return shown + (f", ... (+{len(keys) - n} more)" if len(keys) > n else "")

@@ -32,10 +32,11 @@ from pydantic import Field, model_validator
 
 from g2rpo.config import COUNT_MAX, PROBLEM_SEPARATOR, Section
 from g2rpo.errors import did_you_mean, problem
+from g2rpo.rewards.specs import REWARDS
 
 __all__ = ["RewardModelConfig", "RewardsConfig", "OPTIONAL_KEYS"]
 
-# Optional per-model keys; the registry says which ones each head uses.
+# Optional per-model keys; each head's spec (g2rpo.rewards.specs) says which ones it uses.
 OPTIONAL_KEYS = (
     "weights",
     "arch",
@@ -97,8 +98,6 @@ class RewardModelConfig(Section):
 
     @model_validator(mode="after")
     def _check(self) -> RewardModelConfig:
-        from g2rpo.rewards.registry import REWARDS
-
         problems = []
         if self.name not in REWARDS:
             problems.append(

@@ -65,6 +65,7 @@ from g2rpo.rewards.base import (
     require_dir,
     require_file,
     resize_shortest_center_crop,
+    shape_check,
     strict_key_check,
 )
 from g2rpo.textfile import read_json_file, read_text_file
@@ -317,20 +318,7 @@ class ImageReward(RewardModel):
             set(mapped) | set(unmapped),
             "Keys are reported after renaming by image_reward.KEY_RULES; check the file and med_config/vision_config",
         )
-        wrong = [
-            f"{k}: file {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
-            for k, v in mapped.items()
-            if tuple(v.shape) != tuple(expected[k].shape)
-        ]
-        if wrong:
-            raise G2RPOError(
-                problem(
-                    field,
-                    str(path),
-                    f"{len(wrong)} tensor(s) have the wrong shape ({'; '.join(wrong[:4])}): "
-                    "check med_config / vision_config",
-                )
-            )
+        shape_check(field, path, expected, mapped, "check med_config / vision_config")
         net.load_state_dict(mapped, strict=True)
         return cls(net, tokenizer, device=device, dtype=dtype)
 

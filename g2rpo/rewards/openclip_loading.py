@@ -23,7 +23,14 @@ import torch
 
 from g2rpo.config import CONFIG_MAX_BYTES
 from g2rpo.errors import G2RPOError, problem
-from g2rpo.rewards.base import load_weights_only, strict_key_check
+from g2rpo.rewards.base import (
+    load_weights_only,
+    normalize,
+    resize_shortest_center_crop,
+    resize_squash,
+    shape_check,
+    strict_key_check,
+)
 from g2rpo.textfile import read_json_file
 
 OpenClipConfig = None | dict | str | Path
@@ -126,27 +133,12 @@ def load_open_clip_state_dict(field: str, path: Path, model: torch.nn.Module, st
         set(state_dict),
         "The file does not match the architecture: check `arch` / `open_clip_config`",
     )
-    wrong = [
-        f"{k}: file {tuple(v.shape)} vs model {tuple(expected[k].shape)}"
-        for k, v in state_dict.items()
-        if tuple(v.shape) != tuple(expected[k].shape)
-    ]
-    if wrong:
-        raise G2RPOError(
-            problem(
-                field,
-                str(path),
-                f"{len(wrong)} tensor(s) have the wrong shape ({'; '.join(wrong[:4])}): "
-                "check `arch` / `open_clip_config`",
-            )
-        )
+    shape_check(field, path, expected, state_dict, "check `arch` / `open_clip_config`")
     model.load_state_dict(state_dict, strict=True)
 
 
 def open_clip_preprocess(images: torch.Tensor, preprocess_cfg: dict[str, Any]) -> torch.Tensor:
     """open_clip's eval transform (resize mode, size, interpolation, mean/std) on a batch."""
-    from g2rpo.rewards.base import normalize, resize_shortest_center_crop, resize_squash
-
     size = preprocess_cfg["size"]
     size = (size, size) if isinstance(size, int) else tuple(size)
     mode = preprocess_cfg.get("resize_mode", "shortest")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from g2rpo.errors import G2RPOError, problem
 from g2rpo.rewards.base import RewardModel
 
 __all__ = ["Sharpness", "TotalVariation", "laplacian_variance", "mean_total_variation"]
@@ -51,8 +52,6 @@ class Sharpness(RewardModel):
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         if min(images.shape[-2:]) < 3:
-            from g2rpo.errors import G2RPOError, problem
-
             raise G2RPOError(problem("sharpness.images.shape", tuple(images.shape), "images need H, W >= 3"))
         return laplacian_variance(images.float())
 

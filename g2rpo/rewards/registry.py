@@ -1,10 +1,12 @@
-"""Reward heads by name, and building them from config.
+"""Building reward heads from config: :func:`build_reward`.
 
-:data:`REWARDS` maps each registered name to a :class:`RewardSpec`: a one-line summary, what it
-needs (files, keys), which config keys it reads, and a builder. :func:`build_reward` turns a
+What each registered name is, needs and reads lives in :mod:`g2rpo.rewards.specs` (no torch, so a
+config validates without it); :data:`BUILDERS` holds, under the same names, the function that builds
+each head. A builder imports its head's module when it runs: the heads load open_clip, transformers
+and their weights, which a run that does not use them never pays for. :func:`build_reward` turns a
 :class:`~g2rpo.rewards.config.RewardModelConfig` (or just a name, for weight-free heads) into a
-:class:`~g2rpo.rewards.base.RewardModel`; an unknown name is a
-:class:`~g2rpo.errors.G2RPOError` listing the valid ones. Heavy imports happen in the builders.
+:class:`~g2rpo.rewards.base.RewardModel`; an unknown name is a :class:`~g2rpo.errors.G2RPOError`
+listing the valid ones.
 
 Weights locations: a local path, or ``s3://bucket/prefix`` naming an artifact published with a
 manifest (:func:`g2rpo.artifacts.cache.fetch_to_cache` downloads it once, verifying every sha256, and
@@ -19,36 +21,21 @@ Scoring many images (batched, several heads at once) is :func:`g2rpo.rewards.sco
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 
-from g2rpo.artifacts.cache import verify_local
-from g2rpo.errors import G2RPOError, did_you_mean, problem
+from g2rpo.artifacts.cache import fetch_to_cache, verify_local
+from g2rpo.errors import G2RPOError, problem
 from g2rpo.rewards.base import RewardModel
 from g2rpo.rewards.shapes import ShapesReward
+from g2rpo.rewards.specs import AUTO_DTYPE, get_spec
 
-__all__ = ["RewardSpec", "REWARDS", "reward_names", "get_spec", "build_reward", "resolve_location"]
-
-
-@dataclass(frozen=True)
-class RewardSpec:
-    name: str
-    summary: str
-    needs: str  # what the head needs, in words (printed by `g2rpo rewards list`)
-    keys: tuple[str, ...]  # optional config keys the head reads
-    required: tuple[str, ...]  # keys that must be set to build it
-    scale: str  # the native scale, in words
-    build: Callable[..., RewardModel]
-    # Which official definition the score follows (the audit in docs/rewards.md), in one line.
-    definition: str = "this project's own (no external reference)"
-    # dtype when the config sets none: "auto" keeps the checkpoint's stored dtype.
-    dtype: str = "float32"
+__all__ = ["BUILDERS", "build_reward", "resolve_location"]
 
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-AUTO_DTYPE = "auto"  # the checkpoint's stored dtype (transformers' torch_dtype="auto")
 
 
 def resolve_location(field: str, location: str, cache_dir: str | None = None) -> Path:
@@ -72,12 +59,6 @@ def _verified(field: str, path: Path) -> Path:
 
 def _resolve(field: str, location: str, cache_dir: str | None) -> Path:
     if location.startswith("s3://"):
-        try:
-            from g2rpo.artifacts.cache import fetch_to_cache
-        except ImportError:  # pragma: no cover - the storage layer ships with the package
-            raise G2RPOError(
-                problem(field, location, "s3:// needs g2rpo.artifacts.manifest (the storage layer); use a local path")
-            ) from None
         return Path(fetch_to_cache(location, cache_dir=cache_dir, setting="rewards.cache_dir"))
     if location.startswith("file://"):
         location = location[len("file://") :]
@@ -256,218 +237,37 @@ def _build_total_variation(cfg, device, dtype, cache_dir):
     return TotalVariation()
 
 
-REWARDS: dict[str, RewardSpec] = {
-    spec.name: spec
-    for spec in [
-        RewardSpec(
-            "hps_v21",
-            "HPS-v2.1: cosine of open_clip ViT-H-14 embeddings fine-tuned on human preferences",
-            "weights: HPS_v2.1_compressed.pt (a file, or a folder/artifact holding it); optional arch (ViT-H-14), arch_config",
-            ("weights", "arch", "arch_config"),
-            ("weights",),
-            "≈ 0.2–0.35",
-            _build_hps,
-            definition="HPSv2 hpsv2/img_score.py score(hps_version='v2.1') @708ffb3: ResizeMaxSize(224) + pad, "
-            "image_features @ text_features, native (= G²RPO test_hps_score.py @a0e37ac; MixGRPO hps_score.py)",
-        ),
-        RewardSpec(
-            "clip",
-            "CLIP score: cosine of open_clip embeddings (default Apple DFN5B CLIP ViT-H-14-384)",
-            "weights: open_clip local-dir folder (open_clip_config.json + weights), or a state dict + arch/arch_config",
-            ("weights", "arch", "arch_config"),
-            ("weights",),
-            "≈ 0.2–0.4",
-            _build_clip,
-            definition="G²RPO test_clip_score.py @c7fd0d2 = MixGRPO clip_score.py @e5cdd6a: open_clip "
-            "DFN5B-CLIP-ViT-H-14-384 with its own preprocess, "
-            "SimpleTokenizer (77), cosine (no ×100, no ×2.5)",
-        ),
-        RewardSpec(
-            "pickscore",
-            "PickScore: logit scale · cosine of transformers CLIP ViT-H-14 embeddings",
-            "weights: transformers CLIPModel folder; tokenizer: CLIP processor folder (else weights/ or weights/processor/)",
-            ("weights", "tokenizer"),
-            ("weights",),
-            "≈ 18–23",
-            _build_pickscore,
-            definition="PickScore README @f79607f: exp(logit_scale) · cosine, CLIP-ViT-H-14-laion2B processor, "
-            "text max_length 77 (= G²RPO test_pickscore_score.py; MixGRPO's tables report this / 100)",
-        ),
-        RewardSpec(
-            "image_reward",
-            "ImageReward: BLIP image-grounded text encoder + MLP, standardised",
-            "weights: ImageReward.pt; arch_config: med_config.json; tokenizer: folder with vocab.txt (both may sit next to the weights)",
-            ("weights", "arch_config", "vision_config", "tokenizer"),
-            ("weights",),
-            "≈ N(0, 1)",
-            _build_image_reward,
-            definition="ImageReward ImageReward.py score() @c69c0f9: BLIP + MLP on [CLS], (r − 0.16717) / 1.03334, "
-            "text max_length 35",
-        ),
-        RewardSpec(
+# Under the names of g2rpo.rewards.specs.REWARDS (tests/rewards/test_rewards_registry.py holds the two equal).
+BUILDERS: dict[str, Callable[..., RewardModel]] = {
+    "hps_v21": _build_hps,
+    "clip": _build_clip,
+    "pickscore": _build_pickscore,
+    "image_reward": _build_image_reward,
+    **{
+        metric: _build_unified_reward(metric)
+        for metric in (
             "unified_reward_score",
-            "UnifiedReward point score: the judge's 'Final Score:' (caption alignment + quality)",
-            "weights: Qwen2.5-VL judge folder, e.g. CodeGoat24/UnifiedReward-qwen-7b (model + processor); "
-            "optional tokenizer (processor folder), max_new_tokens",
-            ("weights", "tokenizer", "max_new_tokens"),
-            ("weights",),
-            "0–5 (decimals); NaN when the answer has no score",
-            _build_unified_reward("unified_reward_score"),
-            definition="UnifiedReward qwen_point_score_image_generation.py @ed52f98 instruction verbatim, "
-            "checkpoint generation config "
-            "(max_new_tokens 512), number after 'Final Score:', first match (MixGRPO unified_reward.py @e5cdd6a)",
-            dtype="auto",
-        ),
-        RewardSpec(
             "unified_reward_alignment",
-            "UnifiedReward semantic task: the judge's Alignment Score (MixGRPO's reported metric)",
-            "weights: Qwen2.5-VL judge folder, e.g. CodeGoat24/UnifiedReward-qwen-7b (model + processor); "
-            "optional tokenizer (processor folder), max_new_tokens",
-            ("weights", "tokenizer", "max_new_tokens"),
-            ("weights",),
-            "0–5 (decimals); NaN when the answer has no score",
-            _build_unified_reward("unified_reward_alignment"),
-            definition="UnifiedReward qwen_point_score_ACS_image_generation.py @ed52f98 instruction verbatim, "
-            "checkpoint generation config "
-            "(max_new_tokens 4096), number after 'Alignment Score (1-5):', first match (MixGRPO unified_reward.py @e5cdd6a)",
-            dtype="auto",
-        ),
-        RewardSpec(
             "unified_reward_coherence",
-            "UnifiedReward semantic task: the judge's Coherence Score",
-            "weights: Qwen2.5-VL judge folder, e.g. CodeGoat24/UnifiedReward-qwen-7b (model + processor); "
-            "optional tokenizer (processor folder), max_new_tokens",
-            ("weights", "tokenizer", "max_new_tokens"),
-            ("weights",),
-            "0–5 (decimals); NaN when the answer has no score",
-            _build_unified_reward("unified_reward_coherence"),
-            definition="UnifiedReward qwen_point_score_ACS_image_generation.py @ed52f98 instruction verbatim, "
-            "checkpoint generation config "
-            "(max_new_tokens 4096), number after 'Coherence Score (1-5):', first match (MixGRPO unified_reward.py @e5cdd6a)",
-            dtype="auto",
-        ),
-        RewardSpec(
             "unified_reward_style",
-            "UnifiedReward semantic task: the judge's Style Score",
-            "weights: Qwen2.5-VL judge folder, e.g. CodeGoat24/UnifiedReward-qwen-7b (model + processor); "
-            "optional tokenizer (processor folder), max_new_tokens",
-            ("weights", "tokenizer", "max_new_tokens"),
-            ("weights",),
-            "0–5 (decimals); NaN when the answer has no score",
-            _build_unified_reward("unified_reward_style"),
-            definition="UnifiedReward qwen_point_score_ACS_image_generation.py @ed52f98 instruction verbatim, "
-            "checkpoint generation config "
-            "(max_new_tokens 4096), number after 'Style Score (1-5):', first match (MixGRPO unified_reward.py @e5cdd6a)",
-            dtype="auto",
-        ),
-        RewardSpec(
-            "aesthetic",
-            "LAION aesthetic predictor: MLP on CLIP ViT-L/14 image embeddings (prompt unused)",
-            "weights: sac+logos+ava1-l14-linearMSE.pth; backbone: open_clip ViT-L/14 (OpenAI) folder or state dict",
-            ("weights", "backbone", "arch"),
-            ("weights", "backbone"),
-            "≈ 1–10",
-            _build_aesthetic,
-            definition="improved-aesthetic-predictor simple_inference.py @3a70417: MLP(CLIP ViT-L/14 image "
-            "embedding / its L2 norm)",
-        ),
-        RewardSpec(
-            "jpeg_compressibility",
-            "negative JPEG size at quality 95, bits per pixel (weight-free, exact)",
-            "nothing (weight-free)",
-            (),
-            (),
-            "≈ −1 (flat) to −15 (noise)",
-            _build_jpeg,
-        ),
-        RewardSpec(
-            "sharpness",
-            "no-reference sharpness: variance of the Laplacian of luma (weight-free)",
-            "nothing (weight-free)",
-            (),
-            (),
-            "≥ 0; 0 for flat images",
-            _build_sharpness,
-        ),
-        RewardSpec(
-            "total_variation",
-            "negative mean total variation, rewards smooth images (weight-free regulariser)",
-            "nothing (weight-free)",
-            (),
-            (),
-            "−1 to 0; 0 for flat images",
-            _build_total_variation,
-        ),
-        RewardSpec(
-            "shapes_colour",
-            "shapes task: colour of the non-background pixels vs the prompt's (exact)",
-            "nothing (weight-free); prompts of g2rpo.tasks.shapes",
-            (),
-            (),
-            "0–1",
-            _build_shapes("shapes_colour"),
-        ),
-        RewardSpec(
-            "shapes_shape",
-            "shapes task: IoU of the foreground with the prompt's shape at its centroid (exact)",
-            "nothing (weight-free); prompts of g2rpo.tasks.shapes",
-            (),
-            (),
-            "0–1",
-            _build_shapes("shapes_shape"),
-        ),
-        RewardSpec(
-            "shapes_position",
-            "shapes task: foreground centroid vs the prompt's position (exact)",
-            "nothing (weight-free); prompts of g2rpo.tasks.shapes",
-            (),
-            (),
-            "0–1",
-            _build_shapes("shapes_position"),
-        ),
-        RewardSpec(
-            "shapes_background",
-            "shapes task: background colour fidelity away from the shape (exact)",
-            "nothing (weight-free); prompts of g2rpo.tasks.shapes",
-            (),
-            (),
-            "0–1",
-            _build_shapes("shapes_background"),
-        ),
-        RewardSpec(
-            "shapes_texture",
-            "shapes task, positive control for MGAI: a one-pixel checker fill in large shapes, a flat fill in small ones",
-            "nothing (weight-free); prompts of g2rpo.tasks.shapes",
-            (),
-            (),
-            "−0.5–0.5 (|t| ≲ 0.02 on the shipped models)",
-            _build_shapes("shapes_texture"),
-        ),
-        RewardSpec(
-            "shapes_colour_match",
-            "shapes task: 1 if the non-background pixels' mean colour is nearest the prompt's of the task's colours",
-            "nothing (weight-free); prompts of g2rpo.tasks.shapes",
-            (),
-            (),
-            "0 or 1 (its mean: the fraction drawn in the asked colour)",
-            _build_shapes("shapes_colour_match"),
-        ),
-    ]
-}
-
-
-def reward_names() -> list[str]:
-    return sorted(REWARDS)
-
-
-def get_spec(name: str) -> RewardSpec:
-    if name not in REWARDS:
-        raise G2RPOError(
-            problem(
-                "reward", name, f"unknown reward{did_you_mean(name, REWARDS)}; valid names: {', '.join(reward_names())}"
-            )
         )
-    return REWARDS[name]
+    },
+    "aesthetic": _build_aesthetic,
+    "jpeg_compressibility": _build_jpeg,
+    "sharpness": _build_sharpness,
+    "total_variation": _build_total_variation,
+    **{
+        name: _build_shapes(name)
+        for name in (
+            "shapes_colour",
+            "shapes_shape",
+            "shapes_position",
+            "shapes_background",
+            "shapes_texture",
+            "shapes_colour_match",
+        )
+    },
+}
 
 
 def build_reward(
@@ -480,8 +280,6 @@ def build_reward(
     """Build a reward head from a config entry (anything with ``.name`` and the optional keys of
     :class:`~g2rpo.rewards.config.RewardModelConfig`) or from a bare name (weight-free heads)."""
     if isinstance(spec_or_name, str):
-        from types import SimpleNamespace
-
         cfg = SimpleNamespace(name=spec_or_name, weights=None)
     else:
         cfg = spec_or_name
@@ -494,12 +292,12 @@ def build_reward(
         dtype = getattr(cfg, "dtype", None) or spec.dtype
     if isinstance(dtype, str):
         if dtype == AUTO_DTYPE and spec.dtype == AUTO_DTYPE:
-            return spec.build(cfg, device, dtype, cache_dir)
+            return BUILDERS[spec.name](cfg, device, dtype, cache_dir)
         if dtype not in _DTYPES:
             valid = [*_DTYPES, AUTO_DTYPE] if spec.dtype == AUTO_DTYPE else list(_DTYPES)
             raise G2RPOError(problem(f"{cfg.name}.dtype", dtype, f"use one of {', '.join(valid)}"))
         dtype = _DTYPES[dtype]
-    return spec.build(cfg, device, dtype, cache_dir)
+    return BUILDERS[spec.name](cfg, device, dtype, cache_dir)
 
 
 def _device(name: str, device: str | torch.device) -> torch.device:

@@ -46,9 +46,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from g2rpo.artifacts.manifest import write_dir_manifest
+from g2rpo.artifacts.manifest import has_manifest, mismatches, read_manifest, write_dir_manifest
+from g2rpo.artifacts.storage import FileStore
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.progress import progress_bar
+from g2rpo.rewards.shapes import scene_scores
 from g2rpo.tasks.shapes import BACKGROUNDS, IMAGE_SIZE, Scene, all_scenes, render, unseen_scenes
 
 __all__ = [
@@ -219,7 +221,6 @@ def base_samples(
     """The base model's samples of ``scenes`` at each of ``settings.sample_steps`` (``sample``, e.g.
     :func:`g2rpo.models.shapes.shapes_sampler`): ``(images [N, 3, S, S], prompts [N], utility [N])``,
     N = scenes × step counts × samples_per_steps."""
-    from g2rpo.rewards.shapes import scene_scores
 
     prompts = [s.prompt for s in scenes for _ in range(settings.samples_per_steps)]
     images: list[torch.Tensor] = []
@@ -416,8 +417,6 @@ def pretrain_shapes_rewards(
 
 def check_reward_folder(path: str | Path) -> Path:
     """``path`` if it holds a learned shapes reward sealed by its manifest; else a G2RPOError naming it."""
-    from g2rpo.artifacts.manifest import has_manifest, mismatches, read_manifest
-    from g2rpo.artifacts.storage import FileStore
 
     path = Path(path)
     if not (path / REWARD_MARKER).is_file():

@@ -25,6 +25,7 @@ vocabulary (so the real tokenizer works), ~1 M parameters; the ImageReward tiny 
 from __future__ import annotations
 
 import json
+import re
 import string
 from pathlib import Path
 from typing import Any
@@ -246,7 +247,6 @@ _REFERENCE_RULES: list[tuple[str, str]] = [
 
 def to_reference_image_reward_keys(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Rename an :class:`ImageRewardNet` state dict to the reference ``ImageReward.pt`` key names."""
-    import re
 
     out = {}
     for key, tensor in state_dict.items():

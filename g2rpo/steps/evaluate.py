@@ -43,7 +43,7 @@ from g2rpo.evaluation.policy import resolve_device
 from g2rpo.evaluation.sampling import EvalResult
 from g2rpo.evaluation.sharded import join_ranks, sample_pending
 from g2rpo.observability.push import PushTarget, push_evaluation
-from g2rpo.rewards.registry import get_spec
+from g2rpo.rewards.specs import get_spec
 
 __all__ = ["EvaluateResult", "evaluate", "evaluate_once", "read_evaluation"]
 

@@ -7,7 +7,8 @@ champion alias moves by one conditional write iff every gate passed).
 :func:`base_model_floors` is the policy for a first version (no champion to compare with): each
 gate gets a floor from the untrained base model's mean on the same evaluation items, so the version
 is promoted iff training raised what it trained on by the gate's margin and lowered no held-out
-metric beyond its tolerance. :func:`write_gates` stores gates as YAML.
+metric beyond its tolerance; :func:`floor_gates_file` writes a gates file with those floors (what
+``g2rpo demo`` gates its first version with). :func:`write_gates` stores gates as YAML.
 """
 
 from __future__ import annotations
@@ -19,13 +20,20 @@ from pathlib import Path
 
 import yaml
 
-from g2rpo.artifacts.promotion import Decision, Gates, promote
+from g2rpo.artifacts.promotion import Decision, Gates, load_gates, promote
 from g2rpo.artifacts.registry import Registry
 from g2rpo.artifacts.scores import EvalScores
 from g2rpo.artifacts.storage import S3Settings
 from g2rpo.observability.push import PushTarget, push_promotion
 
-__all__ = ["PromoteResult", "base_model_floors", "decide_and_promote", "push_decision", "write_gates"]
+__all__ = [
+    "PromoteResult",
+    "base_model_floors",
+    "decide_and_promote",
+    "floor_gates_file",
+    "push_decision",
+    "write_gates",
+]
 
 
 @dataclass(frozen=True)
@@ -118,6 +126,18 @@ def base_model_floors(gates: Gates, base: Mapping[str, float]) -> Gates:
         floor = None if name not in base else float(base[name]) + sign * margin
         metrics[name] = gate.model_copy(update={"floor": floor})
     return gates.model_copy(update={"metrics": metrics})
+
+
+def floor_gates_file(gates_uri: str, base: Mapping[str, float], path: str | Path) -> Path:
+    """``gates_uri``'s gates (empty: the packaged default) with the base model's floors
+    (:func:`base_model_floors`), written to ``path`` with a comment that says where they came from."""
+    gates, _ = load_gates(gates_uri or None)
+    comment = (
+        f"{gates_uri or 'the packaged gates'} with floors for a first version (no champion): the base model's means\n"
+        "on the same held-out prompts and seeds plus the required improvement (in-domain), less the allowed\n"
+        "regression (out-of-domain)."
+    )
+    return write_gates(base_model_floors(gates, base), path, comment=comment)[0]
 
 
 def write_gates(gates: Gates, path: str | Path, comment: str = "") -> tuple[Path, str]:

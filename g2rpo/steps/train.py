@@ -27,7 +27,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, read_manifest
 from g2rpo.artifacts.publish import publish_dir, unique_prefix
@@ -43,7 +42,7 @@ from g2rpo.training.mirror import CheckpointMirror
 from g2rpo.training.preflight import run_problems
 from g2rpo.training.run_config import RunConfig, resume_hash
 from g2rpo.training.run_dir import RunDir
-from g2rpo.training.trainer import train_from_config
+from g2rpo.training.trainer import RunSummary, train_from_config
 
 __all__ = [
     "PublishedExport",
@@ -65,9 +64,10 @@ class PublishedExport:
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What :func:`train` produced. ``summary`` is the trainer's (iterations, first/last reward, backend, ...)."""
+    """What :func:`train` produced. ``summary`` is the trainer's (iterations, first/last reward, backend, ...);
+    None when a TrainJob trained (its summary stays in the job's pods)."""
 
-    summary: dict[str, Any]
+    summary: RunSummary | None
     output_dir: Path
     metrics_path: Path
     checkpoints_dir: Path
@@ -107,6 +107,16 @@ def train(
                 "a run with a checkpoint URI resumes from what is mirrored there: use auto, or leave the URI out",
             )
         )
+    if config.output.node_local and checkpoint_uri is None:
+        raise G2RPOError(
+            problem(
+                "output.node_local",
+                True,
+                "each node keeps only its part of a checkpoint in its own output.dir, so the whole exists only in the "
+                "checkpoint mirror: give one (--checkpoint-uri s3://bucket/runs/RUN/checkpoints), or put output.dir "
+                "on a volume every node shares and set output.node_local=false",
+            )
+        )
     if nodes > 1:
         return _train_as_trainjob(config, nodes, trainjob, publish_uri, checkpoint_uri, settings)
     if nodes < 1:
@@ -133,7 +143,7 @@ def train(
         if exporter is not None:
             exporter.close()
     config_hash = resume_hash(config)
-    export_dir = None if summary["export"] is None else Path(summary["export"])
+    export_dir = None if summary.export is None else Path(summary.export)
     published = None
     if publish_uri is not None and export_dir is not None and int(os.environ.get("RANK", "0")) == 0:
         published = publish_export(export_dir, publish_uri, config_hash, producer=producer, settings=settings)
@@ -222,13 +232,7 @@ def _train_as_trainjob(
     outcome = launch_trainjob(trainjob, args, config_yaml=to_yaml(config), nodes=nodes)
     run_dir = RunDir.of(config)  # the paths in the TrainJob's pods
     return TrainResult(
-        summary={
-            "trainjob": outcome.name,
-            "namespace": outcome.namespace,
-            "nodes": nodes,
-            "followed": outcome.followed,
-            "attempt": outcome.attempt,
-        },
+        summary=None,
         output_dir=run_dir.root,
         metrics_path=run_dir.metrics,
         checkpoints_dir=run_dir.checkpoints,

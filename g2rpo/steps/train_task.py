@@ -2,10 +2,9 @@
 
 :func:`run_config_for` turns the pipeline's parameters into a validated :class:`RunConfig`: the base
 config file, then the choices a retraining run changes, then any further ``key=value`` overrides, then
-where this task reads and writes. The choices are one table, :data:`TRAIN_PARAMETERS` (name, type,
-pipeline default, run-config key, what its "unset" value means): the pipeline's signature and defaults
-(``pipelines/alignment.py``), :data:`PARAMETER_KEYS` and the unset rules are read off it, and a test
-holds the train component's signature (KFP ships it as source, so it is written out) to it.
+where this task reads and writes, each merged over the last as values. The choices are one table,
+:data:`g2rpo.steps.parameters.TRAIN_PARAMETERS` (name, type, pipeline default, the run-config field it
+sets, what its "unset" value means), applied by :func:`g2rpo.steps.parameters.choice_tree`.
 :func:`train_task` trains on one node — in this process for one device, under ``torchrun
 --nproc_per_node`` for several — publishes the export under the run's store and writes a
 :class:`~g2rpo.steps.records.TrainRecord` with the resolved config beside it.
@@ -27,7 +26,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -35,22 +35,25 @@ from pydantic import BaseModel, ConfigDict
 
 import g2rpo
 from g2rpo.artifacts.storage import ObjectNotFound, open_store
-from g2rpo.config import load_config, parse_overrides, to_yaml
-from g2rpo.errors import G2RPOError, did_you_mean, problem
+from g2rpo.config import deep_merge, load_config, parse_overrides, to_yaml
+from g2rpo.errors import G2RPOError, problem
 from g2rpo.launch.quantity import quantity_problem
 from g2rpo.launch.trainjob import DEFAULT_DEADLINE_S, Placement, TrainJobLaunch
-from g2rpo.steps.parameters import BY_NAME, PARAMETER_KEYS
+from g2rpo.steps.parameters import choice_tree, train_choices
 from g2rpo.steps.records import TrainRecord, write_record
 from g2rpo.steps.train import publish_export, train
 from g2rpo.textfile import JSON_MAX_BYTES, decode_record
 from g2rpo.training.run_config import RunConfig, resume_hash
 from g2rpo.training.run_dir import RunDir
+from g2rpo.training.trainer import RunSummary
+from g2rpo.training.validation import ValidationSummary
 
 __all__ = [
     "RUN_CONFIG_FILE",
     "checkpoint_uri_for",
     "resolve_config_path",
     "run_config_for",
+    "train_config",
     "train_task",
     "trainjob_for",
 ]
@@ -81,23 +84,26 @@ def run_config_for(
     prompts: str,
     output_dir: str | Path,
 ) -> RunConfig:
-    """The run config: ``config_uri``, then ``choices`` (keys of :data:`PARAMETER_KEYS`), then ``overrides``,
-    then the model, prompts and output folder of this task. Every problem is reported at once."""
-    unknown = sorted(set(choices) - set(PARAMETER_KEYS))
-    if unknown:
-        guesses = "".join(did_you_mean(name, PARAMETER_KEYS) for name in unknown)
-        raise G2RPOError(problem("choices", unknown, f"unknown{guesses}; valid: {', '.join(PARAMETER_KEYS)}"))
-    # A KFP parameter has no null: an unset choice (TrainParameter.unset) leaves its key alone.
-    given = {name: value for name, value in choices.items() if not BY_NAME[name].is_unset(value)}
-    items = [f"{PARAMETER_KEYS[name]}={json.dumps(value)}" for name, value in given.items()]
-    items += [item for name in given for item in BY_NAME[name].when_set]
-    items += list(overrides)
-    items += [
-        f"model.path={json.dumps(base_model_uri)}",
-        f"data.prompts={json.dumps(str(prompts))}",
-        f"output.dir={json.dumps(str(output_dir))}",
-    ]
-    return load_config(RunConfig, resolve_config_path(config_uri), parse_overrides(items))
+    """The run config: ``config_uri``, then ``choices`` (training choices by name, :func:`choice_tree`), then
+    ``overrides`` (``key=value`` text), then the model, prompts and output folder of this task, each merged
+    over the last as values. Every problem is reported at once."""
+    where = {"model": {"path": base_model_uri}, "data": {"prompts": str(prompts)}, "output": {"dir": str(output_dir)}}
+    tree = deep_merge(deep_merge(choice_tree(choices), parse_overrides(overrides)), where)
+    return load_config(RunConfig, resolve_config_path(config_uri), tree)
+
+
+def train_config(values: Mapping[str, Any], *, prompts: str, output_dir: str | Path) -> RunConfig:
+    """The run config the train task builds from a run's ``values`` (the pipeline's parameters by name:
+    ``config_uri``, the training choices, ``overrides``, ``base_model_uri``), with ``prompts`` and
+    ``output_dir`` for this task's files (:func:`run_config_for`)."""
+    return run_config_for(
+        values["config_uri"],
+        train_choices(values),
+        values["overrides"],
+        base_model_uri=values["base_model_uri"],
+        prompts=prompts,
+        output_dir=output_dir,
+    )
 
 
 def checkpoint_uri_for(store_uri: str, run_id: str, task: str, checkpoint_store_uri: str = "") -> str:
@@ -228,17 +234,19 @@ def train_task(
         )
         export_uri = result.export_uri
         published = result.published.manifest.metadata if result.published is not None else {}
-        summary = {"iterations": published.get("iterations", 0)}
+        summary = None  # the TrainJob's stays in its pods: the export's metadata says how far it trained
+        iterations = int(published.get("iterations", 0))
         base_model = _published_base_model(export_uri)
     else:
         if gpus_per_node > 1:
             summary = _torchrun(record_dir / RUN_CONFIG_FILE, Path(work_dir), gpus_per_node, checkpoint_uri)
-            export_uri = publish_export(summary["export"], publish_uri, config_hash, producer=PRODUCER).uri
+            export_uri = publish_export(summary.export, publish_uri, config_hash, producer=PRODUCER).uri
         else:
             result = train(config, publish_uri=publish_uri, producer=PRODUCER, checkpoint_uri=checkpoint_uri)
             summary, export_uri = result.summary, result.export_uri
+        iterations = summary.iterations
         # Read as is: this task's trainer (in this process, or the torchrun it just ran) wrote it.
-        base_model = json.loads((Path(summary["export"]) / "base_model.json").read_text(encoding="utf-8"))
+        base_model = json.loads((Path(summary.export) / "base_model.json").read_text(encoding="utf-8"))
     record = TrainRecord(
         export_uri=export_uri,
         base_model_uri=base_model_uri,
@@ -246,10 +254,10 @@ def train_task(
         licence=str(base_model["license"]["name"]),
         config_hash=config_hash,
         run_config=RUN_CONFIG_FILE,
-        iterations=int(summary["iterations"]),
-        first_reward=summary.get("first_reward"),
-        last_reward=summary.get("last_reward"),
-        **_validation_fields(summary.get("validation"), base_model),
+        iterations=iterations,
+        first_reward=None if summary is None else summary.first_reward,
+        last_reward=None if summary is None else summary.last_reward,
+        **_validation_fields(None if summary is None else summary.validation, base_model),
     )
     write_record(record, record_dir)
     # The iteration records, for the decision report's reward curves (a multi-node run keeps its own).
@@ -289,7 +297,7 @@ def _published_base_model(export_uri: str) -> dict[str, Any]:
     return decode_record(ExportInfo, data, where, fix=fix).model_dump()
 
 
-def _validation_fields(validation: dict[str, Any] | None, base_model: dict[str, Any]) -> dict[str, Any]:
+def _validation_fields(validation: ValidationSummary | None, base_model: dict[str, Any]) -> dict[str, Any]:
     """The record's validation fields: from the run's summary, or (a TrainJob's run, whose summary
     stays in its pods) the chosen iteration the export's base_model.json names."""
     if validation is None:
@@ -298,14 +306,14 @@ def _validation_fields(validation: dict[str, Any] | None, base_model: dict[str, 
             return {}
         return {"selected_iteration": selected, "selection_reason": base_model["selection_reason"]}
     return {
-        "selected_iteration": validation["selected_iteration"] if validation["exported_best"] else None,
-        "selection_reason": validation["selection_reason"] if validation["exported_best"] else None,
-        "early_stop": validation["early_stop"],
-        "validation_curve": validation["curve"],
+        "selected_iteration": validation.selected_iteration if validation.exported_best else None,
+        "selection_reason": validation.selection_reason if validation.exported_best else None,
+        "early_stop": validation.early_stop,
+        "validation_curve": [asdict(point) for point in validation.curve],
     }
 
 
-def _torchrun(config_file: Path, work_dir: Path, gpus: int, checkpoint_uri: str | None) -> dict[str, Any]:
+def _torchrun(config_file: Path, work_dir: Path, gpus: int, checkpoint_uri: str | None) -> RunSummary:
     """``torchrun --standalone --nproc_per_node gpus -m g2rpo train [--checkpoint-uri URI]``; the run's summary."""
     work_dir.mkdir(parents=True, exist_ok=True)
     summary_file = work_dir / "summary.json"
@@ -316,4 +324,5 @@ def _torchrun(config_file: Path, work_dir: Path, gpus: int, checkpoint_uri: str 
     done = subprocess.run(command, env=os.environ.copy(), check=False)
     if done.returncode != 0:
         raise G2RPOError(f"torchrun with {gpus} processes exited with status {done.returncode}; see the task log")
-    return json.loads(summary_file.read_text(encoding="utf-8"))  # as is: the run just ended wrote it, exit status 0
+    # As is: the run that just ended (exit status 0) wrote it with RunSummary.to_json.
+    return RunSummary.from_json(json.loads(summary_file.read_text(encoding="utf-8")))

@@ -1,6 +1,6 @@
 """Small pieces the strategy modules share: the grid, batched model calls, terminal advantages, and
-for whole-trajectory strategies (DanceGRPO, MixGRPO) the SDE step of every row, the rollout
-record and the per-step loss loop."""
+for whole-trajectory strategies (DanceGRPO, Flow-GRPO, MixGRPO) the initial noise, the SDE step of
+every row, the all-SDE trajectory, the rollout record and the per-step loss loop."""
 
 from __future__ import annotations
 
@@ -23,6 +23,12 @@ from g2rpo.strategies.base import (
     VelocityModel,
 )
 from g2rpo.strategies.config import AlgorithmConfig
+
+
+def check_draws(draws: Draws, cond: Conditioning) -> None:
+    """A rollout's draws must be keyed by the prompts it samples, one for each row of ``cond``."""
+    if len(draws.prompt_indices) != len(cond):
+        raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {len(cond)}")
 
 
 def make_grid(config: AlgorithmConfig, image_seq_len: int) -> torch.Tensor:
@@ -57,6 +63,53 @@ def sample_velocity(
         nfe.sampling_forwards += stop - start
         nfe.model_calls += 1
     return torch.cat(out) if out else x.new_zeros(x.shape)
+
+
+def initial_noise(
+    draws: Draws,
+    num_prompts: int,
+    group: int,
+    latent_shape: tuple[int, int],
+    device: torch.device | str,
+    shared: bool,
+) -> torch.Tensor:
+    """x[0] of every trajectory row ``[P·G, L, C]``, rows (p, g): one noise per prompt (``shared``, keyed
+    ``("initial-noise", p)``) or one per trajectory (keyed ``("initial-noise", p, g)``)."""
+    if shared:
+        x0 = [
+            draws.normal(latent_shape, "initial-noise", p, device=device).expand(group, -1, -1)
+            for p in range(num_prompts)
+        ]
+    else:
+        x0 = [
+            torch.stack([draws.normal(latent_shape, "initial-noise", p, g, device=device) for g in range(group)])
+            for p in range(num_prompts)
+        ]
+    return torch.stack(x0).reshape(num_prompts * group, *latent_shape)  # [P·G, L, C]
+
+
+def sde_trajectories(
+    model: VelocityModel,
+    config: AlgorithmConfig,
+    draws: Draws,
+    x: torch.Tensor,
+    cond: Conditioning,
+    sigmas: torch.Tensor,
+    nfe: NFECounters,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """All T steps of every trajectory row as SDE steps, from x[0] ``[P·G, L, C]`` (rows (p, g), ``cond``
+    per prompt). Returns the states x[0..T] (T+1 tensors ``[P·G, L, C]``), the log-probs (T tensors
+    ``[P·G]``) and the last step's x₀-prediction x̂₀ = x[T−1] − σ[T−1]·v ``[P·G, L, C]``."""
+    group = config.group_size
+    row_cond = cond[torch.arange(len(cond)).repeat_interleave(group)]
+    states, log_probs = [x], []
+    for i in range(config.num_steps):
+        v = sample_velocity(model, config, x, sigmas[i].expand(x.shape[0]), row_cond, nfe)
+        predicted_x0 = x - sigmas[i] * v
+        x, log_prob = trajectory_sde_step(config, draws, x, v, sigmas, i, group)
+        log_probs.append(log_prob)  # [P·G]
+        states.append(x)
+    return states, log_probs, predicted_x0
 
 
 def trajectory_sde_step(

@@ -50,6 +50,7 @@ import torch
 from g2rpo import core
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
+    check_draws,
     check_rewards,
     make_grid,
     model_sigma,
@@ -103,8 +104,7 @@ class BranchGRPO:
         cfg = self.config
         length, channels = latent_shape
         num_prompts, widths = len(cond), self.widths
-        if len(draws.prompt_indices) != num_prompts:
-            raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {num_prompts}")
+        check_draws(draws, cond)
         sigmas = make_grid(cfg, length).to(device)
         nfe = NFECounters()
         x = torch.stack([draws.normal(latent_shape, "initial-noise", p, device=device) for p in range(num_prompts)])

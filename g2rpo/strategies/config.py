@@ -4,7 +4,7 @@ and one section per strategy with its own knobs.
 ::
 
     algorithm:
-      strategy: g2rpo          # g2rpo | dancegrpo | mixgrpo | flowgrpo | diffusionnft | branchgrpo, or a preset such as g2rpo_no_mgai
+      strategy: g2rpo          # a name of SETTINGS (`g2rpo config describe` lists them), or a preset such as g2rpo_no_mgai
       num_steps: 16            # shared: grid, group, SDE noise, advantages, ratio clip, batching
       g2rpo:                   # the chosen strategy's own section (G2RPOSettings in strategies/settings.py)
         granularities: [1, 2, 3]

@@ -38,12 +38,13 @@ import torch
 
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
+    check_draws,
+    initial_noise,
     make_grid,
-    sample_velocity,
+    sde_trajectories,
     terminal_advantages,
     trajectory_loss_terms,
     trajectory_rollout,
-    trajectory_sde_step,
 )
 from g2rpo.strategies.base import (
     Advantages,
@@ -90,32 +91,13 @@ class DanceGRPO:
         device: torch.device | str = "cpu",
     ) -> Rollout:
         cfg = self.config
-        length, channels = latent_shape
-        num_prompts, group, t_steps = len(cond), cfg.group_size, cfg.num_steps
-        if len(draws.prompt_indices) != num_prompts:
-            raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {num_prompts}")
-        sigmas = make_grid(cfg, length).to(device)
+        num_prompts, group = len(cond), cfg.group_size
+        check_draws(draws, cond)
+        sigmas = make_grid(cfg, latent_shape[0]).to(device)
         nfe = NFECounters()
-        if self.settings.shared_noise:
-            x0 = [
-                draws.normal(latent_shape, "initial-noise", p, device=device).expand(group, -1, -1)
-                for p in range(num_prompts)
-            ]
-        else:
-            x0 = [
-                torch.stack([draws.normal(latent_shape, "initial-noise", p, g, device=device) for g in range(group)])
-                for p in range(num_prompts)
-            ]
-        x = torch.stack(x0).reshape(num_prompts * group, length, channels)  # rows (p, g)
-        row_cond = cond[torch.arange(num_prompts).repeat_interleave(group)]
-        states = [x]
-        log_probs = []
-        for i in range(t_steps):
-            v = sample_velocity(model, cfg, x, sigmas[i].expand(x.shape[0]), row_cond, nfe)
-            predicted_x0 = x - sigmas[i] * v  # scored after the last step
-            x, log_prob = trajectory_sde_step(cfg, draws, x, v, sigmas, i, group)
-            log_probs.append(log_prob)  # [P*G]
-            states.append(x)
+        x = initial_noise(draws, num_prompts, group, latent_shape, device, self.settings.shared_noise)  # [P·G, L, C]
+        # x̂₀ of the last step is scored, not x[T]
+        states, log_probs, predicted_x0 = sde_trajectories(model, cfg, draws, x, cond, sigmas, nfe)
         trained = torch.stack(
             [
                 torch.stack(

@@ -50,7 +50,9 @@ import torch
 from g2rpo import core
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
+    check_draws,
     flow_grpo_terminal_advantages,
+    initial_noise,
     make_grid,
     model_sigma,
     sample_velocity,
@@ -197,8 +199,7 @@ class DiffusionNFT:
         cfg, s = self.config, self.settings
         length, channels = latent_shape
         num_prompts, group, t_steps, slots = len(cond), cfg.group_size, cfg.num_steps, self.trained_per_sample
-        if len(draws.prompt_indices) != num_prompts:
-            raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {num_prompts}")
+        check_draws(draws, cond)
         reference = None
         if s.kl_beta > 0:
             if not isinstance(model, ReferenceVelocityModel):
@@ -215,9 +216,7 @@ class DiffusionNFT:
         sigmas = make_grid(cfg, length).to(device)
         nfe = NFECounters()
         rows = [(p, g) for p in range(num_prompts) for g in range(group)]
-        x = torch.stack(
-            [draws.normal(latent_shape, "initial-noise", p, g, device=device) for p, g in rows]
-        )  # [P·G, L, C]
+        x = initial_noise(draws, num_prompts, group, latent_shape, device, shared=False)  # [P·G, L, C]
         row_cond = cond[torch.arange(num_prompts).repeat_interleave(group)]
         steps = torch.stack([draws.permutation(t_steps, "nft-timesteps", p, g)[:slots] for p, g in rows])  # [P·G, S]
         noise = torch.stack(
@@ -264,6 +263,7 @@ class DiffusionNFT:
 
     # ------------------------------------------------------------------ advantages and loss
 
+    # Copied from g2rpo.strategies.flowgrpo.FlowGRPO.advantages
     def advantages(
         self, rollout: Rollout, rewards: torch.Tensor, reward_weights: Sequence[float] | None = None
     ) -> Advantages:

@@ -42,12 +42,13 @@ import torch
 
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
+    check_draws,
     flow_grpo_terminal_advantages,
+    initial_noise,
     make_grid,
-    sample_velocity,
+    sde_trajectories,
     trajectory_loss_terms,
     trajectory_rollout,
-    trajectory_sde_step,
 )
 from g2rpo.strategies.base import (
     Advantages,
@@ -93,26 +94,12 @@ class FlowGRPO:
         device: torch.device | str = "cpu",
     ) -> Rollout:
         cfg = self.config
-        length, channels = latent_shape
-        num_prompts, group, t_steps = len(cond), cfg.group_size, cfg.num_steps
-        if len(draws.prompt_indices) != num_prompts:
-            raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {num_prompts}")
-        sigmas = make_grid(cfg, length).to(device)
+        num_prompts, group = len(cond), cfg.group_size
+        check_draws(draws, cond)
+        sigmas = make_grid(cfg, latent_shape[0]).to(device)
         nfe = NFECounters()
-        x = torch.stack(
-            [
-                draws.normal(latent_shape, "initial-noise", p, g, device=device)
-                for p in range(num_prompts)
-                for g in range(group)
-            ]
-        )  # [P·G, L, C], rows (p, g)
-        row_cond = cond[torch.arange(num_prompts).repeat_interleave(group)]
-        states, log_probs = [x], []
-        for i in range(t_steps):
-            v = sample_velocity(model, cfg, x, sigmas[i].expand(x.shape[0]), row_cond, nfe)
-            x, log_prob = trajectory_sde_step(cfg, draws, x, v, sigmas, i, group)
-            log_probs.append(log_prob)  # [P·G]
-            states.append(x)
+        x = initial_noise(draws, num_prompts, group, latent_shape, device, shared=False)  # [P·G, L, C]
+        states, log_probs, _ = sde_trajectories(model, cfg, draws, x, cond, sigmas, nfe)  # x[T] is scored
         first = torch.arange(self.trained_per_trajectory, device=device)  # [S]
         trained = first.expand(num_prompts, group, -1).contiguous()  # [P, G, S]
         return trajectory_rollout(self.name, sigmas, cond, draws, nfe, states, log_probs, trained, group)

@@ -56,6 +56,7 @@ import torch
 from g2rpo import core
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
+    check_draws,
     check_rewards,
     make_grid,
     model_sigma,
@@ -261,8 +262,7 @@ class G2RPO:
         cfg = self.config
         length, channels = latent_shape
         num_prompts, group, num_strides = len(cond), cfg.group_size, len(self.strides)
-        if len(draws.prompt_indices) != num_prompts:
-            raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {num_prompts}")
+        check_draws(draws, cond)
         sigmas = make_grid(cfg, length).to(device)  # [T+1]
         nfe = NFECounters()
         steps = torch.tensor([self.branch_steps(draws, p) for p in range(num_prompts)], dtype=torch.long)  # [P, K]

@@ -39,6 +39,7 @@ import torch
 from g2rpo import core
 from g2rpo.seeding import Draws
 from g2rpo.strategies._shared import (
+    check_draws,
     make_grid,
     sample_velocity,
     terminal_advantages,
@@ -99,8 +100,7 @@ class MixGRPO:
         cfg = self.config
         length = latent_shape[0]
         num_prompts, group, t_steps = len(cond), cfg.group_size, cfg.num_steps
-        if len(draws.prompt_indices) != num_prompts:
-            raise ValueError(f"draws cover {len(draws.prompt_indices)} prompts, cond has {num_prompts}")
+        check_draws(draws, cond)
         sigmas = make_grid(cfg, length).to(device)
         nfe = NFECounters()
         window = self.window(draws.iteration)
@@ -129,10 +129,12 @@ class MixGRPO:
         trained = torch.tensor(window, device=device).expand(num_prompts, group, len(window))
         return trajectory_rollout(self.name, sigmas, cond, draws, nfe, states, log_probs, trained, group, window=window)
 
+    # Copied from g2rpo.strategies.dancegrpo.DanceGRPO.advantages
     def advantages(
         self, rollout: Rollout, rewards: torch.Tensor, reward_weights: Sequence[float] | None = None
     ) -> Advantages:
         return terminal_advantages(self.config, rollout, rewards, reward_weights)
 
+    # Copied from g2rpo.strategies.dancegrpo.DanceGRPO.loss_terms
     def loss_terms(self, model: VelocityModel, rollout: Rollout, advantages: Advantages) -> Iterator[LossTerm]:
         return trajectory_loss_terms(self.config, model, rollout, advantages, self.settings.trajectories_per_step)

@@ -36,6 +36,7 @@ __all__ = [
     "FlowGRPOSettings",
     "DiffusionNFTSettings",
     "BranchGRPOSettings",
+    "TrajectorySteppingSettings",
     "SETTINGS",
     "PRESETS",
 ]
@@ -96,7 +97,7 @@ class StrategySettings(Section):
         """A knob of another strategy: name the section it belongs in."""
         parent = path.rpartition(".")[0]
         prefix = f"{parent}." if parent else ""
-        for other in StrategySettings.__subclasses__():
+        for other in SETTINGS.values():
             if other is not cls and key in other.model_fields:
                 return (
                     f"{key} is a setting of strategy {other.strategy}: "
@@ -105,30 +106,47 @@ class StrategySettings(Section):
         return None
 
 
-def trajectory_stepping_problems(strategy: str, per_step: int | None, config: AlgorithmConfig) -> list[str]:
-    """A whole-trajectory strategy steps per ``per_step`` trajectories or per trained step, not both."""
-    if per_step is not None and config.optimizer_step == "per_step":
-        return [
-            problem(
-                "optimizer_step",
-                config.optimizer_step,
-                f"{strategy} steps the optimiser every {strategy}.trajectories_per_step = {per_step} trajectories: "
-                f"use per_iteration, or set {strategy}.trajectories_per_step: null",
-            )
-        ]
-    return []
+def trajectories_per_step_field(default: int | None, source: str) -> Any:
+    """The ``trajectories_per_step`` field of a :class:`TrajectorySteppingSettings`: its default and
+    where that comes from differ per strategy, its bounds and meaning do not."""
+    return Field(
+        default,
+        ge=1,
+        le=COUNT_MAX,
+        description=(
+            f"trajectories per prompt accumulated into each optimiser step ({source}); null = one step per iteration"
+        ),
+    )
 
 
-def trajectory_multi_step_setting(
-    strategy: str, per_step: int | None, config: AlgorithmConfig
-) -> tuple[str, object] | None:
-    """What makes a whole-trajectory strategy step more than once per iteration
-    (:meth:`StrategySettings.multi_step_setting`)."""
-    if per_step is not None and per_step < config.group_size:
-        return (f"{strategy}.trajectories_per_step", per_step)
-    if config.optimizer_step != "per_iteration":
-        return ("optimizer_step", config.optimizer_step)
-    return None
+class TrajectorySteppingSettings(StrategySettings):
+    """Settings of a strategy that steps the optimiser every ``trajectories_per_step`` trajectories of
+    each prompt (the published scripts' gradient accumulation): DanceGRPO, MixGRPO, Flow-GRPO,
+    DiffusionNFT. Each declares the field with :func:`trajectories_per_step_field`, where it stands among
+    its own (a field declared here would come first in every section's listing)."""
+
+    if TYPE_CHECKING:
+        trajectories_per_step: int | None
+
+    def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
+        per_step = self.trajectories_per_step
+        if per_step is not None and per_step < config.group_size:
+            return (f"{self.strategy}.trajectories_per_step", per_step)
+        return super().multi_step_setting(config)
+
+    def cross_checks(self, config: AlgorithmConfig) -> list[str]:
+        """Steps per ``trajectories_per_step`` trajectories or per trained step, not both."""
+        per_step, strategy = self.trajectories_per_step, self.strategy
+        if per_step is not None and config.optimizer_step == "per_step":
+            return [
+                problem(
+                    "optimizer_step",
+                    config.optimizer_step,
+                    f"{strategy} steps the optimiser every {strategy}.trajectories_per_step = {per_step} "
+                    f"trajectories: use per_iteration, or set {strategy}.trajectories_per_step: null",
+                )
+            ]
+        return []
 
 
 class G2RPOSettings(StrategySettings):
@@ -302,7 +320,7 @@ class G2RPOSettings(StrategySettings):
         return list(self.stride_weights) if self.stride_weights is not None else [1.0] * len(self.granularities)
 
 
-class DanceGRPOSettings(StrategySettings):
+class DanceGRPOSettings(TrajectorySteppingSettings):
     """DanceGRPO's own settings: which steps train, the noise of the group, optimiser stepping, learning rate."""
 
     strategy: ClassVar[str] = "dancegrpo"
@@ -319,18 +337,9 @@ class DanceGRPOSettings(StrategySettings):
     shared_noise: bool = Field(
         True, description="one initial noise for the whole group (false = independent, Flow-GRPO style)"
     )
-    trajectories_per_step: int | None = Field(
-        4,
-        ge=1,
-        le=COUNT_MAX,
-        description=(
-            "trajectories per prompt accumulated into each optimiser step (DanceGRPO script: 4, i.e. 3 steps "
-            "per iteration at G = 12); null = one step per iteration"
-        ),
+    trajectories_per_step: int | None = trajectories_per_step_field(
+        4, "DanceGRPO script: 4, i.e. 3 steps per iteration at G = 12"
     )
-
-    def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
-        return trajectory_multi_step_setting(self.strategy, self.trajectories_per_step, config)
 
     def clamped(self, config: AlgorithmConfig) -> list[str]:
         trainable = config.num_steps - 1
@@ -342,11 +351,8 @@ class DanceGRPOSettings(StrategySettings):
             f"(use train_fraction ≥ {1 / trainable:.3g} to say what runs)"
         ]
 
-    def cross_checks(self, config: AlgorithmConfig) -> list[str]:
-        return trajectory_stepping_problems(self.strategy, self.trajectories_per_step, config)
 
-
-class MixGRPOSettings(StrategySettings):
+class MixGRPOSettings(TrajectorySteppingSettings):
     """MixGRPO's own settings: the sliding SDE window (MixGRPO code's defaults)."""
 
     strategy: ClassVar[str] = "mixgrpo"
@@ -356,18 +362,9 @@ class MixGRPOSettings(StrategySettings):
     window_size: int = Field(4, ge=1, le=STEPS_MAX, description="W, SDE steps in the sliding window (MixGRPO code: 4)")
     window_shift: int = Field(1, ge=1, le=STEPS_MAX, description="steps the window advances each time (code: 1)")
     iters_per_shift: int = Field(25, ge=1, le=COUNT_MAX, description="iterations between advances (code: 25)")
-    trajectories_per_step: int | None = Field(
-        3,
-        ge=1,
-        le=COUNT_MAX,
-        description=(
-            "trajectories per prompt accumulated into each optimiser step (MixGRPO script: 3, i.e. 4 steps per "
-            "iteration at G = 12); null = one step per iteration"
-        ),
+    trajectories_per_step: int | None = trajectories_per_step_field(
+        3, "MixGRPO script: 3, i.e. 4 steps per iteration at G = 12"
     )
-
-    def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
-        return trajectory_multi_step_setting(self.strategy, self.trajectories_per_step, config)
 
     def clamped(self, config: AlgorithmConfig) -> list[str]:
         room = config.num_steps - 2  # window indices stay < T − 2
@@ -380,7 +377,7 @@ class MixGRPOSettings(StrategySettings):
         ]
 
     def cross_checks(self, config: AlgorithmConfig) -> list[str]:
-        problems = trajectory_stepping_problems(self.strategy, self.trajectories_per_step, config)
+        problems = super().cross_checks(config)
         if config.num_steps < 3:
             problems.append(
                 problem("num_steps", config.num_steps, "MixGRPO keeps its window below step T − 2: use num_steps ≥ 3")
@@ -388,7 +385,7 @@ class MixGRPOSettings(StrategySettings):
         return problems
 
 
-class FlowGRPOSettings(StrategySettings):
+class FlowGRPOSettings(TrajectorySteppingSettings):
     """Flow-GRPO's own settings: which steps train, the KL penalty, the advantage's std, optimiser stepping."""
 
     strategy: ClassVar[str] = "flowgrpo"
@@ -414,18 +411,7 @@ class FlowGRPOSettings(StrategySettings):
     global_std: bool = Field(
         True, description="normalise advantages by the std of the whole batch (Flow-GRPO) rather than the group's"
     )
-    trajectories_per_step: int | None = Field(
-        6,
-        ge=1,
-        le=COUNT_MAX,
-        description=(
-            "trajectories per prompt accumulated into each optimiser step (Flow-GRPO steps twice per epoch: 6 "
-            "at G = 12); null = one step per iteration"
-        ),
-    )
-
-    def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
-        return trajectory_multi_step_setting(self.strategy, self.trajectories_per_step, config)
+    trajectories_per_step: int | None = trajectories_per_step_field(6, "Flow-GRPO steps twice per epoch: 6 at G = 12")
 
     def clamped(self, config: AlgorithmConfig) -> list[str]:
         if int(self.train_fraction * config.num_steps) >= 1:
@@ -436,11 +422,8 @@ class FlowGRPOSettings(StrategySettings):
             f"(use train_fraction ≥ {1 / config.num_steps:.3g} to say what runs)"
         ]
 
-    def cross_checks(self, config: AlgorithmConfig) -> list[str]:
-        return trajectory_stepping_problems(self.strategy, self.trajectories_per_step, config)
 
-
-class DiffusionNFTSettings(StrategySettings):
+class DiffusionNFTSettings(TrajectorySteppingSettings):
     """DiffusionNFT's own settings: β, the old policy's update schedule, timesteps, the KL to the reference."""
 
     strategy: ClassVar[str] = "diffusionnft"
@@ -501,18 +484,9 @@ class DiffusionNFTSettings(StrategySettings):
         allow_inf_nan=False,
         description="the old policy's decay stops growing here (published 0.5, OCR 0.999; 1 = never updated)",
     )
-    trajectories_per_step: int | None = Field(
-        None,
-        ge=1,
-        le=COUNT_MAX,
-        description=(
-            "samples per prompt accumulated into each optimiser step; null = one step per iteration (DiffusionNFT's "
-            "gradient_step_per_epoch 1; its OCR config steps twice)"
-        ),
+    trajectories_per_step: int | None = trajectories_per_step_field(
+        None, "DiffusionNFT: null, its gradient_step_per_epoch 1; its OCR config steps twice"
     )
-
-    def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
-        return trajectory_multi_step_setting(self.strategy, self.trajectories_per_step, config)
 
     def clamped(self, config: AlgorithmConfig) -> list[str]:
         if int(self.train_fraction * config.num_steps) >= 1:
@@ -524,6 +498,7 @@ class DiffusionNFTSettings(StrategySettings):
         ]
 
     def cross_checks(self, config: AlgorithmConfig) -> list[str]:
+        # Not the trajectory strategies' rule: DiffusionNFT has no step k to step after.
         if config.optimizer_step == "per_step":
             return [
                 problem(

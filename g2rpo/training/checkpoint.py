@@ -9,6 +9,7 @@ A **resumable checkpoint** ``<output.dir>/checkpoints/iter-000040/`` holds::
     strategy.pt           the strategy's state across iterations, when it has one (DiffusionNFT's old policy)
     trainer_state.json    iteration done, data cursor, config hash, world size, backend
     manifest.json         written LAST, by rank 0, after every rank has finished writing
+                          (node-local folders: by each node's first rank, over its node's part)
 
 A checkpoint counts as complete only when its manifest exists and every file it lists is there
 with the listed size. A directory without a manifest — a run killed while writing — is never
@@ -22,6 +23,17 @@ moved aside to ``iter-NNNNNN.damaged`` (the only case where a complete checkpoin
 list), and when none matches resume stops with the list of mismatches. A checkpoint named in
 ``train.resume`` that does not match is refused. Where a run resumes from, or whether its folder
 lets it start afresh, is :meth:`CheckpointManager.resume_point`.
+
+**Node-local folders** (``output.node_local``: a multi-node run whose nodes share no volume). Each
+node's ranks write their files of a checkpoint into that node's own ``output.dir``, and the first
+rank of each node seals the node's **part** with a manifest of its files (metadata ``kind:
+resumable-checkpoint-part`` and the node's index): global rank 0's part holds the project's files
+(``trainer_state.json``, EMA, strategy, validation) and DeepSpeed's model states, every node's part
+its ranks' ZeRO shards and RNG files. A part is never resumed from (:meth:`CheckpointManager.complete`
+lists whole checkpoints only); the whole exists only in the S3 mirror, which publishes every node's
+part under one manifest, last (:mod:`g2rpo.training.mirror`), and restores the whole into each
+node's folder before a resume. Retention, the overwrite guard and "already saved" treat a sealed
+part like a whole checkpoint, each node in its own folder.
 
 Retention: the last ``keep_last`` complete checkpoints, plus every iteration listed in
 ``keep_iterations`` (explicitly named ones) and the best validated one so far
@@ -75,6 +87,8 @@ __all__ = [
     "CheckpointManager",
     "MANIFEST",
     "is_complete",
+    "is_part",
+    "PART_KIND",
     "verify",
     "manifest_metadata",
     "capture_rng",
@@ -85,6 +99,7 @@ __all__ = [
 ]
 
 MANIFEST = "manifest.json"
+PART_KIND = "resumable-checkpoint-part"  # the manifest metadata kind of one node's part (output.node_local)
 _NAME = re.compile(r"^iter-(\d{6,})$")
 FLUX_DEV_LICENSE = {
     "name": "FLUX.1 [dev] Non-Commercial License",
@@ -169,6 +184,11 @@ def is_complete(directory: str | Path) -> bool:
     return (directory / MANIFEST).is_file() and incomplete_reason(directory) is None
 
 
+def is_part(directory: str | Path) -> bool:
+    """True when ``directory``'s manifest seals one node's part of a checkpoint, not the whole (output.node_local)."""
+    return (manifest_metadata(directory) or {}).get("kind") == PART_KIND
+
+
 def incomplete_reason(directory: str | Path) -> str | None:
     """Why ``directory``'s manifest is unreadable or does not match its files' sizes, or None when it
     does (a directory without a manifest gives the missing manifest as its reason)."""
@@ -234,8 +254,16 @@ class CheckpointManager:
         rank: int = 0,
         world_size: int = 1,
         barrier: Any = None,
+        node_local: bool = False,
+        leader: bool | None = None,
+        node_rank: int = 0,
     ) -> None:
         self.root = Path(root)
+        # With node-local folders (output.node_local) each node's first rank makes, seals and prunes its
+        # node's part in its own folder (``leader``, ``node_rank``); otherwise rank 0 does, for all.
+        self.node_local = node_local
+        self.leader = rank == 0 if leader is None else leader
+        self.node_rank = node_rank
         self.config_hash = config_hash
         self.keep_last = keep_last
         self.keep_iterations = set(keep_iterations)
@@ -255,11 +283,13 @@ class CheckpointManager:
         return self.root / self.name(iteration)
 
     def has_complete(self, iteration: int) -> bool:
-        """Whether the checkpoint of ``iteration`` is complete (:func:`is_complete`)."""
+        """Whether the checkpoint of ``iteration`` is saved here: complete (:func:`is_complete`), or with
+        node-local folders this node's sealed part of it."""
         return is_complete(self.path(iteration))
 
-    def complete(self) -> list[tuple[int, Path]]:
-        """Complete checkpoints, oldest first."""
+    def sealed(self) -> list[tuple[int, Path]]:
+        """Checkpoints whose manifest matches their files, oldest first: whole ones and (node-local
+        folders) this node's parts."""
         found = []
         if self.root.is_dir():
             for child in self.root.iterdir():
@@ -267,6 +297,10 @@ class CheckpointManager:
                 if match and child.is_dir() and is_complete(child):
                     found.append((int(match.group(1)), child))
         return sorted(found)
+
+    def complete(self) -> list[tuple[int, Path]]:
+        """Complete, whole checkpoints — the ones a run resumes from —, oldest first (a node's part is not one)."""
+        return [(i, p) for i, p in self.sealed() if not is_part(p)]
 
     def latest(self) -> Path | None:
         done = self.complete()
@@ -330,13 +364,14 @@ class CheckpointManager:
     def _set_aside(
         self, directory: Path, reason: str, fallback: Path, on_skip: Callable[[dict[str, Any]], None] | None
     ) -> None:
-        """Report a damaged checkpoint and move it out of the list (rank 0 only; the others only skip it)."""
+        """Report a damaged checkpoint and move it out of the list (the folder's leader only: rank 0, or each
+        node's first rank with node-local folders; the others only skip it)."""
         aside = directory.with_name(f"{directory.name}.damaged")
         n = 1
         while aside.exists():
             n += 1
             aside = directory.with_name(f"{directory.name}.damaged-{n}")
-        if self.rank == 0:
+        if self.leader:
             print(
                 f"g2rpo: skipping checkpoint {directory}: {reason}; moved aside to {aside.name}, "
                 f"resuming from {fallback.name}",
@@ -383,7 +418,7 @@ class CheckpointManager:
             self._write(target, state, driver, ema, json_files, strategy_state)
         except (OSError, RuntimeError) as exc:  # full disk, permissions, read-only: name the path and why
             raise write_failure(f"checkpoint of iteration {state.iteration}", target, exc) from exc
-        if self.rank == 0:
+        if self.leader:
             self.prune()
         self._barrier()
         return target
@@ -397,8 +432,9 @@ class CheckpointManager:
         json_files: dict[str, Any] | None,
         strategy_state: dict[str, Any] | None = None,
     ) -> None:
-        """Every file of one checkpoint, the manifest last (by rank 0, after every rank's files)."""
-        if self.rank == 0:
+        """Every file of one checkpoint, the manifest last (by rank 0, after every rank's files; with
+        node-local folders each node's first rank seals its node's part)."""
+        if self.leader:
             if target.exists():  # left by a run killed mid-save: never complete, nothing to keep
                 shutil.rmtree(target)
             (target / "ranks").mkdir(parents=True)
@@ -416,17 +452,21 @@ class CheckpointManager:
             for name, content in (json_files or {}).items():
                 (target / name).write_text(json.dumps(content, indent=1, sort_keys=True), encoding="utf-8")
         self._barrier()  # every rank's files are on disk before the manifest says so
-        if self.rank == 0:
+        metadata = {"kind": "resumable-checkpoint", "iteration": state.iteration, "world_size": self.world_size}
+        if self.node_local:
+            metadata = {**metadata, "kind": PART_KIND, "node": self.node_rank}
+        if self.leader:
             write_dir_manifest(
                 target,
                 producer=f"g2rpo.training.trainer {__version__}",
                 config_hash=self.config_hash,
-                metadata={"kind": "resumable-checkpoint", "iteration": state.iteration, "world_size": self.world_size},
+                metadata=metadata,
             )
 
     def prune(self) -> list[Path]:
-        """Remove complete checkpoints beyond the last ``keep_last`` (named and protected ones stay)."""
-        done = self.complete()
+        """Remove complete checkpoints (and node-local parts) beyond the last ``keep_last`` (named and
+        protected ones stay)."""
+        done = self.sealed()
         kept = self.keep_iterations | self.protected
         removable = [(i, p) for i, p in done[: max(len(done) - self.keep_last, 0)] if i not in kept]
         for _, path in removable:

@@ -1,7 +1,8 @@
 """Process-group set-up for data-parallel training, and which rank trains which prompts.
 
 Launch: one process (plain ``g2rpo train``), or ``torchrun --nproc_per_node N -m g2rpo train ...``
-(torchrun sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``/``PORT``). The backend
+(torchrun sets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``GROUP_RANK`` — the node's index —,
+``MASTER_ADDR``/``PORT``). The backend
 is NCCL on CUDA and gloo on the CPU. DeepSpeed is driven directly (``deepspeed.init_distributed``
 reuses the group made here); accelerate is not used because with DeepSpeed on the CPU it
 miscounts processes (both ranks claim to be the main one; measured with accelerate 1.15 and
@@ -23,6 +24,7 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 
@@ -42,16 +44,26 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DistContext:
-    """Where this process sits: rank, world size, local rank and its device."""
+    """Where this process sits: rank, world size, local rank, its node and its device."""
 
     rank: int
     world_size: int
     local_rank: int
     device: torch.device
+    node_rank: int = 0  # torchrun's GROUP_RANK: which node this process runs on
+    # output.node_local: output.dir is a folder of this node alone, not one every node shares
+    # (g2rpo.training.checkpoint, g2rpo.training.mirror).
+    node_local: bool = False
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def is_folder_leader(self) -> bool:
+        """Whether this rank makes, tidies and claims ``output.dir`` for the ranks that see it: rank 0 of
+        a folder every node shares, or the first rank of each node when each node has its own."""
+        return self.local_rank == 0 if self.node_local else self.rank == 0
 
     @property
     def distributed(self) -> bool:
@@ -68,6 +80,22 @@ class DistContext:
         t = torch.tensor([value], dtype=torch.float64)
         torch.distributed.all_reduce(t)
         return float(t.item() / self.world_size)
+
+    def gather(self, value: Any) -> list[Any]:
+        """Every rank's ``value`` (picklable), in rank order, on every rank (collective)."""
+        if not self.distributed:
+            return [value]
+        out: list[Any] = [None] * self.world_size
+        torch.distributed.all_gather_object(out, value)
+        return out
+
+    def from_main(self, value: Any) -> Any:
+        """Rank 0's ``value`` (picklable) on every rank (collective; the others' values are ignored)."""
+        if not self.distributed:
+            return value
+        box = [value]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
 
     def shutdown(self) -> None:
         """Leave the process group together (every rank calls it last). A one-process group (DeepSpeed makes
@@ -113,6 +141,7 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistCont
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    node_rank = int(os.environ.get("GROUP_RANK", "0"))
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
@@ -125,7 +154,7 @@ def init_distributed(device: str = "auto", timeout_s: float = 600.0) -> DistCont
     if world_size > 1 and not torch.distributed.is_initialized():
         backend = "nccl" if dev.type == "cuda" else "gloo"
         torch.distributed.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
-    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=dev)
+    return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=dev, node_rank=node_rank)
 
 
 def prompts_per_rank(prompts_per_iteration: int, world_size: int) -> int:

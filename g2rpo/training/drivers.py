@@ -37,7 +37,7 @@ from g2rpo.training.distributed import DistContext
 from g2rpo.training.lora import lora_target_problem
 from g2rpo.training.run_config import LoraSection, RunConfig
 
-__all__ = ["TorchDriver", "DeepSpeedDriver", "to_universal", "apply_lora", "EMA"]
+__all__ = ["TorchDriver", "DeepSpeedDriver", "to_universal", "apply_lora", "EMA", "trainable_tensors"]
 
 
 # --------------------------------------------------------------------------- drivers
@@ -269,9 +269,9 @@ class DeepSpeedDriver:
         """Restore weights and optimiser state from the checkpoint ``directory`` (collective).
 
         At the world size it was saved with, DeepSpeed reads its own shards. At another one (a
-        16-rank run resumed on 8) ZeRO's flat shards do not fit the new partitioning, so rank 0
-        first converts them with DeepSpeed's ``ds_to_universal`` into the *universal* layout — per
-        parameter name its fp32 master weights, ``exp_avg``, ``exp_avg_sq`` and step — in a scratch
+        16-rank run resumed on 8) ZeRO's flat shards do not fit the new partitioning, so rank 0 (each
+        node's first rank, with node-local folders) first converts them with DeepSpeed's
+        ``ds_to_universal`` into the *universal* layout — per parameter name its fp32 master weights, ``exp_avg``, ``exp_avg_sq`` and step — in a scratch
         folder ``iter-NNNNNN.universal`` beside the checkpoint (the checkpoint itself, complete and
         digested, is never written to); every rank then loads its new partition from it, and the
         scratch folder is removed. ZeRO stage 0 does not shard: its one ``mp_rank_00_model_states.pt``
@@ -292,7 +292,8 @@ class DeepSpeedDriver:
             self._load_from(source)
             return
         scratch = directory.with_name(f"{directory.name}.universal")
-        if self.ctx.is_main:
+        # The folder's leader converts: rank 0, or with node-local folders each node's first rank, in its own folder.
+        if self.ctx.is_folder_leader:
             if scratch.exists():  # left by a resume killed mid-way: redo it
                 shutil.rmtree(scratch)
             to_universal(source / "state", scratch / "state")
@@ -305,7 +306,7 @@ class DeepSpeedDriver:
         finally:
             self.engine._config.load_universal_checkpoint = False
         self.ctx.barrier()
-        if self.ctx.is_main:
+        if self.ctx.is_folder_leader:
             shutil.rmtree(scratch)
 
     def _load_from(self, folder: Path) -> None:
@@ -370,6 +371,11 @@ def apply_lora(transformer: torch.nn.Module, lora: LoraSection, seed: int | None
     with torch.random.fork_rng(devices=[]):  # the transformer is on the CPU here
         torch.manual_seed(seed)
         transformer.add_adapter(config)
+
+
+def trainable_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The parameters of ``module`` that train, by name: what the EMA averages and the export writes."""
+    return {n: p for n, p in module.named_parameters() if p.requires_grad}
 
 
 class EMA:

@@ -5,7 +5,7 @@ The resume tests need a run that dies at a known point, the way a preempted node
 it (:mod:`g2rpo.faults`: without ``G2RPO_ARM_FAULT_POINTS=1`` a stray ``G2RPO_FAULT_KILL_AT`` is
 ignored, with one line saying so)::
 
-    G2RPO_ARM_FAULT_POINTS=1 G2RPO_FAULT_KILL_AT=iteration:N    # or checkpoint:N, sigterm:N, hold:N
+    G2RPO_ARM_FAULT_POINTS=1 G2RPO_FAULT_KILL_AT=iteration:N    # or checkpoint:N, mirror_part:N, sigterm:N, hold:N
 
 - ``iteration:N`` — in :meth:`~g2rpo.training.trainer.Trainer.step` of iteration N, after the
   rewards and advantages, before the training phase (no optimiser step of N has happened). Proves
@@ -22,6 +22,10 @@ ignored, with one line saying so)::
 - ``checkpoint:N`` — while the checkpoint of iteration N is saved, after the driver's weights and
   optimiser state are written, before the RNG files, the EMA and the manifest. Proves that a
   half-written checkpoint (no manifest) is never resumed from.
+- ``mirror_part:N`` — with node-local folders (``output.node_local``), in the S3 mirror's publish of
+  checkpoint N, on the first rank of a node whose environment sets it, before that node uploads its
+  part (:meth:`~g2rpo.training.mirror.CheckpointMirror.publish_parts`). Proves that a prefix holding
+  only some nodes' parts never counts as a checkpoint.
 
 Every point that acts first names the variables on stderr. Unset (every normal run), each point is
 one dictionary lookup and nothing else. The trainer calls :func:`fail_point` at the iteration
@@ -48,7 +52,7 @@ FAIL_POINT_ENV = FAULT_ENV
 
 HOLD_S = 600.0  # the longest a ``hold:N`` point waits for its signal
 
-FailPoint = Literal["iteration", "checkpoint"]
+FailPoint = Literal["iteration", "checkpoint", "mirror_part"]
 
 
 def fail_point(point: FailPoint, iteration: int, signalled: Callable[[], bool] = lambda: False) -> None:

@@ -1,7 +1,8 @@
 """What a run builds at set-up, before its first iteration: the policy (the transformer, the VAE and
-the velocity adapter over them), the prompts and their conditioning, the reward heads, and the driver
-that owns the optimiser. :meth:`g2rpo.training.trainer.Trainer.setup` calls these in order; each
-returns a small typed value and decides nothing the config does not say.
+the velocity adapter over them), the prompts and their conditioning, the reward heads, and the learner
+(the strategy, the driver that owns the optimiser, the EMA). :meth:`g2rpo.training.trainer.Trainer.setup`
+calls these in order; each returns a small frozen bundle that the trainer and its
+:class:`~g2rpo.training.validation.Validator` hold, and decides nothing the config does not say.
 """
 
 from __future__ import annotations
@@ -21,15 +22,19 @@ from g2rpo.models.tiny import save_tiny_flux
 from g2rpo.rewards.base import RewardModel
 from g2rpo.rewards.registry import build_reward
 from g2rpo.seeding import derive_seed
+from g2rpo.strategies.base import StatefulStrategy, Strategy
+from g2rpo.strategies.registry import build_strategy
 from g2rpo.training.distributed import DistContext
-from g2rpo.training.drivers import DeepSpeedDriver, TorchDriver, apply_lora
+from g2rpo.training.drivers import EMA, DeepSpeedDriver, TorchDriver, apply_lora, trainable_tensors
 from g2rpo.training.run_config import RunConfig, deepspeed_rank_problem
 
 __all__ = [
+    "Learner",
     "Policy",
     "PromptSet",
     "RewardSet",
     "build_driver",
+    "build_learner",
     "check_conditioning_fits",
     "load_policy",
     "load_prompts",
@@ -68,6 +73,25 @@ class RewardSet:
     weights: list[float]
     models: list[RewardModel]
     batch: list[int]
+
+
+@dataclass(frozen=True)
+class Learner:
+    """What updates the policy: the credit-assignment strategy, the driver that owns the optimiser (DeepSpeed
+    or torch), and the EMA of the trainable tensors (None without ``train.ema``)."""
+
+    strategy: Strategy
+    driver: TorchDriver | DeepSpeedDriver
+    ema: EMA | None
+
+    def trainable(self) -> dict[str, torch.Tensor]:
+        """The driver's trainable tensors by name (what the EMA averages and the export writes)."""
+        return trainable_tensors(self.driver.module)
+
+    @property
+    def stateful_strategy(self) -> StatefulStrategy | None:
+        """The strategy, when it carries state across iterations (checkpointed as strategy.pt)."""
+        return self.strategy if isinstance(self.strategy, StatefulStrategy) else None
 
 
 def model_root(cfg: RunConfig, ctx: DistContext) -> Path:
@@ -209,3 +233,11 @@ def build_driver(cfg: RunConfig, velocity: FluxVelocity, ctx: DistContext) -> To
     if ranks := deepspeed_rank_problem(cfg.deepspeed.enabled, ctx.world_size):
         raise G2RPOError(ranks)
     return TorchDriver(velocity, params, cfg)
+
+
+def build_learner(cfg: RunConfig, velocity: FluxVelocity, ctx: DistContext) -> Learner:
+    """The strategy of ``algorithm``, the driver over ``velocity``'s trainable parameters, and the EMA of them."""
+    strategy = build_strategy(cfg.algorithm)
+    driver = build_driver(cfg, velocity, ctx)
+    ema = EMA(trainable_tensors(driver.module), cfg.train.ema.decay) if cfg.train.ema.enabled else None
+    return Learner(strategy=strategy, driver=driver, ema=ema)

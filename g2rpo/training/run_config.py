@@ -348,6 +348,12 @@ class OutputSection(Section):
     dir: str = Field("runs/g2rpo", description="run directory: config, metrics.jsonl, checkpoints/, export/")
     export: bool = Field(True, description="export the trained transformer (or LoRA adapters) at the end")
     export_ema: bool = Field(False, description="export the EMA weights instead of the raw ones (needs train.ema)")
+    node_local: bool = Field(
+        False,
+        description="output.dir is a folder of each node alone, not one every node shares: each node keeps its ranks' "
+        "part of every checkpoint there, the S3 checkpoint mirror (--checkpoint-uri, required) holds the whole, and "
+        "a resume restores it from S3 into every node's folder (docs/training.md, multi-node without a shared volume)",
+    )
 
 
 class ObservabilitySection(Section):
@@ -529,6 +535,17 @@ def cross_field_problems(config: Any) -> list[str]:
                     True,
                     "validation scores the raw weights, so it cannot choose among EMA exports: set "
                     "output.export_ema=false, or train.validation.select_best=false to export the last EMA weights",
+                )
+            )
+    if output is not None and train is not None and output.node_local and train.validation.enabled:
+        if train.validation.select_best:
+            problems.append(
+                problem(
+                    "train.validation.select_best",
+                    True,
+                    "with output.node_local=true each node holds only its part of a checkpoint, so the export cannot "
+                    "load the best validated one: set train.validation.select_best=false (the export takes the last "
+                    "iteration), or put output.dir on a volume every node shares and set output.node_local=false",
                 )
             )
     if train is not None and train.resume not in ("auto", "never") and not Path(train.resume).exists():

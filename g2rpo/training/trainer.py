@@ -35,6 +35,11 @@ every ``every`` iterations and at the end (:meth:`Trainer.validate`: ``{"event":
 ...}``), checkpoints each validated iteration, may stop early (``{"event": "early_stop", ...}``),
 and exports the best validated checkpoint instead of the last.
 
+What set-up loads, the trainer holds as four frozen bundles of :mod:`g2rpo.training.loading` —
+``policy`` (transformer, VAE, velocity adapter), ``prompt_set`` (prompts, counts, conditioning),
+``reward_set`` (heads, names, weights, batch sizes) and ``learner`` (strategy, driver, EMA) — and hands
+the first three to the validator. :meth:`Trainer.run` returns a :class:`RunSummary`.
+
 Callbacks (:class:`~g2rpo.training.callbacks.TrainerCallback`, passed as
 ``Trainer(config, callbacks=[...])``) see each iteration's record and each checkpoint, on every
 rank. The resume tests kill a real run at the fail points of :mod:`g2rpo.training.failpoints`.
@@ -47,6 +52,7 @@ import sys
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,16 +66,24 @@ from g2rpo.models.flux import avoid_cudnn_attention, decode_latents
 from g2rpo.progress import progress_bar
 from g2rpo.rewards.scoring import score_rewards
 from g2rpo.seeding import Draws
-from g2rpo.strategies.base import StatefulStrategy, summarize_step
-from g2rpo.strategies.registry import build_strategy
+from g2rpo.strategies.base import summarize_step
 from g2rpo.training.callbacks import TrainerCallback
 from g2rpo.training.checkpoint import CheckpointManager, TrainerState
-from g2rpo.training.distributed import global_prompt_indices, init_distributed, lockstep_rounds, prompts_per_rank
-from g2rpo.training.drivers import EMA
+from g2rpo.training.distributed import (
+    DistContext,
+    global_prompt_indices,
+    init_distributed,
+    lockstep_rounds,
+    prompts_per_rank,
+)
 from g2rpo.training.export import export_run
 from g2rpo.training.failpoints import FailAfterSave, fail_point
 from g2rpo.training.loading import (
-    build_driver,
+    Learner,
+    Policy,
+    PromptSet,
+    RewardSet,
+    build_learner,
     check_conditioning_fits,
     load_policy,
     load_prompts,
@@ -83,11 +97,37 @@ from g2rpo.training.preemption import Preempted, StopOnSignal
 from g2rpo.training.preflight import run_problems
 from g2rpo.training.run_config import RunConfig, resume_hash
 from g2rpo.training.run_dir import RunDir, WriterClaim
-from g2rpo.training.validation import Selection, ValidationRecord, Validator
+from g2rpo.training.validation import Selection, ValidationRecord, ValidationSummary, Validator
 
-__all__ = ["Trainer", "train_from_config"]
+__all__ = ["RunSummary", "Trainer", "train_from_config"]
 
 PHASES = ("sampling", "decoding", "reward", "training")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What :meth:`Trainer.run` returns; ``g2rpo train`` prints it and ``--summary-json`` writes it
+    (:meth:`to_json`, keys in field order)."""
+
+    iterations: int  # iterations trained when the run ended (train.iterations, or fewer after an early stop)
+    resumed_at: int  # the iteration this process started from (0: a fresh run)
+    first_reward: float | None  # reward_mean_global of this process's first iteration (None: it trained none)
+    last_reward: float | None  # ... and of its last
+    output_dir: str
+    export: str | None  # the export folder (None with output.export false)
+    world_size: int
+    backend: str  # the driver's: torch or deepspeed
+    prompts: dict[str, int]  # read, unique, duplicates (dropped)
+    validation: ValidationSummary | None  # None without train.validation
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSummary:
+        """Back from :meth:`to_json` (a ``--summary-json`` file the trainer wrote)."""
+        validation = data["validation"]
+        return cls(**{**data, "validation": None if validation is None else ValidationSummary.from_json(validation)})
 
 
 # --------------------------------------------------------------------------- the trainer
@@ -95,6 +135,17 @@ PHASES = ("sampling", "decoding", "reward", "training")
 
 class Trainer:
     """``setup()`` once, then ``step()`` per iteration (returns an :class:`IterationRecord`), or ``run()``."""
+
+    # Made by setup(): the process group, the run's files, and the bundles of g2rpo.training.loading.
+    ctx: DistContext
+    metrics: MetricsLog
+    checkpoints: CheckpointManager
+    per_rank: int  # prompts per rank per iteration
+    policy: Policy
+    prompt_set: PromptSet
+    reward_set: RewardSet
+    validator: Validator  # built on every run (a benchmark validates a run that does not); used with train.validation
+    learner: Learner
 
     def __init__(
         self, config: RunConfig, callbacks: Sequence[TrainerCallback] = (), run_dir: RunDir | None = None
@@ -143,7 +194,8 @@ class Trainer:
             check_cache_writable(cfg.rewards.cache_dir, "rewards.cache_dir")
         if cfg.train.deterministic:
             torch.use_deterministic_algorithms(True)
-        self.ctx = init_distributed(cfg.train.device)
+        # output.node_local: each node's first rank makes, claims and tidies its node's own output.dir.
+        self.ctx = replace(init_distributed(cfg.train.device), node_local=cfg.output.node_local)
         avoid_cudnn_attention(self.ctx.device)  # its backward fails at FLUX.1-dev's shapes on an H200 (see there)
         self.metrics = MetricsLog(run_dir.metrics, self.ctx.is_main)
         problems = run_problems(cfg, self.ctx.world_size)
@@ -173,6 +225,9 @@ class Trainer:
             rank=self.ctx.rank,
             world_size=self.ctx.world_size,
             barrier=self.ctx.barrier,
+            node_local=self.ctx.node_local,
+            leader=self.ctx.is_folder_leader,
+            node_rank=self.ctx.node_rank,
         )
         for callback in self.callbacks:
             hook = getattr(callback, "before_resume", None)  # duck-typed callbacks may lack it
@@ -181,35 +236,38 @@ class Trainer:
         self.ctx.barrier()  # what a callback restored is on disk before any rank looks
         resume_from = self.checkpoints.resume_point(cfg.train.resume, run_dir, to_yaml(cfg), self.metrics.event)
         root = model_root(cfg, self.ctx)  # an s3:// model is fetched here, once per node
-        policy = load_policy(cfg, self.ctx, root)
-        self.transformer, self.vae, self.velocity = policy.transformer, policy.vae, policy.velocity
-        self.latent_shape = policy.latent_shape
-        prompt_set = load_prompts(cfg, root)
-        self.prompts, self.prompt_counts = prompt_set.prompts, prompt_set.counts
-        self._conditioning_of = prompt_set.conditioning_of
-        check_conditioning_fits(cfg, prompt_set, self.transformer)
-        rewards = load_rewards(cfg, self.ctx.device)
-        self.reward_names, self.reward_weights = rewards.names, rewards.weights
-        self.reward_models, self.reward_batch = rewards.models, rewards.batch
-        # Built on every run (a benchmark validates a run that does not); the loop uses it with train.validation.
-        self.validator = self._build_validator()
-        self.strategy = build_strategy(cfg.algorithm)
-        self.driver = build_driver(cfg, self.velocity, self.ctx)
-        self.ema = EMA(self._trainable(), cfg.train.ema.decay) if cfg.train.ema.enabled else None
+        self.policy = load_policy(cfg, self.ctx, root)
+        self.prompt_set = load_prompts(cfg, root)
+        check_conditioning_fits(cfg, self.prompt_set, self.policy.transformer)
+        self.reward_set = load_rewards(cfg, self.ctx.device)
+        self.validator = Validator(
+            cfg.train.validation,
+            cfg.algorithm,
+            self.policy,
+            self.prompt_set,
+            self.reward_set,
+            decode_micro_batch=cfg.train.decode_micro_batch,
+            ctx=self.ctx,
+            checkpoints=self.checkpoints,
+            log_event=self.metrics.event,
+        )
+        self.learner = build_learner(cfg, self.policy.velocity, self.ctx)
         if resume_from is not None:
-            state = self.checkpoints.load(resume_from, self.driver, self.ema, self._stateful_strategy())
+            learner = self.learner
+            state = self.checkpoints.load(resume_from, learner.driver, learner.ema, learner.stateful_strategy)
             self.iteration = state.iteration
             if cfg.train.validation.enabled:
                 self.validator.resume(resume_from)
             self.metrics.event({"event": "resumed", "from": str(resume_from), "iteration": state.iteration})
             if self.ctx.is_main:  # the resumed run's config, next to the original (never overwritten)
                 run_dir.resumed_config_yaml(state.iteration).write_text(to_yaml(cfg), encoding="utf-8")
-        elif self.ctx.is_main:
-            self.claim_output_dir()  # a new folder: made now, with its claim and marker first
-            run_dir.config_yaml.write_text(to_yaml(cfg), encoding="utf-8")
-            if run_dir.metrics.exists():  # a run killed before its first checkpoint
-                self.metrics.event({"event": "restarted", "iteration": 0})
-        duplicates = report_duplicates(cfg, prompt_set, self.ctx)
+        else:
+            self.claim_output_dir()  # a new folder: made now, with its claim and marker first (each node's own too)
+            if self.ctx.is_main:
+                run_dir.config_yaml.write_text(to_yaml(cfg), encoding="utf-8")
+                if run_dir.metrics.exists():  # a run killed before its first checkpoint
+                    self.metrics.event({"event": "restarted", "iteration": 0})
+        duplicates = report_duplicates(cfg, self.prompt_set, self.ctx)
         if duplicates is not None:
             self.metrics.event(duplicates)
         clamped = [f"algorithm.{line}" for line in cfg.algorithm.settings.clamped(cfg.algorithm)]
@@ -223,37 +281,11 @@ class Trainer:
         return self
 
     def claim_output_dir(self) -> None:
-        """Take this process's writer claim on ``output.dir`` (rank 0, once per setup): the folder is made,
-        claimed and marked before anything else is written there (:meth:`~g2rpo.training.run_dir.RunDir.claim`)."""
-        if self.ctx.is_main and not self.claims:
+        """Take this process's writer claim on ``output.dir`` (rank 0, or each node's first rank with node-local
+        folders; once per setup): the folder is made, claimed and marked before anything else is written there
+        (:meth:`~g2rpo.training.run_dir.RunDir.claim`)."""
+        if self.ctx.is_folder_leader and not self.claims:
             self.claims.append(self.run_dir.claim(self.hash))
-
-    def _build_validator(self) -> Validator:
-        cfg = self.config
-        return Validator(
-            cfg.train.validation,
-            cfg.algorithm,
-            velocity=self.velocity,
-            vae=self.vae,
-            prompts=self.prompts,
-            conditioning_of=self._conditioning_of,
-            reward_names=self.reward_names,
-            reward_weights=self.reward_weights,
-            reward_models=self.reward_models,
-            reward_batch=self.reward_batch,
-            decode_micro_batch=cfg.train.decode_micro_batch,
-            ctx=self.ctx,
-            checkpoints=self.checkpoints,
-            log_event=self.metrics.event,
-        )
-
-    def _stateful_strategy(self) -> StatefulStrategy | None:
-        """The strategy, when it carries state across iterations (checkpointed as strategy.pt)."""
-        return self.strategy if isinstance(self.strategy, StatefulStrategy) else None
-
-    def _trainable(self) -> dict[str, torch.Tensor]:
-        module = self.driver.module if hasattr(self, "driver") else self.velocity
-        return {n: p for n, p in module.named_parameters() if p.requires_grad}
 
     # ------------------------------------------------------------------ one iteration
 
@@ -262,45 +294,45 @@ class Trainer:
         if not self._is_setup:
             self.setup()
         cfg, ctx = self.config, self.ctx
-        if cfg.train.validation.enabled and self.iteration == 0 and not self.validator.history:
+        strategy, driver = self.learner.strategy, self.learner.driver
+        prompts, reward_set = self.prompt_set.prompts, self.reward_set
+        if self._baseline_due():
             self.validate()  # the baseline: the weights before any update
-        batch = global_prompt_indices(
-            cfg.train.seed, self.iteration, cfg.train.prompts_per_iteration, len(self.prompts)
-        )
+        batch = global_prompt_indices(cfg.train.seed, self.iteration, cfg.train.prompts_per_iteration, len(prompts))
         slots = list(range(ctx.rank * self.per_rank, (ctx.rank + 1) * self.per_rank))
         indices = [batch[s] for s in slots]
         draws = Draws(cfg.train.seed, self.iteration, tuple(slots))
-        cond = self._conditioning_of(indices).to(ctx.device)
+        cond = self.prompt_set.conditioning_of(indices).to(ctx.device)
         seconds = dict.fromkeys(PHASES, 0.0)
 
         with _timed(seconds, "sampling", ctx.device), torch.no_grad():
-            rollout = self.strategy.rollout(self.driver.policy, cond, draws, self.latent_shape, device=ctx.device)
+            rollout = strategy.rollout(driver.policy, cond, draws, self.policy.latent_shape, device=ctx.device)
         with _timed(seconds, "decoding", ctx.device):
             images = decode_latents(
-                self.vae,
+                self.policy.vae,
                 rollout.final_latents,
                 cfg.model.height,
                 cfg.model.width,
                 micro_batch=cfg.train.decode_micro_batch,
             )  # [N, 3, H, W] in [0, 1]
         with _timed(seconds, "reward", ctx.device):
-            texts = [self.prompts[indices[int(p)]] for p in rollout.final_prompt]
-            rewards = self._score(images, texts).reshape(rollout.reward_layout(len(self.reward_models)))  # [R, *shape]
-            advantages = self.strategy.advantages(rollout, rewards, self.reward_weights)
+            texts = [prompts[indices[int(p)]] for p in rollout.final_prompt]
+            rewards = self._score(images, texts).reshape(rollout.reward_layout(len(reward_set.models)))  # [R, *shape]
+            advantages = strategy.advantages(rollout, rewards, reward_set.weights)
         fail_point("iteration", self.iteration, signalled=lambda: self.stop is not None and self.stop.received)
         self._optimizer_seconds = 0.0  # the optimiser steps' share of "training" (timed in _optimizer_step)
         with _timed(seconds, "training", ctx.device):
             terms, grad_norm = self._optimise(rollout, advantages)
-        stats = summarize_step(rollout, rewards, advantages, terms, self.reward_weights)
+        stats = summarize_step(rollout, rewards, advantages, terms, reward_set.weights)
         self._training_cost["seconds"] += sum(seconds.values())
         self._training_cost["forwards"] += stats.sampling_forwards + stats.training_forwards
         record = IterationRecord(
             iteration=self.iteration,
             stats=stats,
             grad_norm=grad_norm,
-            learning_rate=self.driver.learning_rate,
+            learning_rate=driver.learning_rate,
             seconds=seconds,
-            reward_names=self.reward_names,
+            reward_names=reward_set.names,
             reward_mean_global=ctx.mean(stats.reward_mean_all),
             prompt_indices=indices,
             extra={
@@ -330,16 +362,17 @@ class Trainer:
         a rank whose groups were dropped yields fewer terms, yet every rank must issue the same collectives).
         """
         terms, grad_norm = [], None
-        stream = self.strategy.loss_terms(self.driver.policy, rollout, advantages)
+        driver = self.learner.driver
+        stream = self.learner.strategy.loss_terms(driver.policy, rollout, advantages)
         if not self.ctx.distributed:
             for term in stream:
-                self.driver.backward(term.loss, boundary=term.step_optimizer)
+                driver.backward(term.loss, boundary=term.step_optimizer)
                 terms.append(term.detached())
                 if term.step_optimizer:
                     grad_norm = self._optimizer_step()
             return terms, grad_norm
-        for loss, term, last_round in lockstep_rounds(stream, lambda: self.driver.zero_loss(rollout)):
-            self.driver.backward(loss, boundary=last_round)
+        for loss, term, last_round in lockstep_rounds(stream, lambda: driver.zero_loss(rollout)):
+            driver.backward(loss, boundary=last_round)
             if term is not None:
                 terms.append(term.detached())
         return terms, self._optimizer_step()
@@ -347,17 +380,21 @@ class Trainer:
     def _optimizer_step(self) -> float | None:
         seconds = {"optimizer": 0.0}
         with _timed(seconds, "optimizer", self.ctx.device):
-            norm = self.driver.step()
-            if self.ema is not None:
-                self.ema.update(self._trainable())
+            norm = self.learner.driver.step()
+            if self.learner.ema is not None:
+                self.learner.ema.update(self.learner.trainable())
         self._optimizer_seconds += seconds["optimizer"]
         return norm
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """Rewards ``[R, N]``. A NaN/inf score is kept: the strategy drops its group and counts it."""
-        return score_rewards(self.reward_models, images, prompts, self.reward_batch)  # [R, N]
+        return score_rewards(self.reward_set.models, images, prompts, self.reward_set.batch)  # [R, N]
 
     # ------------------------------------------------------------------ validation
+
+    def _baseline_due(self) -> bool:
+        """Whether the next step validates the weights before any update first."""
+        return self.config.train.validation.enabled and self.iteration == 0 and not self.validator.history
 
     def validate(self) -> ValidationRecord:
         """Validate the current weights (collective; :meth:`Validator.validate`), then call the callbacks'
@@ -372,11 +409,11 @@ class Trainer:
     @property
     def stop_reason(self) -> str | None:
         """Why the run stops early (``train.validation``), or None to go on."""
-        return self.validator.stop_reason if hasattr(self, "validator") else None
+        return self.validator.stop_reason
 
     # ------------------------------------------------------------------ run, checkpoints, export
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> RunSummary:
         """Train until ``train.iterations``, export, and return a summary; the writer claim ends with it."""
         try:
             return self._run()
@@ -389,7 +426,7 @@ class Trainer:
             claim.release()
         self.claims = []
 
-    def _run(self) -> dict[str, Any]:
+    def _run(self) -> RunSummary:
         if not self._is_setup:
             self.setup()
         cfg = self.config
@@ -397,6 +434,15 @@ class Trainer:
         first: IterationRecord | None = None
         last: IterationRecord | None = None
         bar = None
+        if self.ctx.is_main and self._baseline_due():
+            # seconds before the first iteration on a CPU (the demo's 16 prompts × 2 seeds, progress bar off):
+            # said, not silent, as a clamped setting is
+            rows = f"{len(self.validator.prompt_indices)} prompt(s) × {len(cfg.train.validation.seeds)} seed(s)"
+            print(
+                f"g2rpo train: validating iteration 0, the weights before any update: {rows} …",
+                file=sys.stderr,
+                flush=True,
+            )
         if cfg.train.progress and self.ctx.is_main:
             bar = progress_bar(total=cfg.train.iterations, initial=start, desc="g2rpo train", unit="it")
         with StopOnSignal(cfg.train.stop_grace_s, announce=self.ctx.is_main) as stop:
@@ -432,18 +478,18 @@ class Trainer:
                 self.save_checkpoint()
             selection = self.validator.selection() if validating else None
             export_dir = self.export(selection) if cfg.output.export else None
-        return {
-            "iterations": self.iteration,
-            "resumed_at": start,
-            "first_reward": None if first is None else first.reward_mean_global,
-            "last_reward": None if last is None else last.reward_mean_global,
-            "output_dir": str(self.out),
-            "export": None if export_dir is None else str(export_dir),
-            "world_size": self.ctx.world_size,
-            "backend": self.driver.backend,
-            "prompts": dict(self.prompt_counts),  # read, unique, duplicates (dropped)
-            "validation": self._validation_summary(selection),
-        }
+        return RunSummary(
+            iterations=self.iteration,
+            resumed_at=start,
+            first_reward=None if first is None else first.reward_mean_global,
+            last_reward=None if last is None else last.reward_mean_global,
+            output_dir=str(self.out),
+            export=None if export_dir is None else str(export_dir),
+            world_size=self.ctx.world_size,
+            backend=self.learner.driver.backend,
+            prompts=dict(self.prompt_set.counts),
+            validation=self._validation_summary(selection),
+        )
 
     def _preempted(self, signum: int, stop: StopOnSignal) -> Preempted:
         """Checkpoint the iteration just finished (unless it already is) and say so: the stop's exception."""
@@ -459,7 +505,7 @@ class Trainer:
             print(f"g2rpo train: {stopped}", file=sys.stderr, flush=True)
         return stopped
 
-    def _validation_summary(self, selection: Selection | None) -> dict[str, Any] | None:
+    def _validation_summary(self, selection: Selection | None) -> ValidationSummary | None:
         if not self.config.train.validation.enabled:
             return None
         training_forwards = round(self.ctx.mean(float(self._training_cost["forwards"])) * self.ctx.world_size)
@@ -471,15 +517,15 @@ class Trainer:
             data_cursor=self.iteration * self.config.train.prompts_per_iteration,
             config_hash=self.hash,
             world_size=self.ctx.world_size,
-            backend=self.driver.backend,
+            backend=self.learner.driver.backend,
             zero_stage=self.config.deepspeed.zero_stage if self.config.deepspeed.enabled else None,
         )
         json_files = self.validator.checkpoint_files() if self.config.train.validation.enabled else None
-        stateful = self._stateful_strategy()
+        stateful = self.learner.stateful_strategy
         path = self.checkpoints.save(
             state,
-            FailAfterSave(self.driver, self.iteration),
-            self.ema,
+            FailAfterSave(self.learner.driver, self.iteration),
+            self.learner.ema,
             json_files,
             strategy_state=None if stateful is None else stateful.state_dict(),
         )
@@ -500,10 +546,10 @@ class Trainer:
             iteration=self.iteration,
             selection=selection,
             checkpoints=self.checkpoints,
-            driver=self.driver,
-            ema=self.ema,
-            transformer=self.transformer,
-            trainable=self._trainable,
+            driver=self.learner.driver,
+            ema=self.learner.ema,
+            transformer=self.policy.transformer,
+            trainable=self.learner.trainable,
             ctx=self.ctx,
             config_hash=self.hash,
         )
@@ -533,7 +579,7 @@ def _synchronize(device: torch.device) -> None:
 
 def train_from_config(
     config: RunConfig, callbacks: Sequence[TrainerCallback] = (), run_dir: RunDir | None = None
-) -> dict[str, Any]:
+) -> RunSummary:
     """Run a whole training job from a validated config; returns the summary of :meth:`Trainer.run`.
 
     ``run_dir``: ``output.dir`` as the caller resolved it (:meth:`RunDir.of`). Under torchrun every rank
@@ -544,5 +590,5 @@ def train_from_config(
         return trainer.run()
     finally:
         trainer.release_claims()
-        if getattr(trainer, "ctx", None) is not None and sys.exc_info()[0] is None:
+        if sys.exc_info()[0] is None:  # the run ended, so its setup made the process group
             trainer.ctx.shutdown()

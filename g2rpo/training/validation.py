@@ -45,7 +45,7 @@ from __future__ import annotations
 import math
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -53,18 +53,17 @@ from typing import Any
 
 import torch
 from pydantic import BaseModel, ConfigDict
-from torch import nn
 
 from g2rpo import core
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.evaluation.sampling import sample_rows
-from g2rpo.models.flux import FluxConditioning, FluxVelocity
-from g2rpo.rewards.base import RewardModel
+from g2rpo.models.flux import FluxVelocity
 from g2rpo.rewards.scoring import score_rewards
 from g2rpo.strategies.config import AlgorithmConfig
 from g2rpo.textfile import JSON_MAX_BYTES, decode_record, read_regular_file
 from g2rpo.training.checkpoint import CheckpointManager
 from g2rpo.training.distributed import DistContext
+from g2rpo.training.loading import Policy, PromptSet, RewardSet
 from g2rpo.training.run_config import ValidationSection
 
 __all__ = [
@@ -72,6 +71,9 @@ __all__ = [
     "ValidationRecord",
     "read_validation_file",
     "Selection",
+    "CurvePoint",
+    "ValidationCost",
+    "ValidationSummary",
     "summarize_metric",
     "objective",
     "breached_metrics",
@@ -168,6 +170,52 @@ class Selection:
     iteration: int
     reason: str
     within_tolerance: bool
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    """One validation in the run summary's curve: its objective, breaches and per-metric means."""
+
+    iteration: int
+    objective: float
+    breached: list[str]
+    means: dict[str, float]
+
+
+@dataclass(frozen=True)
+class ValidationCost:
+    """Validation's forwards and seconds (every validation of the run) beside training's (this process's
+    iterations: forwards of every rank, seconds of rank 0)."""
+
+    validation_forwards: int
+    validation_seconds: float
+    training_forwards: int
+    training_seconds: float
+
+
+@dataclass(frozen=True)
+class ValidationSummary:
+    """The run summary's validation block (:meth:`Validator.summary`): the curve, the chosen iteration and
+    why, the stop, the cost. Field order is the JSON's key order (``--summary-json``)."""
+
+    curve: list[CurvePoint]
+    selected_iteration: int | None
+    selection_reason: str | None
+    within_tolerance: bool | None
+    early_stop: str | None
+    exported_best: bool
+    cost: ValidationCost
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ValidationSummary:
+        """Back from ``dataclasses.asdict`` of one (a summary JSON the trainer wrote)."""
+        return cls(
+            **{
+                **data,
+                "curve": [CurvePoint(**point) for point in data["curve"]],
+                "cost": ValidationCost(**data["cost"]),
+            }
+        )
 
 
 def summarize_metric(values: list[float]) -> MetricSummary:
@@ -283,37 +331,32 @@ def validation_chunks(rows: int, micro_batch: int) -> list[range]:
 class Validator:
     """``train.validation`` during one run: the fixed set, its history, the best checkpoint and early stop.
 
-    Built by the trainer at setup, once the models, prompts and rewards are loaded. :meth:`validate`
-    is collective (every rank calls it); the trainer hands its record to the callbacks. The history
-    travels in each checkpoint (:meth:`checkpoint_files`) and comes back with :meth:`resume`.
+    Built by the trainer at setup from the bundles it loaded (the policy, the prompt set, the rewards).
+    :meth:`validate` is collective (every rank calls it); the trainer hands its record to the callbacks.
+    The history travels in each checkpoint (:meth:`checkpoint_files`) and comes back with :meth:`resume`.
     """
 
     def __init__(
         self,
         settings: ValidationSection,
         algorithm: AlgorithmConfig,
+        policy: Policy,
+        prompt_set: PromptSet,
+        rewards: RewardSet,
         *,
-        velocity: FluxVelocity,
-        vae: nn.Module,
-        prompts: Sequence[str],
-        conditioning_of: Callable[[Sequence[int]], FluxConditioning],
-        reward_names: Sequence[str],
-        reward_weights: Sequence[float],
-        reward_models: Sequence[RewardModel],
-        reward_batch: Sequence[int],
         decode_micro_batch: int,
         ctx: DistContext,
         checkpoints: CheckpointManager,
         log_event: Callable[[dict[str, Any]], None],
     ) -> None:
         self.settings = settings
-        self.velocity, self.vae = velocity, vae
-        self.prompts, self.conditioning_of = prompts, conditioning_of
+        self.policy, self.prompt_set = policy, prompt_set
         self.ctx, self.checkpoints, self.log_event = ctx, checkpoints, log_event
         self.decode_micro_batch = decode_micro_batch
         self.truncate_timestep = algorithm.truncate_timestep
         # The fixed set: prompts of the training split, seeds, the scored rewards and the run's σ grid
         # (the rollout's; the ODE sampler has no noise).
+        prompts = prompt_set.prompts
         self.prompt_indices = validation_prompt_indices(settings.num_prompts, len(prompts))
         if settings.num_prompts > len(prompts) and ctx.is_main:
             print(
@@ -322,12 +365,12 @@ class Validator:
                 file=sys.stderr,
                 flush=True,
             )
-        self.metrics = list(settings.metrics or reward_names)
-        self.weights = {name: weight for name, weight in zip(reward_names, reward_weights) if weight != 0}
-        picked = [list(reward_names).index(name) for name in self.metrics]
-        self.reward_models = [reward_models[i] for i in picked]
-        self.reward_batch = [reward_batch[i] for i in picked]
-        image_tokens = velocity.latent_shape[0]
+        self.metrics = list(settings.metrics or rewards.names)
+        self.weights = {name: weight for name, weight in zip(rewards.names, rewards.weights) if weight != 0}
+        picked = [list(rewards.names).index(name) for name in self.metrics]
+        self.reward_models = [rewards.models[i] for i in picked]
+        self.reward_batch = [rewards.batch[i] for i in picked]
+        image_tokens = policy.velocity.latent_shape[0]
         if algorithm.grid == "flux":
             self.sigmas = core.flux_sigmas(algorithm.num_steps, image_tokens)  # [T+1]
         else:
@@ -392,21 +435,22 @@ class Validator:
         rows = [(p, seed) for p in self.prompt_indices for seed in settings.seeds]
         chunks = validation_chunks(len(rows), settings.micro_batch)
         mine: dict[int, list[list[float]]] = {}
-        with _timestep_mode(self.velocity, "truncate" if self.truncate_timestep else self.velocity.timestep_mode):
+        velocity = self.policy.velocity
+        with _timestep_mode(velocity, "truncate" if self.truncate_timestep else velocity.timestep_mode):
             for round_start in range(0, len(chunks), ctx.world_size):
                 index = round_start + ctx.rank
                 chunk = chunks[index] if index < len(chunks) else chunks[0]
                 prompts = [rows[i][0] for i in chunk]
                 images = sample_rows(
-                    self.velocity,
-                    self.vae,
-                    self.conditioning_of(prompts),
+                    velocity,
+                    self.policy.vae,
+                    self.prompt_set.conditioning_of(prompts),
                     [rows[i][1] for i in chunk],
                     self.sigmas,
                     micro_batch=len(chunk),
                     decode_micro_batch=self.decode_micro_batch,
                 )  # [n, 3, H, W]
-                texts = [self.prompts[p] for p in prompts]
+                texts = [self.prompt_set.prompts[p] for p in prompts]
                 scores = score_rewards(self.reward_models, images, texts, self.reward_batch)  # [R', n]
                 if index < len(chunks):
                     mine[index] = scores.double().tolist()
@@ -457,34 +501,36 @@ class Validator:
         self.checkpoints.protected = set() if selection is None else {selection.iteration}
         return selection
 
-    def summary(self, selection: Selection | None, training_forwards: int, training_seconds: float) -> dict[str, Any]:
+    def summary(
+        self, selection: Selection | None, training_forwards: int, training_seconds: float
+    ) -> ValidationSummary:
         """The run summary's validation block: the curve, the chosen iteration and why, the stop, the cost.
 
         Validation cost: every validation of the run (the history survives a resume). Training cost (the
         trainer's): the iterations this process ran, forwards of every rank, seconds of rank 0.
         """
-        return {
-            "curve": [
-                {
-                    "iteration": r.iteration,
-                    "objective": r.objective,
-                    "breached": r.breached,
-                    "means": {name: m.mean for name, m in r.metrics.items()},
-                }
+        return ValidationSummary(
+            curve=[
+                CurvePoint(
+                    iteration=r.iteration,
+                    objective=r.objective,
+                    breached=r.breached,
+                    means={name: m.mean for name, m in r.metrics.items()},
+                )
                 for r in self.history
             ],
-            "selected_iteration": None if selection is None else selection.iteration,
-            "selection_reason": None if selection is None else selection.reason,
-            "within_tolerance": None if selection is None else selection.within_tolerance,
-            "early_stop": self.stop_reason,
-            "exported_best": bool(selection and self.settings.select_best),
-            "cost": {
-                "validation_forwards": sum(r.forwards for r in self.history),
-                "validation_seconds": sum(r.seconds for r in self.history),
-                "training_forwards": training_forwards,
-                "training_seconds": training_seconds,
-            },
-        }
+            selected_iteration=None if selection is None else selection.iteration,
+            selection_reason=None if selection is None else selection.reason,
+            within_tolerance=None if selection is None else selection.within_tolerance,
+            early_stop=self.stop_reason,
+            exported_best=bool(selection and self.settings.select_best),
+            cost=ValidationCost(
+                validation_forwards=sum(r.forwards for r in self.history),
+                validation_seconds=sum(r.seconds for r in self.history),
+                training_forwards=training_forwards,
+                training_seconds=training_seconds,
+            ),
+        )
 
 
 @contextmanager

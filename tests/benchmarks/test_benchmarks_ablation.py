@@ -223,22 +223,14 @@ def test_a_run_with_an_ema_is_evaluated_on_the_ema_weights_and_gets_its_own_back
 
     from g2rpo.training.drivers import EMA
 
-    class Trainer:
-        def __init__(self) -> None:
-            self.weight = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
-            self.ema = EMA({"w": self.weight}, decay=0.5)
-            self.ema.update({"w": torch.tensor([3.0, 4.0])})  # shadow = 0.5·[1, 2] + 0.5·[3, 4] = [2, 3]
-
-        def _trainable(self) -> dict:
-            return {"w": self.weight}
-
-    trainer = Trainer()
-    with ablation.ema_weights(trainer):
-        assert trainer.weight.tolist() == [2.0, 3.0]
-    assert trainer.weight.tolist() == [1.0, 2.0]
-    trainer.ema = None  # no EMA: the trained weights are evaluated
-    with ablation.ema_weights(trainer):
-        assert trainer.weight.tolist() == [1.0, 2.0]
+    weight = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    ema = EMA({"w": weight}, decay=0.5)
+    ema.update({"w": torch.tensor([3.0, 4.0])})  # shadow = 0.5·[1, 2] + 0.5·[3, 4] = [2, 3]
+    with ablation.ema_weights(ema, {"w": weight}):
+        assert weight.tolist() == [2.0, 3.0]
+    assert weight.tolist() == [1.0, 2.0]
+    with ablation.ema_weights(None, {"w": weight}):  # no EMA: the trained weights are evaluated
+        assert weight.tolist() == [1.0, 2.0]
     assert ablation.METHOD_TRAIN["diffusionnft_published"]["ema"]["enabled"] is True
 
 

@@ -905,6 +905,11 @@ def test_the_pages_that_list_the_strategy_files_name_every_registered_one():
     assert [f for f in sorted(files) if f"`{f}`" not in architecture] == []
     readme = next(line for line in (root / "README.md").read_text().splitlines() if line.startswith("  strategies/"))
     assert [f for f in sorted(files) if f.removesuffix(".py") not in readme] == []
+    # docs/core.md's example config lists the names algorithm.strategy takes: the registry's, in its order.
+    example = next(
+        line for line in (root / "docs" / "core.md").read_text().splitlines() if "  strategy: g2rpo " in line
+    )
+    assert example.split("# ", 1)[1].split(",")[0].split(" | ") == list(STRATEGIES)
 
 
 def test_learning_rate_is_one_field_whose_default_each_strategy_sets():

@@ -83,11 +83,11 @@ def _eval_config(**extra) -> EvaluationConfig:
 
 def _live_scores(trainer: Trainer) -> dict[str, torch.Tensor]:
     """What the live trainer's policy scores on the evaluation set (its own conditioning table)."""
-    prompts = trainer.prompts[:NUM_PROMPTS]
-    cond = trainer._conditioning_of(range(NUM_PROMPTS))
-    rewards = dict(zip(trainer.reward_names, trainer.reward_models))
-    sigmas = flux_sigmas(STEPS, trainer.latent_shape[0])
-    return sample_and_score(trainer.velocity, trainer.vae, cond, prompts, SEEDS, rewards, sigmas).scores
+    prompts = trainer.prompt_set.prompts[:NUM_PROMPTS]
+    cond = trainer.prompt_set.conditioning_of(range(NUM_PROMPTS))
+    rewards = dict(zip(trainer.reward_set.names, trainer.reward_set.models))
+    sigmas = flux_sigmas(STEPS, trainer.policy.latent_shape[0])
+    return sample_and_score(trainer.policy.velocity, trainer.policy.vae, cond, prompts, SEEDS, rewards, sigmas).scores
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +95,7 @@ def trained(tiny_flux_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("export-run") / "run"
     trainer = Trainer(_run_config(tiny_flux_dir, out))
     summary = trainer.run()
-    return trainer, Path(summary["export"])
+    return trainer, Path(summary.export)
 
 
 def test_export_evaluated_in_a_fresh_process_equals_the_live_trainer(trained, tiny_flux_dir, tmp_path):
@@ -121,7 +121,7 @@ def test_export_evaluated_in_a_fresh_process_equals_the_live_trainer(trained, ti
 def test_lora_export_equals_the_live_trainer(tiny_flux_dir, tmp_path):
     lora = {"enabled": True, "rank": 4, "alpha": 8.0}
     trainer = Trainer(_run_config(tiny_flux_dir, tmp_path / "run", iterations=1, lora=lora))
-    export = Path(trainer.run()["export"])
+    export = Path(trainer.run().export)
     assert (export / "lora").is_dir() and not (export / "transformer").exists()
     result = evaluate(str(export), _eval_config(), str(tmp_path / "eval"), base_model_uri=str(tiny_flux_dir))
     assert result.manifest.metadata["policy_kind"] == "export-lora"
@@ -131,13 +131,13 @@ def test_lora_export_equals_the_live_trainer(tiny_flux_dir, tmp_path):
     torch.testing.assert_close(
         result.evaluation.images,
         sample_and_score(
-            trainer.velocity,
-            trainer.vae,
-            trainer._conditioning_of(range(NUM_PROMPTS)),
-            trainer.prompts[:NUM_PROMPTS],
+            trainer.policy.velocity,
+            trainer.policy.vae,
+            trainer.prompt_set.conditioning_of(range(NUM_PROMPTS)),
+            trainer.prompt_set.prompts[:NUM_PROMPTS],
             SEEDS,
-            dict(zip(trainer.reward_names, trainer.reward_models)),
-            flux_sigmas(STEPS, trainer.latent_shape[0]),
+            dict(zip(trainer.reward_set.names, trainer.reward_set.models)),
+            flux_sigmas(STEPS, trainer.policy.latent_shape[0]),
         ).images,
         atol=0.5 / 255 + 1e-5,  # the result's images are the published 8-bit PNGs
         rtol=0,

@@ -62,7 +62,7 @@ def test_save_score_grid_writes_the_figure_as_a_png(tmp_path):
 
 
 def test_the_grid_pages_have_one_size_and_an_index_that_finds_every_shown_prompt(tmp_path, caplog):
-    """19 prompts × 11 seeds: pages of GRID_PAGE_PROMPTS rows by GRID_SEEDS_MAX columns (8, 8, 3 rows);
+    """19 prompts × 11 seeds: pages of GRID_PAGE_PROMPTS rows by GRID_SEEDS_MAX columns (8, 8, 3 rows), each said as drawn;
     the index maps each prompt to the page whose title names it; grid.png is the first page."""
     generator = torch.Generator().manual_seed(0)
     prompts = [f"prompt number {p} with a few words" for p in range(19)]
@@ -73,9 +73,12 @@ def test_the_grid_pages_have_one_size_and_an_index_that_finds_every_shown_prompt
         images=torch.rand(len(prompts), len(seeds), 3, 16, 16, generator=generator),  # [P, S, 3, H, W]
         scores={"m": torch.rand(len(prompts), len(seeds), generator=generator)},  # [P, S]
     )
+    said: list[str] = []
     with caplog.at_level(logging.WARNING):
-        pages = save_score_grid_pages(result, tmp_path, title="challenger")
+        pages = save_score_grid_pages(result, tmp_path, title="challenger", say=said.append)
     assert [len(page.prompts) for page in pages] == [GRID_PAGE_PROMPTS, GRID_PAGE_PROMPTS, 3]
+    # a line as each page is drawn (each takes about a second), not one after all of them
+    assert said == ["grid page 1/3 drawn", "grid page 2/3 drawn", "grid page 3/3 drawn"]
     assert f"show 19 of 19 prompts and {GRID_SEEDS_MAX} of 11 seeds" in caplog.text
     sizes = [Image.open(tmp_path / page.file).size for page in pages]
     # a full page's size does not depend on how many prompts the evaluation has; the last is shorter

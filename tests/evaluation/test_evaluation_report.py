@@ -25,7 +25,7 @@ from g2rpo.errors import G2RPOError
 from g2rpo.evaluation import resume
 from g2rpo.evaluation.config import EvaluationConfig
 from g2rpo.faults import fault_env
-from g2rpo.rewards.registry import REWARDS, reward_names
+from g2rpo.rewards.specs import REWARDS, reward_names
 from g2rpo.steps.candidates import report_html
 from g2rpo.steps.evaluate import evaluate
 from g2rpo.steps.records import CandidatesRecord

@@ -53,7 +53,7 @@ def test_a_model_is_scored_once_per_settings_and_read_back_after(models, tmp_pat
     # every chunk says how far the evaluation is, under its label
     assert "[evaluate base model " in err and "; 4/4 images" in err
     # and the assembly, seconds of figures, says each part as it is drawn, then the publish
-    assert err.index("distribution plot(s) drawn") < err.index("grid page(s) drawn") < err.index("report.html written")
+    assert err.index("distribution plot(s) drawn") < err.index("grid page 1/1 drawn") < err.index("report.html written")
     assert err.index("report.html written") < err.index("publishing ") < err.index("] done")
     manifest = json.loads((Path(scored.output_uri) / "manifest.json").read_text())
     assert manifest["metadata"][IDENTITY_KEY]["seeds"] == [0, 5]

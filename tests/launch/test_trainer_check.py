@@ -22,6 +22,7 @@ from kubeapi import KubeAPI, condition
 from g2rpo.errors import USAGE_EXIT_STATUS, G2RPOError
 from g2rpo.launch.trainjob import (
     LABEL_RUN,
+    NODE_RUN_DIR,
     TRAINING_RUNTIME,
     USAGE_FAILURE_RULE,
     Placement,
@@ -235,6 +236,54 @@ def test_a_runtime_that_reads_another_secret_is_refused_before_any_job():
     assert not [c for c in api.calls if c["method"] == "POST"]
 
 
+def test_a_runtime_without_a_shared_volume_trains_several_nodes_in_folders_of_their_own_with_an_s3_mirror(
+    tmp_path, jobset_schema
+):
+    # The chart's defaults (no shared volume), a run that mirrors its checkpoints to S3: each node's
+    # output.dir is an emptyDir of its own pod (output.node_local=true), and S3 the store they share.
+    runtime = training_runtime({})
+    mirror = ["--checkpoint-uri", "s3://b/runs/r1/checkpoints"]
+    complete = {"conditions": [condition("Complete", "all nodes succeeded")]}
+    with KubeAPI(TRAINING_RUNTIME, runtime=runtime, script=lambda job, polls: complete) as api:
+        launch_trainjob(_launch(api, PLACEMENTS["h200-profile"]), mirror, config_yaml="{}", nodes=2, echo=print)
+    (job,) = [c["body"] for c in api.calls if c["method"] == "POST"]
+    job["metadata"].setdefault("namespace", NAMESPACE)
+    name = job["metadata"]["name"]
+    assert job["spec"]["trainer"]["command"][4:] == [
+        *mirror,
+        f"output.dir={NODE_RUN_DIR}/{name}",
+        "output.node_local=true",
+    ]
+
+    # As the Trainer builds the node pods: the folder is an emptyDir of each pod, mounted in the node container.
+    done, jobset = trainer_check(job, runtime, tmp_path)
+    assert done.returncode == 0 and "ADMITTED" in done.stdout + done.stderr, done.stdout + done.stderr
+    jsonschema.validate(jobset, jobset_schema)
+    (node,) = jobset["spec"]["replicatedJobs"]
+    pod = node["template"]["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] not in ("dshm",)]
+    assert volume == {"name": "node-run", "emptyDir": {}}
+    assert {"name": "node-run", "mountPath": NODE_RUN_DIR} in container["volumeMounts"]
+    assert {"name": "dshm", "mountPath": "/dev/shm"} in container["volumeMounts"]
+    assert "G2RPO_RUNS_DIR" not in {e["name"] for e in container["env"]}
+
+    # A mirror that is a folder is no more shared than output.dir would be: refused, naming it and the fix.
+    with KubeAPI(TRAINING_RUNTIME, runtime=runtime) as api:
+        with pytest.raises(G2RPOError) as info:
+            launch_trainjob(
+                _launch(api, PLACEMENTS["h200-profile"]),
+                ["--checkpoint-uri", "file:///runs/r1/checkpoints"],
+                config_yaml="{}",
+                nodes=2,
+                echo=print,
+            )
+    message = str(info.value)
+    assert "checkpoint_uri='file:///runs/r1/checkpoints'" in message and "give an s3:// URI" in message
+    assert "trainingRuntime.sharedVolume.claimName" in message
+    assert not [c for c in api.calls if c["method"] == "POST"]
+
+
 def test_a_runtime_without_a_shared_volume_is_refused_for_several_nodes_before_any_job():
     # Two pods have two file systems: rank 1 could not write its part of a checkpoint into rank 0's
     # output.dir (seen on the cluster tier: each TrainJob pod has its own /tmp). One node needs no volume.
@@ -250,5 +299,6 @@ def test_a_runtime_without_a_shared_volume_is_refused_for_several_nodes_before_a
                 launch_trainjob(_launch(api, PLACEMENTS["h200-profile"]), [], config_yaml="{}", nodes=2, echo=print)
         message = str(info.value)
         assert "has no folder its nodes share" in message and "trainingRuntime.sharedVolume.claimName" in message
+        assert "the run has no checkpoint mirror" in message and "s3:// checkpoint URI (--checkpoint-uri" in message
         assert ("'/runs', where no volume is mounted" in message) == mounted_elsewhere
         assert not [c for c in api.calls if c["method"] == "POST"]

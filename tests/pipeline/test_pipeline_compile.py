@@ -9,7 +9,8 @@ import yaml
 
 from components.images import TRAINER_IMAGE
 from g2rpo.errors import ConfigError
-from pipelines.alignment import DEFAULTS, TASK_MARGIN_S, compile_pipeline
+from g2rpo.steps.parameters import pipeline_defaults
+from pipelines.alignment import TASK_MARGIN_S, compile_pipeline
 from pipelines.placement import DEFAULT_PROFILE, load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -106,7 +107,7 @@ def test_every_retraining_choice_is_a_pipeline_parameter():
         assert name in inputs
     for name in ("iterations", "learning_rate", "gates_uri", "nodes", "gpus_per_node", "node_selector", "tolerations"):
         assert name in inputs
-    assert set(DEFAULTS) <= set(inputs)
+    assert set(pipeline_defaults()) <= set(inputs)
     assert inputs["granularities"]["defaultValue"] == [1, 2, 3]
 
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,7 @@ from PIL import Image
 from g2rpo.artifacts.registry import Registry
 from g2rpo.cli import main
 from g2rpo.commands.model import pretraining_settings, shapes_model_path
-from g2rpo.commands.pipeline import add_run_local_args
+from g2rpo.commands.pipeline import RUN_LOCAL_LIBRARIES, add_run_local_args
 from g2rpo.errors import G2RPOError
 from g2rpo.models.shapes import SHIPPED_UNSEEN_MODEL, UNSEEN_PRETRAINING, check_shapes_model
 from g2rpo.models.tiny import TINY_MARKER
@@ -60,7 +63,7 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     # The first run with the shapes gates as they are (no floors: a first version is not gated).
     assert _run(out, shared, "first", f"gates_uri={ROOT / 'configs' / 'shapes-gates.yaml'}") == 0
     printed = capsys.readouterr().out
-    assert printed.startswith("g2rpo pipeline run-local: loading torch, diffusers and kfp …\n")  # before the imports
+    assert printed.startswith("g2rpo pipeline run-local: loading its libraries …\n")  # before the imports
     assert "pretraining the shapes model into" in printed
     assert "base model on the held-out prompts" not in printed and not (out / "first" / "gates.yaml").exists()
     assert json.loads((tmp_path / "shapes-flux" / TINY_MARKER).read_text())["task"] == "shapes"
@@ -201,6 +204,19 @@ def test_run_local_promotes_a_champion_then_gates_the_next_challenger(tmp_path, 
     assert registry.version_numbers(MODEL) == [1, 2]
 
 
+def test_a_fresh_run_local_says_each_library_it_loads_before_its_first_check(tmp_path):
+    """In a new process the imports take 5-10 s (more on a busy CPU): a line before each, none silent."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "g2rpo", "pipeline", "run-local", "--out", str(tmp_path)]
+    done = subprocess.run([*command, "nope=1"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert done.returncode == 2 and "parameter='nope': unknown" in done.stderr  # refused after the imports
+    labels = [f"  {label} …" for label, _ in RUN_LOCAL_LIBRARIES]
+    assert done.stdout.splitlines() == ["g2rpo pipeline run-local: loading its libraries …", *labels]
+    # a bad count is refused before any of it
+    done = subprocess.run([*command, "--iterations", "0"], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2 and done.stdout == "" and "--iterations=0" in done.stderr
+
+
 def test_unknown_choices_are_refused(tmp_path):
     with pytest.raises(G2RPOError, match="valid: strategy, num_steps"):
         train_task(
@@ -266,6 +282,21 @@ def test_the_last_training_records_are_printed_before_the_line_that_says_trainin
     lines = console_out.getvalue().splitlines()
     assert lines[0].endswith("train …") and lines[1] == "    train 1/1: colour 0.600 (1.0 s)"
     assert lines[2].endswith("train: SUCCESS (0 s)") and lines[3].endswith("evaluate …")
+
+
+def test_a_task_quiet_for_a_while_is_said_to_be_still_running():
+    """On a busy CPU a task's start (its imports) or one figure outlasts the gap between its own lines."""
+    console_out = io.StringIO()
+    console = _QuietConsole(io.StringIO(), console_out)
+    console.still_running(quiet_s=0.0)  # no task yet: nothing to say
+    console.write("x - INFO - Executing task 'train'\n")
+    console.still_running(quiet_s=3600.0)  # it printed its start just now
+    console.still_running(quiet_s=0.0)
+    console.write("x - INFO - Task 'train' finished with status SUCCESS\n")
+    console.still_running(quiet_s=0.0)  # between tasks: kfp.local's own seconds
+    lines = console_out.getvalue().splitlines()
+    assert len(lines) == 3 and lines[0].endswith("train …") and lines[2].endswith("train: SUCCESS (0 s)")
+    assert lines[1] == "    (train: 0 s, still running)"
 
 
 def test_the_verdict_is_one_line_worded_apart_from_the_runs_state(tmp_path):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import json
 import math
 
-from g2rpo.rewards.registry import reward_names
 from g2rpo.rewards.shapes import CONTROLS as SHAPES_CONTROLS
 from g2rpo.rewards.shapes import MEASURES as SHAPES_HEADS
+from g2rpo.rewards.specs import reward_names
 
 # Heads whose per-image reference runs the same arithmetic as the batched head.
 SAME_ARITHMETIC = ("hps_v21", "jpeg_compressibility", "sharpness", "total_variation")

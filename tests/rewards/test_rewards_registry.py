@@ -13,8 +13,9 @@ import yaml
 from g2rpo.config import load_config
 from g2rpo.errors import ConfigError, G2RPOError
 from g2rpo.rewards.config import RewardModelConfig, RewardsConfig
-from g2rpo.rewards.registry import REWARDS, build_reward, reward_names
+from g2rpo.rewards.registry import BUILDERS, build_reward
 from g2rpo.rewards.scoring import score_rewards
+from g2rpo.rewards.specs import REWARDS, reward_names
 
 EXPECTED_NAMES = [
     "aesthetic",
@@ -41,6 +42,12 @@ EXPECTED_NAMES = [
 def test_registry_names():
     assert reward_names() == EXPECTED_NAMES
     assert all(spec.name == name for name, spec in REWARDS.items())
+
+
+def test_every_spec_has_a_builder_and_every_builder_a_spec():
+    # The specs (what a config may name, no torch) and the builders (what loads a head) are two tables
+    # under the same names: a name in one only would validate and then fail to build, or never validate.
+    assert sorted(BUILDERS) == reward_names()
 
 
 def test_unknown_reward_name_lists_the_valid_ones():

@@ -9,9 +9,10 @@ import pytest
 import torch
 
 from g2rpo.errors import G2RPOError
-from g2rpo.rewards.registry import build_reward, reward_names
+from g2rpo.rewards.registry import build_reward
 from g2rpo.rewards.scoring import score_rewards
 from g2rpo.rewards.shapes import IN_DOMAIN, IN_DOMAIN_CHECKS, MEASURES, OUT_OF_DOMAIN, scene_scores
+from g2rpo.rewards.specs import reward_names
 from g2rpo.tasks.shapes import BACKGROUNDS, COLOURS, Scene, all_scenes, parse_prompt, render, shape_mask
 
 SHAPES_HEADS = ("shapes_colour", "shapes_shape", "shapes_position", "shapes_background", "shapes_colour_match")

@@ -18,7 +18,8 @@ from transformers.models.qwen2_vl.image_processing_qwen2_vl import smart_resize
 
 from g2rpo.errors import ConfigError, G2RPOError
 from g2rpo.rewards.config import RewardModelConfig
-from g2rpo.rewards.registry import REWARDS, build_reward
+from g2rpo.rewards.registry import build_reward
+from g2rpo.rewards.specs import REWARDS
 from g2rpo.rewards.unified_reward import METRICS, UnifiedReward, parse_answer
 
 PROMPTS = ["a cat", "a photo of a small dog sitting on a red chair in the garden"]

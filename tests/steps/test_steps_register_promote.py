@@ -3,6 +3,8 @@ what a refusal leaves behind (nothing), and the floor-gate policy of a first ver
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from steps_helpers import make_scores, publish_fake_export
 
@@ -98,6 +100,21 @@ def test_a_first_versions_floors_come_from_the_base_models_means():
     # 0.4511 + 0.005; 0.7975 − 0.05; lower is better: 0.3 + 0.1; not scored by the base model: no floor
     assert got == pytest.approx({"hps_v21": 0.4561, "shapes_colour": 0.7475, "lpips": 0.4, "unscored": None})
     assert floors.metrics["hps_v21"].min_improvement == 0.005  # the rest of each gate as it was
+
+
+def test_the_demos_first_version_gates_file_carries_the_base_models_floors(tmp_path):
+    """floor_gates_file: what `g2rpo pipeline run-local` gates a first version with, written from a gates file
+    and the base model's means (configs/shapes-gates.yaml: hps_v21 in-domain +0.005, shapes_colour held out
+    -0.05); a metric the base model was not scored on keeps no floor."""
+    from g2rpo.steps.promote import floor_gates_file
+
+    source = Path(__file__).resolve().parents[2] / "configs" / "shapes-gates.yaml"
+    path = floor_gates_file(str(source), {"hps_v21": 0.4511, "shapes_colour": 0.7975}, tmp_path / "gates.yaml")
+    loaded, _ = load_gates(path)
+    assert loaded.metrics["hps_v21"].floor == pytest.approx(0.4511 + 0.005)
+    assert loaded.metrics["shapes_colour"].floor == pytest.approx(0.7975 - 0.05)
+    assert loaded.metrics["clip"].floor is None
+    assert path.read_text().startswith(f"# {source} with floors for a first version (no champion)")
 
 
 def test_floor_gates_round_trip_through_their_yaml(tmp_path):

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.integration
 def test_train_publishes_the_export_it_wrote(tiny_flux_dir, tmp_path):
     config = tiny_run_config(tiny_flux_dir, tmp_path / "run")
     result = train(config, publish_uri=(tmp_path / "store" / "exports").as_uri())
-    assert result.summary["iterations"] == 2 and result.summary["backend"] == "torch"
+    assert result.summary.iterations == 2 and result.summary.backend == "torch"
     assert result.output_dir == tmp_path / "run" and result.config_hash == resume_hash(config)
     assert result.export_dir == tmp_path / "run" / "export"
     assert [p.name for p in result.checkpoints_dir.iterdir()] == ["iter-000002"]
@@ -33,7 +33,7 @@ def test_train_publishes_the_export_it_wrote(tiny_flux_dir, tmp_path):
     assert published.metadata["iterations"] == 2  # the trainer's export metadata travels with it
     records = read_iteration_records(result.metrics_path)
     assert [r["iteration"] for r in records] == [0, 1]
-    assert records[-1]["reward_mean_all"] == pytest.approx(result.summary["last_reward"])
+    assert records[-1]["reward_mean_all"] == pytest.approx(result.summary.last_reward)
 
 
 def test_train_without_publish_publishes_nothing(tiny_flux_dir, tmp_path):

@@ -64,6 +64,7 @@ def torch_import_chain(module: str) -> str:
         "g2rpo.strategies.config",
         "g2rpo.strategies.settings",
         "g2rpo.rewards.config",
+        "g2rpo.rewards.specs",
         "g2rpo.training.deepspeed_config",
     ],
 )
@@ -76,3 +77,46 @@ def test_the_probe_names_the_chain_that_loads_torch():
     # The strategies themselves need torch: the probe must see it, and name the path it came by.
     chain = torch_import_chain("g2rpo.strategies.registry").split(" -> ")
     assert chain[0] == "g2rpo.strategies.registry" and chain[-1] == "torch" and len(chain) >= 3, chain
+
+
+# Validates a run config whose rewards name heads that load torch models (open_clip, BLIP, a
+# Qwen2.5-VL judge), a valid one and one with a problem in every reward entry, then says whether torch
+# was loaded. The reward section reads each head's spec (name, keys, dtype); building the head, which
+# needs torch, is another step (g2rpo.rewards.registry).
+VALIDATE_REWARDS = r"""
+import sys
+
+from g2rpo.errors import ConfigError
+from g2rpo.training.run_config import load_run_config
+
+models = (
+    "rewards.models=[{name: hps_v21, weights: /nowhere/HPS_v2.1_compressed.pt, arch: ViT-H-14},"
+    " {name: image_reward, weights: /nowhere, tokenizer: /nowhere/tokenizer},"
+    " {name: unified_reward_score, weights: /nowhere, dtype: auto, max_new_tokens: 64},"
+    " {name: aesthetic, weights: /nowhere/mlp.pth, backbone: /nowhere/clip, weight: 0.5}]"
+)
+config = load_run_config("configs/tiny-cpu.yaml", [models])
+print([m.name for m in config.rewards.models])
+bad = (
+    "rewards.models=[{name: hps_v2, weights: /nowhere}, {name: clip, backbone: /nowhere},"
+    " {name: pickscore, dtype: auto}]"
+)
+try:
+    load_run_config("configs/tiny-cpu.yaml", [bad])
+except ConfigError as exc:
+    print(len(exc.problems))
+print("torch" in sys.modules)
+"""
+
+
+def test_validating_a_config_with_model_rewards_imports_no_torch():
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run(
+        [sys.executable, "-c", VALIDATE_REWARDS], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    names, problems, torch_loaded = done.stdout.split("\n")[:3]
+    # The valid config came through, and the bad one was refused once per bad entry (the checks ran).
+    assert names == "['hps_v21', 'image_reward', 'unified_reward_score', 'aesthetic']", done.stdout
+    assert problems == "3", done.stdout
+    assert torch_loaded == "False", "validating the rewards section loaded torch"

@@ -86,7 +86,7 @@ def test_an_exception_in_a_callback_stops_the_run_and_a_rerun_starts_over(tiny_m
     assert [r["iteration"] for r in read_iteration_records(out / "metrics.jsonl")] == [0, 1]
     assert not (out / "checkpoints").exists() or not any((out / "checkpoints").iterdir())
     summary = Trainer(_config(tiny_model, out)).run()  # no checkpoint to resume: it starts again
-    assert summary["resumed_at"] == 0 and summary["iterations"] == 3
+    assert summary.resumed_at == 0 and summary.iterations == 3
     lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [e["event"] for e in lines if "event" in e] == ["restarted"]
     assert [r["iteration"] for r in read_iteration_records(out / "metrics.jsonl")] == [0, 1, 2]

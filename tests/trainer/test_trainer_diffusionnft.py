@@ -97,12 +97,12 @@ def test_a_resumed_run_continues_the_old_policy_and_the_weights_bit_for_bit(tiny
         first.step()
     assert (tmp_path / "resumed" / "checkpoints" / "iter-000002" / "strategy.pt").is_file()
     resumed = Trainer(_nft(tiny_model, tmp_path / "resumed", 3)).setup()  # train.resume=auto: from iteration 2
-    assert resumed.iteration == 2 and resumed.strategy.old.iteration == 1
+    assert resumed.iteration == 2 and resumed.learner.strategy.old.iteration == 1
     resumed.step()  # its rollout moves θ_old from the checkpoint's copy
-    a, b = straight.strategy.state_dict(), resumed.strategy.state_dict()
+    a, b = straight.learner.strategy.state_dict(), resumed.learner.strategy.state_dict()
     assert a["iteration"] == b["iteration"] == 2
     assert all(torch.equal(a["old_policy"][n], b["old_policy"][n]) for n in a["old_policy"])
-    theta_a, theta_b = straight.driver.trainable_state(), resumed.driver.trainable_state()
+    theta_a, theta_b = straight.learner.driver.trainable_state(), resumed.learner.driver.trainable_state()
     assert all(torch.equal(theta_a[n], theta_b[n]) for n in theta_a)
     # θ_old lags θ: d = min(0.2·n, 0.5) of the old copy is kept at each update
     assert any(not torch.equal(a["old_policy"][n], theta_a[n].float()) for n in theta_a)
@@ -130,6 +130,6 @@ def test_the_published_default_trains_lora_with_the_kl_to_the_base(tiny_model, t
     # T = 4, G = 4, S = 3, P = 2: ODE + old policy + reference forwards
     assert record.stats.sampling_forwards == 2 * 4 * 4 + 2 * 2 * 4 * 3
     assert record.stats.training_forwards == 2 * 4 * 3
-    assert set(trainer.strategy.old.tensors) == {
-        n for n, p in trainer.velocity.named_parameters() if p.requires_grad
-    } and all("lora_" in n for n in trainer.strategy.old.tensors)
+    assert set(trainer.learner.strategy.old.tensors) == {
+        n for n, p in trainer.policy.velocity.named_parameters() if p.requires_grad
+    } and all("lora_" in n for n in trainer.learner.strategy.old.tensors)

@@ -58,7 +58,7 @@ def test_run_writes_metrics_checkpoints_and_export(tiny_model, tmp_path, capsys,
     out = tmp_path / "run"
     monkeypatch.setenv("G2RPO_PROGRESS_INTERVAL_S", "3600")  # a slow machine still gets first and last only
     summary = _trainer(tiny_model, out, **{"train.iterations": 3, "train.progress": True}).run()
-    assert summary["iterations"] == 3 and summary["backend"] == "torch"
+    assert summary.iterations == 3 and summary.backend == "torch"
     # stderr is not a terminal here, as in a pod: the bar is two whole lines, no carriage returns
     # (transformers' own loading bars are quieted by the CLI: test_trainer_resume)
     err = capsys.readouterr().err
@@ -108,12 +108,12 @@ def test_lora_trains_adapters_only_and_exports_them(tiny_model, tmp_path):
         out,
         **{"train.iterations": 2, "train.lora.enabled": True, "train.lora.rank": 4, "train.lora.alpha": 4.0},
     ).setup()
-    trainable = [n for n, p in trainer.velocity.named_parameters() if p.requires_grad]
+    trainable = [n for n, p in trainer.policy.velocity.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
-    base_before = {n: p.detach().clone() for n, p in trainer.velocity.named_parameters() if not p.requires_grad}
-    lora_before = {n: p.detach().clone() for n, p in trainer.velocity.named_parameters() if p.requires_grad}
+    base_before = {n: p.detach().clone() for n, p in trainer.policy.velocity.named_parameters() if not p.requires_grad}
+    lora_before = {n: p.detach().clone() for n, p in trainer.policy.velocity.named_parameters() if p.requires_grad}
     trainer.run()
-    after = dict(trainer.velocity.named_parameters())
+    after = dict(trainer.policy.velocity.named_parameters())
     assert all(torch.equal(after[n], t) for n, t in base_before.items())
     assert any(not torch.equal(after[n], t) for n, t in lora_before.items())
     files = sorted(p.name for p in (out / "export" / "lora").iterdir())
@@ -129,7 +129,7 @@ def test_lora_adapters_start_from_the_run_seed(tiny_model, tmp_path):
     def adapters(seed: int, name: str) -> dict[str, torch.Tensor]:
         torch.manual_seed(1000 + len(name))  # a different global RNG state for each call
         trainer = _trainer(tiny_model, tmp_path / name, **{"train.lora.enabled": True, "train.seed": seed}).setup()
-        return {n: p.detach().clone() for n, p in trainer.velocity.named_parameters() if "lora_A" in n}
+        return {n: p.detach().clone() for n, p in trainer.policy.velocity.named_parameters() if "lora_A" in n}
 
     first, again, other = adapters(0, "a"), adapters(0, "bb"), adapters(1, "ccc")
     assert first and first.keys() == again.keys() == other.keys()
@@ -162,7 +162,7 @@ def test_lora_on_a_module_that_is_not_a_linear_layer_is_refused(tiny_model, tmp_
     ok = _trainer(
         tiny_model, tmp_path / "ok", **{"train.lora.enabled": True, "train.lora.target_modules": ["norm1.linear"]}
     ).setup()
-    assert any("norm1.linear.lora_A" in n for n, p in ok.velocity.named_parameters() if p.requires_grad)
+    assert any("norm1.linear.lora_A" in n for n, p in ok.policy.velocity.named_parameters() if p.requires_grad)
 
 
 def test_ema_tracks_weights_and_is_exported(tiny_model, tmp_path):
@@ -178,14 +178,14 @@ def test_ema_tracks_weights_and_is_exported(tiny_model, tmp_path):
             "train.checkpoint_every": 100,
         },
     ).setup()
-    start = {n: p.detach().clone() for n, p in trainer._trainable().items()}
+    start = {n: p.detach().clone() for n, p in trainer.learner.trainable().items()}
     trainer.step()
-    theta1 = {n: p.detach().clone() for n, p in trainer._trainable().items()}
+    theta1 = {n: p.detach().clone() for n, p in trainer.learner.trainable().items()}
     # one update with d = 0.5: ema = 0.5·θ0 + 0.5·θ1
     name = "transformer.proj_out.weight"
-    assert torch.allclose(trainer.ema.shadow[name], 0.5 * start[name] + 0.5 * theta1[name])
+    assert torch.allclose(trainer.learner.ema.shadow[name], 0.5 * start[name] + 0.5 * theta1[name])
     trainer.step()
-    expected = trainer.ema.shadow["transformer.proj_out.weight"].clone()
+    expected = trainer.learner.ema.shadow["transformer.proj_out.weight"].clone()
     trainer.run()  # nothing left to train: saves, exports the EMA weights
     assert torch.equal(export_weights(out)["proj_out.weight"], expected)
 
@@ -279,7 +279,7 @@ def test_gradient_checkpointing_changes_memory_not_the_result(tiny_model, tmp_pa
     for flag in (False, True):
         out = tmp_path / f"ckpt-{flag}"
         trainer = _trainer(tiny_model, out, **{"train.iterations": 1, "train.gradient_checkpointing": flag}).setup()
-        assert trainer.transformer.is_gradient_checkpointing is flag
+        assert trainer.policy.transformer.is_gradient_checkpointing is flag
         trainer.run()
         weights[flag] = export_weights(out)
     assert all(torch.allclose(weights[False][k], weights[True][k], rtol=0, atol=1e-6) for k in weights[False])

@@ -74,7 +74,7 @@ def test_a_run_marks_its_folder_first_and_resumes_there(tiny_flux_dir, tmp_path)
     assert foreign_entries(out) == []
     longer = _config(tiny_flux_dir, out, **{"train.iterations": 3})
     summary = Trainer(longer).run()
-    assert summary["resumed_at"] == 2 and summary["iterations"] == 3
+    assert summary.resumed_at == 2 and summary.iterations == 3
     assert [r["iteration"] for r in read_iteration_records(out / "metrics.jsonl")] == [0, 1, 2]
     assert json.loads((out / MARKER).read_text()) == marker  # written once, by the fresh run
 
@@ -86,7 +86,7 @@ def test_a_folder_from_before_the_marker_is_adopted_when_it_holds_a_complete_che
     assert sorted(p.name for p in out.iterdir()) == ["checkpoints", "config.yaml", "metrics.jsonl"]
     check_run_dir(out)  # adopted: a complete checkpoint says the files beside it are the run's
     summary = Trainer(_config(tiny_flux_dir, out, **{"train.iterations": 3})).run()
-    assert summary["resumed_at"] == 2 and (out / MARKER).exists()
+    assert summary.resumed_at == 2 and (out / MARKER).exists()
 
 
 def test_unmarked_folders_without_a_complete_checkpoint_are_not_taken_for_a_run(tmp_path):
@@ -131,13 +131,13 @@ def test_duplicate_prompts_are_reported_and_recorded_in_the_summary(tiny_flux_di
     summary = Trainer(config).run()
     err = capsys.readouterr().err
     assert f"3 duplicate prompt(s) in {prompts} dropped; training on 3 unique prompt(s) of 6" in err
-    assert summary["prompts"] == {"read": 6, "unique": 3, "duplicates": 3}
+    assert summary.prompts == {"read": 6, "unique": 3, "duplicates": 3}
     events = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     recorded = [{k: v for k, v in e.items() if k != "time"} for e in events if e.get("event") == "prompts"]
     assert recorded == [{"event": "prompts", "source": str(prompts), "read": 6, "unique": 3, "duplicates": 3}]
     # the same counts in the summary of a clean prompt set, and no event or line for it
     clean = Trainer(_config(tiny_flux_dir, tmp_path / "clean", **{"train.iterations": 1})).run()
-    assert clean["prompts"] == {"read": 8, "unique": 8, "duplicates": 0}
+    assert clean.prompts == {"read": 8, "unique": 8, "duplicates": 0}
     assert "duplicate prompt" not in capsys.readouterr().err
 
 

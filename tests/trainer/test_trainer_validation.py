@@ -92,11 +92,11 @@ def test_best_validated_checkpoint_is_exported_kept_and_named(tiny_model, tmp_pa
     expected = select_best(history)
     assert expected.iteration == best and expected.within_tolerance == bool(within)
     assert f"iterations {breached}" in expected.reason if within else "every validation breached" in expected.reason
-    block = summary["validation"]
-    assert block["selected_iteration"] == best and block["selection_reason"] == expected.reason
-    assert [c["iteration"] for c in block["curve"]] == [0, 1, 2, 3, 4, 5, 6]
-    cost = block["cost"]
-    assert cost["validation_forwards"] == 7 * 24 and cost["training_forwards"] > 0 and cost["validation_seconds"] > 0
+    block = summary.validation
+    assert block.selected_iteration == best and block.selection_reason == expected.reason
+    assert [c.iteration for c in block.curve] == [0, 1, 2, 3, 4, 5, 6]
+    cost = block.cost
+    assert cost.validation_forwards == 7 * 24 and cost.training_forwards > 0 and cost.validation_seconds > 0
     # retention: the newest (6) and the best are on disk, nothing else
     kept = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert kept == sorted({f"iter-{6:06d}", f"iter-{best:06d}"})
@@ -127,8 +127,8 @@ def test_early_stop_on_breaches_is_an_event_and_ends_the_run(tiny_model, tmp_pat
         pytest.fail(f"no validation breached a zero tolerance: {[v['changes'] for v in validations]}")
     assert len(stops) == 1 and stops[0]["iteration"] == breached[0] == validations[-1]["iteration"]
     assert "1 validations in a row breached" in stops[0]["reason"]
-    assert summary["iterations"] == breached[0] < 12
-    assert summary["validation"]["early_stop"] == stops[0]["reason"]
+    assert summary.iterations == breached[0] < 12
+    assert summary.validation.early_stop == stops[0]["reason"]
 
 
 def test_validation_is_deterministic_and_its_chunks_matter(tiny_model, tmp_path):

@@ -64,22 +64,22 @@ def test_shapes_run_exports_the_validated_checkpoint_the_held_out_gates_accept(t
             "train.validation.stop_after_breaches=null",
         ],
     )
-    summary = train_from_config(config)["validation"]
-    curve = {point["iteration"]: point for point in summary["curve"]}
+    summary = train_from_config(config).validation
+    curve = {point.iteration: point for point in summary.curve}
     assert list(curve) == [0, 6, 12, 18, 24, 30, 36]
     # The hacking: the last checkpoint breaches the JPEG tolerance (and only it), and some earlier
     # validation stays within every tolerance.
-    assert curve[36]["breached"] == ["jpeg_compressibility"]
-    within = [i for i in curve if i and not curve[i]["breached"]]
-    assert within, [curve[i]["breached"] for i in curve]
+    assert curve[36].breached == ["jpeg_compressibility"]
+    within = [i for i in curve if i and not curve[i].breached]
+    assert within, [curve[i].breached for i in curve]
     # The export is the best non-breaching validation of the recorded curve (the earliest of equal objectives).
-    chosen = summary["selected_iteration"]
-    assert summary["within_tolerance"] and not curve[chosen]["breached"]
-    assert chosen == max(within, key=lambda i: (curve[i]["objective"], -i))
+    chosen = summary.selected_iteration
+    assert summary.within_tolerance and not curve[chosen].breached
+    assert chosen == max(within, key=lambda i: (curve[i].objective, -i))
     # The objective alone would not be safe: a breached checkpoint scores at least as high on the trained
     # rewards as the chosen one (measured here: 1.559 at 30 and 1.513 at 36 against 1.502 at 12).
-    best_objective = max((i for i in curve if i), key=lambda i: curve[i]["objective"])
-    assert curve[best_objective]["breached"], {i: (curve[i]["objective"], curve[i]["breached"]) for i in curve}
+    best_objective = max((i for i in curve if i), key=lambda i: curve[i].objective)
+    assert curve[best_objective].breached, {i: (curve[i].objective, curve[i].breached) for i in curve}
 
     # The shapes gates themselves (their held-out tolerances; this run's trained rewards in domain), with the
     # run's first validation as the champion: the last checkpoint's held-out regression gate fails, the
@@ -88,16 +88,16 @@ def test_shapes_run_exports_the_validated_checkpoint_the_held_out_gates_accept(t
     assert {m: shipped.metrics[m].max_regression for m in OUT_OF_DOMAIN} == TOLERANCE
     in_domain = {m: MetricGate(direction="higher", domain="in", min_improvement=0.005) for m in IN_DOMAIN}
     gates = shipped.model_copy(update={"metrics": {**in_domain, **{m: shipped.metrics[m] for m in OUT_OF_DOMAIN}}})
-    baseline = _as_scores(curve[0]["means"])
+    baseline = _as_scores(curve[0].means)
     held_out = {m for m, gate in gates.metrics.items() if gate.domain == "out"}
 
     def held_out_failures(iteration: int) -> list[str]:
-        decision = decide(_as_scores(curve[iteration]["means"]), baseline, gates)
+        decision = decide(_as_scores(curve[iteration].means), baseline, gates)
         return [r.metric for r in decision.results if r.metric in held_out and not r.passed]
 
     assert held_out_failures(36) == ["jpeg_compressibility"]
     assert held_out_failures(chosen) == []
     exported = json.loads((tmp_path / "run" / "export" / "base_model.json").read_text())
     assert exported["selected_iteration"] == chosen and exported["iterations"] == 36
-    breached = [i for i in curve if curve[i]["breached"]]
+    breached = [i for i in curve if curve[i].breached]
     assert f"beyond it: iterations {breached}" in exported["selection_reason"]

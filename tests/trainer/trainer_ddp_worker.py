@@ -8,6 +8,7 @@ a trainer callback saw on that rank (rank, iteration, prompts of each record).""
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -65,15 +66,15 @@ def main() -> None:
     callback = SeenOnThisRank()
     trainer = Trainer(config, callbacks=[callback]).setup()
     if "nan-rank1" in options and trainer.ctx.rank == 1:
-        trainer.reward_models = [NaNReward()]
-    start = {n: p.detach().clone() for n, p in trainer.driver.module.named_parameters()}
+        trainer.reward_set = replace(trainer.reward_set, models=[NaNReward()])
+    start = {n: p.detach().clone() for n, p in trainer.learner.driver.module.named_parameters()}
     probe_before = probe_reward(trainer)  # paired: the same draws before and after (no collectives)
     prompts, dropped = [], []
     for _ in range(config.train.iterations):
         record = trainer.step()
         prompts.append(record.prompt_indices)
         dropped.append((record.stats.dropped_groups, record.stats.total_groups, record.stats.optimizer_steps))
-    end = {n: p.detach().clone() for n, p in trainer.driver.module.named_parameters()}
+    end = {n: p.detach().clone() for n, p in trainer.learner.driver.module.named_parameters()}
     probe_after = probe_reward(trainer)
     torch.save(
         {

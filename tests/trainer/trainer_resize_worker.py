@@ -27,10 +27,10 @@ from g2rpo.training.trainer import Trainer  # noqa: E402
 
 def optimiser_state(trainer: Trainer) -> dict[str, dict[str, torch.Tensor]]:
     """Per trainable parameter: fp32 master weights, Adam moments, module weights ({} before the first step)."""
-    if not trainer.driver.engine.optimizer.optimizer.state:
+    if not trainer.learner.driver.engine.optimizer.optimizer.state:
         return {}
     out = {}
-    for name, param in trainer.driver.module.named_parameters():
+    for name, param in trainer.learner.driver.module.named_parameters():
         if param.requires_grad:
             out[name] = {
                 "fp32": safe_get_full_fp32_param(param).clone(),
@@ -76,7 +76,7 @@ def main() -> None:
             {"iteration": record.iteration, "loss": record.stats.loss, "optimizer_steps": record.stats.optimizer_steps}
         )
     end = {"iteration": trainer.iteration, "state": optimiser_state(trainer)}
-    engine = trainer.driver.engine
+    engine = trainer.learner.driver.engine
     adam_steps = sorted({float(s["step"]) for s in engine.optimizer.optimizer.state.values()})  # AdamW's count
     result = {
         "adam_steps": adam_steps,

@@ -126,12 +126,12 @@ def probe_reward(trainer: Any, seed: int = 1234) -> float:
     from g2rpo.models.flux import decode_latents
     from g2rpo.seeding import Draws
 
-    n = len(trainer.prompts)
+    n = len(trainer.prompt_set.prompts)
     indices = list(range(n))
-    cond = trainer._conditioning_of(indices)
-    rollout = trainer.strategy.rollout(
-        trainer.driver.policy, cond, Draws(seed, 0, tuple(indices)), trainer.latent_shape
+    cond = trainer.prompt_set.conditioning_of(indices)
+    rollout = trainer.learner.strategy.rollout(
+        trainer.learner.driver.policy, cond, Draws(seed, 0, tuple(indices)), trainer.policy.latent_shape
     )
-    images = decode_latents(trainer.vae, rollout.final_latents, 64, 64, micro_batch=64)
-    texts = [trainer.prompts[int(p)] for p in rollout.final_prompt]
+    images = decode_latents(trainer.policy.vae, rollout.final_latents, 64, 64, micro_batch=64)
+    texts = [trainer.prompt_set.prompts[int(p)] for p in rollout.final_prompt]
     return float(trainer._score(images, texts).mean())

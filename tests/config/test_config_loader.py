@@ -195,6 +195,30 @@ def test_each_commands_line_in_the_help_names_all_its_verbs():
     assert "[compile, submit, schedule, run-local]" in text and "[describe, show]" in text
 
 
+def test_every_options_help_says_its_default_at_most_once_and_never_none():
+    import argparse
+
+    from g2rpo.cli import build_parser
+
+    def parsers(parser: argparse.ArgumentParser):
+        yield parser
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for child in action.choices.values():
+                    yield from parsers(child)
+
+    said = 0
+    for parser in parsers(build_parser()):
+        formatter = parser._get_formatter()
+        for action in parser._actions:
+            if action.help in (None, argparse.SUPPRESS):
+                continue
+            text = formatter._expand_help(action)
+            said += "(default" in text
+            assert "(default: None)" not in text and text.count("(default") <= 1, (parser.prog, text)
+    assert said > 20  # the check read the options' help
+
+
 def test_network_outside_loopback_is_refused():
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     try:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 
 import pytest
 
 from g2rpo.errors import G2RPOError
-from g2rpo.progress import _Lines, progress_bar, quiet_library_bars_in_logs
+from g2rpo.progress import _Lines, import_saying, progress_bar, quiet_library_bars_in_logs
 
 
 class _Terminal(io.StringIO):
@@ -88,3 +89,16 @@ def test_library_bars_are_turned_off_in_a_log_unless_the_user_chose(monkeypatch)
 def test_a_disabled_bar_does_not_read_the_log_interval(monkeypatch):
     monkeypatch.setenv("G2RPO_PROGRESS_INTERVAL_S", "soon")
     assert list(progress_bar(range(2), desc="x", enabled=False, file=io.StringIO())) == [0, 1]
+
+
+def test_each_library_is_said_before_it_is_imported_and_a_loaded_one_not_at_all(tmp_path, monkeypatch):
+    for name in ("slow_library_a", "slow_library_b"):
+        (tmp_path / f"{name}.py").write_text("VALUE = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("slow_library_a", "slow_library_b"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    said: list[tuple[str, bool]] = []  # (label, was its module loaded when it was said)
+    modules = [("json", "json"), ("library A", "slow_library_a"), ("library B", "slow_library_b")]
+    import_saying(modules, lambda label: said.append((label, dict(modules)[label] in sys.modules)))
+    assert said == [("library A", False), ("library B", False)]  # json was loaded already
+    assert "slow_library_a" in sys.modules and "slow_library_b" in sys.modules

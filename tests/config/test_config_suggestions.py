@@ -7,7 +7,7 @@ import pytest
 
 from g2rpo.cli import main
 from g2rpo.errors import G2RPOError, closest
-from g2rpo.rewards.registry import get_spec
+from g2rpo.rewards.specs import get_spec
 from g2rpo.steps.train_task import run_config_for
 
 CONFIG = "configs/tiny-cpu.yaml"
