@@ -46,7 +46,6 @@ BASE_MODEL_KEY = "models/shapes_flux"
 NAMESPACE = "team-a"
 RELEASE = "g2rpo"
 SERVICE_ACCOUNT = "g2rpo"  # the profile's service_account (pipelines/profiles/h200.yaml), created by the chart
-SHARED_CLAIM = "g2rpo-runs"  # the ReadWriteMany claim of the chart's trainingRuntime.sharedVolume
 BUCKET = "g2rpo"
 PIPELINE_ROOT = f"s3://{BUCKET}/pipeline-root"  # the chart's kfp-launcher ConfigMap: where KFP puts the runs' artifacts
 
@@ -97,7 +96,6 @@ def chart_values(endpoint: str) -> dict:
     """The install's values: this S3, and a placement a CPU node satisfies (no GPU product label, no taint)."""
     return {
         "s3": {"endpoint": endpoint, "registryUri": f"s3://{BUCKET}/registry"},
-        "trainingRuntime": {"sharedVolume": {"claimName": SHARED_CLAIM}},
         "placement": {
             # null deletes the chart's default key: Helm merges a map given in values ({}) with the default one,
             # so `nodeSelector: {}` would keep nvidia.com/gpu.product=NVIDIA-H200 and no pod would schedule here.
@@ -185,8 +183,9 @@ def install(cluster: Cluster, s3: ToolS3, namespace: str = NAMESPACE) -> None:
     In ``team-a`` (Pod Security "restricted"): the ClusterTrainingRuntime with it. In KFP's own namespace (a
     single-user KFP runs every pipeline there): the same chart with the runtime off (it is cluster-scoped and
     installed once) and the chart's ``kfp-launcher`` ConfigMap on, which sends the runs' artifacts to this S3
-    under ``s3://g2rpo/pipeline-root``; it replaces the one ``kfp up`` made for its own bucket. Both namespaces get
-    the runtime's shared-volume claim: a multi-node TrainJob's pods mount it in the namespace they run in."""
+    under ``s3://g2rpo/pipeline-root``; it replaces the one ``kfp up`` made for its own bucket. No shared volume:
+    the runtime has none, as on the many clusters without ReadWriteMany storage, so a multi-node TrainJob keeps each
+    node's part of a checkpoint in its pod's emptyDir and S3 is the only store its nodes share."""
     kfp = namespace == KFP_NAMESPACE
     if not kfp:
         labels = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn", "audit")}
@@ -204,43 +203,8 @@ def install(cluster: Cluster, s3: ToolS3, namespace: str = NAMESPACE) -> None:
         cluster.kubectl("-n", namespace, "delete", "configmap", "kfp-launcher", "--ignore-not-found")
         values["trainingRuntime"]["enabled"] = False
         values["kfp"] = {"launcherConfig": {"enabled": True, "pipelineRoot": PIPELINE_ROOT}}
-    shared_volume(cluster, namespace)
     out = cluster.apply(yaml.safe_dump_all(_render_chart(values, namespace)))
     assert "Warning" not in out, out
-
-
-def shared_volume(cluster: Cluster, namespace: str) -> None:
-    """The ReadWriteMany claim the chart's ``trainingRuntime.sharedVolume`` names: what a platform team provides
-    (NFS, Lustre, a CSI driver). On this one node a PersistentVolume of a host folder, bound to the claim
-    statically (no provisioner here); the pods see only the claim, as Pod Security "restricted" wants."""
-    folder = cluster.workdir.parent / "shared-runs" / namespace
-    folder.mkdir(parents=True, exist_ok=True)
-    os.chown(folder, 10001, 10001)  # the image's user (the chart's runAsUser)
-    volume = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": f"{namespace}-{SHARED_CLAIM}"},
-        "spec": {
-            "capacity": {"storage": "10Gi"},
-            "accessModes": ["ReadWriteMany"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "hostPath": {"path": str(folder), "type": "Directory"},
-            "claimRef": {"namespace": namespace, "name": SHARED_CLAIM},
-        },
-    }
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": SHARED_CLAIM, "namespace": namespace},
-        "spec": {
-            "accessModes": ["ReadWriteMany"],
-            "storageClassName": "",
-            "volumeName": volume["metadata"]["name"],
-            "resources": {"requests": {"storage": "10Gi"}},
-        },
-    }
-    cluster.apply(yaml.safe_dump_all([volume, claim]))
 
 
 def advertise_gpus(cluster: Cluster, count: int) -> None:
