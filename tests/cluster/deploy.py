@@ -201,7 +201,7 @@ def install(cluster: Cluster, s3: ToolS3, namespace: str = NAMESPACE) -> None:
     values = chart_values(s3.endpoint_url)
     if kfp:
         cluster.kubectl("-n", namespace, "delete", "configmap", "kfp-launcher", "--ignore-not-found")
-        values["trainingRuntime"]["enabled"] = False
+        values["trainingRuntime"] = {"enabled": False}
         values["kfp"] = {"launcherConfig": {"enabled": True, "pipelineRoot": PIPELINE_ROOT}}
     out = cluster.apply(yaml.safe_dump_all(_render_chart(values, namespace)))
     assert "Warning" not in out, out
