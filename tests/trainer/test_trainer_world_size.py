@@ -9,6 +9,7 @@ launches and 1 → 2 is in the slow tier.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import random
@@ -22,6 +23,7 @@ import torch
 from trainer_testlib import REPO, run_train, subprocess_env, tiny_overrides
 
 from g2rpo.training.checkpoint import CheckpointManager, TrainerState, verify
+from g2rpo.training.run_dir import WRITER
 from tests.tiny_flux_fixture import make_tiny_flux
 
 WORKER = Path(__file__).resolve().parent / "trainer_resize_worker.py"
@@ -67,6 +69,14 @@ def _launch(
     )
     assert done.returncode == 0, done.stderr[-4000:]
     return torch.load(dump, weights_only=False), done.stderr
+
+
+def _files(folder: Path) -> dict[str, str | None]:
+    """Every path under ``folder`` with its content's sha256 (None for a folder)."""
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else None
+        for p in sorted(folder.rglob("*"))
+    }
 
 
 def _assert_resumed_with_the_same_optimiser_state(
@@ -123,9 +133,12 @@ def test_zero2_checkpoint_of_two_ranks_resumes_on_one_with_the_same_optimiser_st
 @pytest.mark.timeout(900)
 def test_zero2_checkpoint_of_one_rank_resumes_on_two_and_another_zero_stage_is_refused(tiny_model, tmp_path):
     out = _assert_resumed_with_the_same_optimiser_state(tiny_model, tmp_path, first=1, second=2)
+    # The workers gave their writer claims back, as a finished run does: no dead process's claim for
+    # the next run to take over (and remove) below.
+    assert not (out / WRITER).exists()
     # The world size may change, the ZeRO stage may not (each stage has its own file layout):
     # refused up front, naming the field and the stage to resume with, and nothing is written.
-    before = sorted(str(p.relative_to(out)) for p in out.rglob("*"))
+    before = _files(out)
     config = tiny_overrides(
         tiny_model,
         out,
@@ -143,7 +156,7 @@ def test_zero2_checkpoint_of_one_rank_resumes_on_two_and_another_zero_stage_is_r
         -3000:
     ]
     assert "Traceback" not in refused.stderr
-    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == before
+    assert _files(out) == before  # the same paths with the same bytes: metrics.jsonl, the checkpoints, the marker
 
 
 @pytest.mark.integration

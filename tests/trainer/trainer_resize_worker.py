@@ -88,6 +88,9 @@ def main() -> None:
     }
     if trainer.ctx.is_main:
         torch.save(result, dump)
+    # setup() took the writer claim on output.dir; run() gives it back, a caller of step() does (else the
+    # folder keeps this dead process's claim for the next run to take over).
+    trainer.release_claims()
     trainer.ctx.shutdown()
 
 
