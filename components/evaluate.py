@@ -21,7 +21,7 @@ def evaluate(
     metrics: Output[Metrics],
     report: Output[HTML],
 ):
-    """Evaluate on ``data``'s test split (its first ``eval_num_prompts``; 0 for all) × ``eval_seeds``
+    """Evaluate on ``data``'s test split (its first ``eval_num_prompts``; 0 for all) x ``eval_seeds``
     (and push the summaries to ``pushgateway_url`` when one is given)."""
     # KFP ships this function's source alone, so its imports live inside it.
     import os

@@ -125,7 +125,7 @@ def build_pipeline(profile: PlacementProfile):
 
     @dsl.pipeline(
         name=PIPELINE_NAME,
-        description="G²RPO preference alignment of a Flux model: prepare, train, evaluate against the champion, "
+        description="G2RPO preference alignment of a Flux model: prepare, train, evaluate against the champion, "
         "promote only what passes the gates.",
     )
     @_with_train_parameters(after="model_name")

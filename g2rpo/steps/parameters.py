@@ -81,7 +81,7 @@ TRAIN_PARAMETERS: tuple[TrainParameter, ...] = (
     ),
     TrainParameter("num_steps", int, 16, "algorithm.num_steps", "T, the sampler's steps"),
     TrainParameter("group_size", int, 12, "algorithm.group_size", "G, images per prompt"),
-    TrainParameter("granularities", list, [1, 2, 3], "algorithm.g2rpo.granularities", "Λ, a G²RPO setting"),
+    TrainParameter("granularities", list, [1, 2, 3], "algorithm.g2rpo.granularities", "Lambda, the G2RPO strides"),
     TrainParameter(
         "rewards",
         list,

@@ -29,6 +29,22 @@ def test_recompiled_pipeline_matches_the_committed_yaml(tmp_path):
     )
 
 
+def _strings(node) -> list[str]:
+    if isinstance(node, dict):
+        return [s for k, v in node.items() for s in (k, *_strings(v))]
+    if isinstance(node, list):
+        return [s for v in node for s in _strings(v)]
+    return [node] if isinstance(node, str) else []
+
+
+def test_every_text_kfp_stores_is_ascii():
+    # The API server stores the run's Workflow in its database: a MySQL/MariaDB column in latin1 (the cluster
+    # tier's MariaDB, and any server left at that default) refuses "Λ" with a 500 on every submit. Found there.
+    spec, platform = _documents(COMPILED)
+    wide = sorted({s for s in _strings(spec) + _strings(platform) if not s.isascii()})
+    assert not wide, f"non-ASCII text in the compiled pipeline: {wide}"
+
+
 def test_train_placement_lands_in_the_platform_spec():
     profile = load_profile()
     spec, platform = _documents(COMPILED)
