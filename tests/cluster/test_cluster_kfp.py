@@ -11,7 +11,6 @@ part of KFP: the run is sent with ``g2rpo pipeline submit --host`` as a user sen
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import subprocess
@@ -38,7 +37,6 @@ from tests.cluster.kfp_runs import (
     read_text,
     run_pods,
     submit,
-    task_output_artifacts,
     tasks,
     trained_weights,
     wait_for_end,
@@ -127,16 +125,6 @@ def test_the_pipeline_submitted_to_kfp_runs_to_a_promoted_champion_then_its_sche
     assert (decision["version"], decision["passed"], decision["champion"]) == (1, True, None), decision
     registry = read_json(client, "registry/models/g2rpo-shapes/state.json")
     assert registry["aliases"].get("champion") == 1, registry
-    # The run's metrics as KFP's UI reads them: the API server's run details name each task's Metrics artifact
-    # (the persistence agent's report), ML Metadata holds its values (what the launcher recorded).
-    (trained,) = task_output_artifacts(deployment, first, "train", "metrics")
-    assert trained["type"] == "system.Metrics" and trained["properties"].get("iterations") == 2, trained
-    (evaluated,) = task_output_artifacts(deployment, first, "evaluate", "metrics")
-    challenger = {
-        k.removeprefix("challenger."): v for k, v in evaluated["properties"].items() if k.startswith("challenger.")
-    }
-    assert {"hps_v21", "clip"} <= set(challenger), evaluated
-    assert all(isinstance(v, float) and math.isfinite(v) for v in challenger.values()), challenger
     # The exit task was told the exit handler's state by KFP's driver and recorded a success.
     status = read_json(client, output_key(keys, "report-status", "record"))
     assert (status["outcome"], status["failed_task"]) == ("succeeded", ""), status
