@@ -153,3 +153,18 @@ def run_pods(deployment, workflow: str) -> dict[str, str]:
     selector = f"workflows.argoproj.io/workflow={workflow}"
     listed = deployment.cluster.kubectl("-n", KFP_NAMESPACE, "get", "pods", "-l", selector, "-o", "json")
     return {p["metadata"]["name"]: p["status"].get("phase", "") for p in json.loads(listed.stdout)["items"]}
+
+
+def executor_pods(deployment, run_id: str, task: str) -> list[dict]:
+    """The run's executor pods of ``task`` as Argo made them (KFP's launcher as init container), oldest first."""
+    workflow = workflow_of(deployment, run_id)["metadata"]["name"]
+    listed = deployment.cluster.kubectl(
+        "-n", KFP_NAMESPACE, "get", "pods", "-l", f"workflows.argoproj.io/workflow={workflow}", "-o", "json"
+    )
+    pods = [
+        p
+        for p in json.loads(listed.stdout)["items"]
+        if f".{task}." in p["metadata"].get("annotations", {}).get("workflows.argoproj.io/node-name", "")
+        and any(c["name"] == "kfp-launcher" for c in p["spec"].get("initContainers", []))
+    ]
+    return sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"])

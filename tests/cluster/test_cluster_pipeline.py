@@ -14,8 +14,7 @@ import json
 import pytest
 
 from tests.cluster.deploy import NAMESPACE, SERVICE_ACCOUNT
-from tests.cluster.kfp_backend import NAMESPACE as KFP_NAMESPACE
-from tests.cluster.kfp_runs import workflow_of
+from tests.cluster.kfp_runs import executor_pods
 
 
 def test_the_chart_installs_under_restricted_pod_security_and_grants_exactly_the_launchers_calls(deployment):
@@ -67,17 +66,8 @@ def test_kfps_executor_pod_is_refused_by_a_restricted_namespace_for_its_run_as_n
     first = deployment.runs.get("first")
     if first is None:
         pytest.fail("the first run of test_cluster_kfp.py is this test's input: run the tier, not this test alone")
-    workflow = workflow_of(deployment, first)["metadata"]["name"]
-    listed = deployment.cluster.kubectl(
-        "-n", KFP_NAMESPACE, "get", "pods", "-l", f"workflows.argoproj.io/workflow={workflow}", "-o", "json"
-    )
-    executors = [
-        p
-        for p in json.loads(listed.stdout)["items"]
-        if ".prepare-data." in p["metadata"].get("annotations", {}).get("workflows.argoproj.io/node-name", "")
-        and any(c["name"] == "kfp-launcher" for c in p["spec"].get("initContainers", []))
-    ]
-    assert executors, f"no prepare-data executor pod of Workflow {workflow} left to read"
+    executors = executor_pods(deployment, first, "prepare-data")
+    assert executors, f"no prepare-data executor pod of run {first} left to read"
     pod = _as_new_pod(executors[0], NAMESPACE)
     pod["spec"]["serviceAccountName"] = SERVICE_ACCOUNT
 

@@ -47,7 +47,7 @@ from tests.cluster import jobset
 from tests.cluster.deploy import BUCKET, REPO, _render_chart, chart_values
 from tests.cluster.dns import ClusterDNS
 from tests.cluster.kfp_backend import NAMESPACE
-from tests.cluster.kfp_runs import submit, tasks, trained_weights, wait_for_run, workflow_of
+from tests.cluster.kfp_runs import executor_pods, submit, tasks, trained_weights, wait_for_run
 from tests.cluster.prom import PodPrometheus
 from tests.cluster.trainjob_run import (
     ITERATIONS,
@@ -130,21 +130,6 @@ def runtime_env(cluster, variables: dict[str, str]):
         cluster.kubectl("patch", "clustertrainingruntime", RUNTIME, "--type=json", "-p", json.dumps(restore))
 
 
-def train_executor_pods(deployment, run_id: str) -> list[dict]:
-    """The run's train executor pods as Argo made them (KFP's launcher as init container), oldest first."""
-    workflow = workflow_of(deployment, run_id)["metadata"]["name"]
-    listed = deployment.cluster.kubectl(
-        "-n", NAMESPACE, "get", "pods", "-l", f"workflows.argoproj.io/workflow={workflow}", "-o", "json"
-    )
-    pods = [
-        p
-        for p in json.loads(listed.stdout)["items"]
-        if ".train." in p["metadata"].get("annotations", {}).get("workflows.argoproj.io/node-name", "")
-        and any(c["name"] == "kfp-launcher" for c in p["spec"].get("initContainers", []))
-    ]
-    return sorted(pods, key=lambda p: p["metadata"]["creationTimestamp"])
-
-
 def _explain(deployment, run_id: str) -> str:
     """What a failure message needs: the run's tasks as the API server reports them, and its TrainJob."""
     run = kfp.Client(host=deployment.kfp.host).get_run(run_id)
@@ -205,7 +190,7 @@ def test_the_train_task_trains_on_two_pods_through_the_real_trainer_and_jobset(d
         assert "emptyDir" in mounted.get(NODE_RUN_DIR, {}), (NODE_RUN_DIR, mounted)
         assert "output.node_local=true" in node["command"], node["command"]
     # The TrainJob was made by KFP's train executor pod (service account g2rpo, the run's small train pod).
-    (task_pod,) = train_executor_pods(deployment, run_id)
+    (task_pod,) = executor_pods(deployment, run_id, TRAIN_TASK)
     (main,) = [c for c in task_pod["spec"]["containers"] if c["name"] == "main"]
     assert task_pod["spec"]["serviceAccountName"] == "g2rpo"
     assert main["resources"]["limits"].get("cpu") in ("500m", "0.5"), main["resources"]
@@ -336,7 +321,7 @@ def test_a_two_node_run_terminated_through_the_api_while_training_leaves_no_trai
     seconds = time.monotonic() - started
     # Deleted by the train task on the SIGTERM Argo sent it: nothing else deletes a TrainJob here. Its line saying so
     # may miss the pod's log (KFP's launcher relays the task's output, and the pod ends at once): reported, not held.
-    (task_pod,) = train_executor_pods(deployment, run_id)
+    (task_pod,) = executor_pods(deployment, run_id, TRAIN_TASK)
     log = deployment.cluster.logs(task_pod["metadata"]["name"], NAMESPACE, "main")
     said = f"SIGTERM received while TrainJob {NAMESPACE}/{job} trains: deleting it" in log
     state = wait_for(
