@@ -13,8 +13,13 @@ One pod trains on up to one node (``torchrun`` inside the task). For more nodes 
   its job and follows it instead of starting a second one while that job runs (or has completed). A job that
   failed (its JobSet's restarts used up, its deadline passed, a usage or configuration error) stays ``Failed``;
   a retry then starts the next attempt, a new job of the next name, which resumes from the run's S3 checkpoint
-  mirror (the same ``--checkpoint-uri``, a fresh ``output.dir``). Only get and create on TrainJobs are needed:
-  nothing is deleted, and the failed job stays for its logs;
+  mirror (the same ``--checkpoint-uri``, a fresh ``output.dir``). A failed job is never deleted: it stays for
+  its logs;
+- the job lives as long as the task waits for it: SIGTERM to the task (a run terminated through KFP, whose Argo
+  signals the task's container, or the task's pod deleted) deletes the job, so a cancelled run leaves no training
+  pods. A retry of the task then creates it again under the same name, and it resumes from the S3 mirror. A task
+  killed outright (SIGKILL, a lost node) leaves the job training, and its retry follows it. Get, create and delete
+  on TrainJobs are all the task needs;
 - ``output.dir``: on several nodes, a folder per job on the runtime's shared volume (:data:`RUNS_DIR_ENV`, the
   chart's ``trainingRuntime.sharedVolume``); without one, when the run mirrors its checkpoints to ``s3://``,
   a folder in an emptyDir of each pod (:data:`NODE_RUN_DIR`) with ``output.node_local=true``: each node keeps
@@ -43,8 +48,10 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -623,9 +630,10 @@ def _wait(
     logs = threading.Thread(target=_stream_logs, args=(trainer, name, done, launch.poll_interval_s, echo), daemon=True)
     logs.start()
     try:
-        job = trainer.wait_for_job_status(
-            name, status={"Complete", "Failed"}, timeout=launch.wait_s, polling_interval=launch.poll_interval_s
-        )
+        with _deleted_on_sigterm(api, namespace, name, echo):
+            job = trainer.wait_for_job_status(
+                name, status={"Complete", "Failed"}, timeout=launch.wait_s, polling_interval=launch.poll_interval_s
+            )
     except TimeoutError:
         raise G2RPOError(
             f"TrainJob {namespace}/{name} did not finish within {launch.wait_s} s: it keeps running until it ends or "
@@ -650,6 +658,59 @@ def _wait(
             f"-l jobset.sigs.k8s.io/jobset-name={name}` shows every node's log"
         )
     echo(f"TrainJob {namespace}/{name} is Complete")
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived while the task waited for its TrainJob (raised by the handler, caught around the wait)."""
+
+
+@contextmanager
+def _deleted_on_sigterm(
+    api: k8s.CustomObjectsApi, namespace: str, name: str, echo: Callable[[str], None]
+) -> Iterator[None]:
+    """While the task waits for TrainJob ``name``: on SIGTERM delete the job (its JobSet and pods go with it,
+    foreground), say so, and raise :class:`~g2rpo.errors.G2RPOError`. Only the main thread can take a signal;
+    elsewhere the wait runs unguarded."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: Any) -> None:
+        raise _Terminated(signum)
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second signal must not cut the deletion short
+        echo(
+            f"SIGTERM received while TrainJob {namespace}/{name} trains: deleting it, so no training pod outlives the run"
+        )
+        outcome = _delete_job(api, namespace, name)
+        raise G2RPOError(
+            f"stopped by SIGTERM (the run was terminated, or this task's pod is going away): TrainJob {namespace}/{name} "
+            f"{outcome}. Its checkpoints stay in the run's S3 mirror: a retry of this task starts the job again and "
+            "resumes from there"
+        ) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _delete_job(api: k8s.CustomObjectsApi, namespace: str, name: str) -> str:
+    """Delete TrainJob ``name`` with foreground propagation; what happened, as the end of a sentence."""
+    try:
+        api.delete_namespaced_custom_object(
+            "trainer.kubeflow.org", "v1alpha1", namespace, "trainjobs", name, propagation_policy="Foreground"
+        )
+    except k8s.ApiException as exc:
+        if exc.status == 404:
+            return "was already gone"
+        return (
+            f"could not be deleted (HTTP {exc.status} {exc.reason}: the task's service account needs delete on "
+            f"trainjobs.trainer.kubeflow.org, as the Helm chart's Role grants); `kubectl delete trainjob -n {namespace} "
+            f"{name}` stops it"
+        )
+    return "was deleted with its pods"
 
 
 def _stream_logs(

@@ -2,8 +2,9 @@
 
 The calls are the Kubeflow SDK's (``kubeflow`` 0.5.0, TrainerClient) as measured against a fake API
 server (the ``kubeflow-trainer-public`` ConfigMap in ``kubeflow-system``, ``trainingruntimes`` then
-``clustertrainingruntimes``, ``trainjobs`` create/get, pods by JobSet name), and the calls the TrainJob launcher's test
-records in ``tests/fixtures/trainjob_api_calls.json`` (tests/launch/test_trainjob.py). Both directions:
+``clustertrainingruntimes``, ``trainjobs`` create/get, pods by JobSet name), and the calls the TrainJob launcher's tests
+record in ``tests/fixtures/trainjob_api_calls*.json`` (tests/launch/test_trainjob.py; with the delete of a task stopped
+by SIGTERM). Both directions:
 every call is allowed (nothing fails with 403 on a cluster), and every granted verb is used by some
 call (least privilege).
 """
@@ -18,7 +19,10 @@ import pytest
 
 from tests.chart.chart_render import NAMESPACE, REPO, render
 
-RECORDED_CALLS = REPO / "tests" / "fixtures" / "trainjob_api_calls.json"
+# The launcher test's records: a task that waits for its job to complete, and one stopped by SIGTERM meanwhile.
+RECORDED_CALLS = tuple(
+    REPO / "tests" / "fixtures" / name for name in ("trainjob_api_calls.json", "trainjob_api_calls_terminated.json")
+)
 RUNTIME = "g2rpo-torch-distributed"
 
 # What TrainerClient does for train() / wait_for_job_status() / get_job_logs(), measured against a fake API server.
@@ -30,6 +34,8 @@ SDK_CALLS = [
     ("GET", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NAMESPACE}/trainjobs/g2rpo-abc12"),
     ("GET", f"/api/v1/namespaces/{NAMESPACE}/pods?labelSelector=jobset.sigs.k8s.io%2Fjobset-name%3Dg2rpo-abc12"),
     ("GET", f"/api/v1/namespaces/{NAMESPACE}/pods/g2rpo-abc12-node-0-0-xyz/log?container=node"),
+    # The launcher's own call (the SDK has none): SIGTERM while the task waits deletes its job.
+    ("DELETE", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NAMESPACE}/trainjobs/g2rpo-abc12"),
 ]
 
 
@@ -97,7 +103,7 @@ def recorded_calls() -> list[Request]:
     """The launcher test's records: apiGroup, resource, subresource, verb and namespace ("<job
     namespace>" for the TrainJob's, "cluster" for cluster-scoped); names are not recorded."""
     out = []
-    for call in json.loads(RECORDED_CALLS.read_text()):
+    for call in (c for path in RECORDED_CALLS for c in json.loads(path.read_text())):
         resource = f"{call['resource']}/{call['subresource']}" if call["subresource"] else call["resource"]
         namespace = {"<job namespace>": NAMESPACE, "cluster": None}.get(call["namespace"], call["namespace"])
         out.append(Request(call["verb"], call["apiGroup"], resource, namespace, None))
@@ -158,7 +164,8 @@ def test_the_trainer_config_grant_is_one_named_configmap(rules):
 def test_unrelated_calls_are_denied(rules):
     for method, url in [
         ("GET", f"/api/v1/namespaces/{NAMESPACE}/secrets/g2rpo-s3"),
-        ("DELETE", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NAMESPACE}/trainjobs/x"),
+        ("DELETE", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/other/trainjobs/x"),
+        ("PATCH", f"/apis/trainer.kubeflow.org/v1alpha1/namespaces/{NAMESPACE}/trainjobs/x"),
         ("GET", "/api/v1/namespaces/kubeflow-system/configmaps/other"),
         ("GET", "/apis/trainer.kubeflow.org/v1alpha1/namespaces/other/trainjobs/x"),
         ("POST", f"/api/v1/namespaces/{NAMESPACE}/pods"),

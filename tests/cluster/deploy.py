@@ -35,7 +35,6 @@ from g2rpo.tasks.shapes import write_prompts
 from pipelines.local import LEARNED_REWARDS
 from tests.cluster.kfp_backend import NAMESPACE as KFP_NAMESPACE
 from tests.cluster.kfp_backend import KfpBackend
-from tests.cluster.kfp_tasks import Run
 from tests.cluster.kube import Cluster, host_snapshot, leftovers, processes_naming
 from tests.s3server import REGION, S3Env
 
@@ -47,11 +46,8 @@ BASE_MODEL_KEY = "models/shapes_flux"
 NAMESPACE = "team-a"
 RELEASE = "g2rpo"
 SERVICE_ACCOUNT = "g2rpo"  # the profile's service_account (pipelines/profiles/h200.yaml), created by the chart
-LAUNCHER_CONFIGMAP = "kfp-launch"
-SHARED_CLAIM = "g2rpo-runs"  # the ReadWriteMany claim of the chart's trainingRuntime.sharedVolume
 BUCKET = "g2rpo"
 PIPELINE_ROOT = f"s3://{BUCKET}/pipeline-root"  # the chart's kfp-launcher ConfigMap: where KFP puts the runs' artifacts
-STEP_TIMEOUT_S = 1800
 
 
 @dataclass(frozen=True)
@@ -100,7 +96,6 @@ def chart_values(endpoint: str) -> dict:
     """The install's values: this S3, and a placement a CPU node satisfies (no GPU product label, no taint)."""
     return {
         "s3": {"endpoint": endpoint, "registryUri": f"s3://{BUCKET}/registry"},
-        "trainingRuntime": {"sharedVolume": {"claimName": SHARED_CLAIM}},
         "placement": {
             # null deletes the chart's default key: Helm merges a map given in values ({}) with the default one,
             # so `nodeSelector: {}` would keep nvidia.com/gpu.product=NVIDIA-H200 and no pod would schedule here.
@@ -169,7 +164,7 @@ def tag_in_node(cluster: Cluster, image: str, alias: str) -> None:
 
 
 def prepare_inputs(deployment: Deployment) -> None:
-    """The bucket, the prompts file and the gates every run reads, the launcher's ConfigMap, and the GPU count."""
+    """The bucket, the prompts file, the base model and the gates every run reads, and the GPU count."""
     cluster, client = deployment.cluster, deployment.client()
     client.create_bucket(Bucket=BUCKET)
     prompts = Path(os.environ.get("TMPDIR", "/tmp")) / f"shapes-{uuid.uuid4().hex[:8]}.txt"
@@ -179,10 +174,6 @@ def prepare_inputs(deployment: Deployment) -> None:
     client.upload_file(str(REPO / "configs" / "shapes-gates.yaml"), BUCKET, "gates/shapes-gates.yaml")
     with mock.patch.dict(os.environ, S3Env(deployment.s3, BUCKET).env):  # the AWS chain g2rpo reads
         publish_dir(REPO / "g2rpo" / "models" / "shapes_flux", f"s3://{BUCKET}/{BASE_MODEL_KEY}")
-    cluster.kubectl(
-        "-n", NAMESPACE, "create", "configmap", LAUNCHER_CONFIGMAP,
-        f"--from-file=kfp_launch.py={Path(__file__).with_name('kfp_launch.py')}",
-    )  # fmt: skip
     advertise_gpus(cluster, 2)
 
 
@@ -192,7 +183,9 @@ def install(cluster: Cluster, s3: ToolS3, namespace: str = NAMESPACE) -> None:
     In ``team-a`` (Pod Security "restricted"): the ClusterTrainingRuntime with it. In KFP's own namespace (a
     single-user KFP runs every pipeline there): the same chart with the runtime off (it is cluster-scoped and
     installed once) and the chart's ``kfp-launcher`` ConfigMap on, which sends the runs' artifacts to this S3
-    under ``s3://g2rpo/pipeline-root``; it replaces the one ``kfp up`` made for its own bucket."""
+    under ``s3://g2rpo/pipeline-root``; it replaces the one ``kfp up`` made for its own bucket. No shared volume:
+    the runtime has none, as on the many clusters without ReadWriteMany storage, so a multi-node TrainJob keeps each
+    node's part of a checkpoint in its pod's emptyDir and S3 is the only store its nodes share."""
     kfp = namespace == KFP_NAMESPACE
     if not kfp:
         labels = {f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "warn", "audit")}
@@ -208,46 +201,10 @@ def install(cluster: Cluster, s3: ToolS3, namespace: str = NAMESPACE) -> None:
     values = chart_values(s3.endpoint_url)
     if kfp:
         cluster.kubectl("-n", namespace, "delete", "configmap", "kfp-launcher", "--ignore-not-found")
-        values["trainingRuntime"]["enabled"] = False
+        values["trainingRuntime"] = {"enabled": False}
         values["kfp"] = {"launcherConfig": {"enabled": True, "pipelineRoot": PIPELINE_ROOT}}
-    else:
-        shared_volume(cluster)
     out = cluster.apply(yaml.safe_dump_all(_render_chart(values, namespace)))
     assert "Warning" not in out, out
-
-
-def shared_volume(cluster: Cluster) -> None:
-    """The ReadWriteMany claim the chart's ``trainingRuntime.sharedVolume`` names: what a platform team provides
-    (NFS, Lustre, a CSI driver). On this one node a PersistentVolume of a host folder, bound to the claim
-    statically (no provisioner here); the pods see only the claim, as Pod Security "restricted" wants."""
-    folder = cluster.workdir.parent / "shared-runs"
-    folder.mkdir(parents=True, exist_ok=True)
-    os.chown(folder, 10001, 10001)  # the image's user (the chart's runAsUser)
-    volume = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": f"{NAMESPACE}-{SHARED_CLAIM}"},
-        "spec": {
-            "capacity": {"storage": "10Gi"},
-            "accessModes": ["ReadWriteMany"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "hostPath": {"path": str(folder), "type": "Directory"},
-            "claimRef": {"namespace": NAMESPACE, "name": SHARED_CLAIM},
-        },
-    }
-    claim = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": SHARED_CLAIM, "namespace": NAMESPACE},
-        "spec": {
-            "accessModes": ["ReadWriteMany"],
-            "storageClassName": "",
-            "volumeName": volume["metadata"]["name"],
-            "resources": {"requests": {"storage": "10Gi"}},
-        },
-    }
-    cluster.apply(yaml.safe_dump_all([volume, claim]))
 
 
 def advertise_gpus(cluster: Cluster, count: int) -> None:
@@ -306,37 +263,3 @@ def run_arguments(bucket: str) -> dict:
         "train_pod_cpu": "2",
         "train_pod_memory": "6Gi",
     }
-
-
-def start_step(deployment: Deployment, run: Run, task: str) -> str:
-    """Create the task's pod (as KFP would start it); returns its name."""
-    images = {G2RPO_IMAGE: G2RPO_IMAGE, TRAINER_IMAGE: G2RPO_IMAGE}
-    pod = run.pod(
-        task,
-        namespace=NAMESPACE,
-        service_account=SERVICE_ACCOUNT,
-        images=images,
-        launcher_configmap=LAUNCHER_CONFIGMAP,
-        pod_security={"runAsNonRoot": True},
-    )
-    deployment.cluster.apply(json.dumps(pod))
-    return pod["metadata"]["name"]
-
-
-def finish_step(deployment: Deployment, run: Run, task: str, name: str, started: float) -> dict:
-    """Wait for the task's pod; on failure raise with its name and the end of its log; return the launcher's record."""
-    cluster = deployment.cluster
-    phase = cluster.wait_pod_done(name, NAMESPACE, STEP_TIMEOUT_S)
-    deployment.timings[f"pod {task}"] = time.monotonic() - started
-    if phase != "Succeeded":
-        raise AssertionError(f"pod {NAMESPACE}/{name} {phase}; its log ends:\n{cluster.logs(name, NAMESPACE)[-6000:]}")
-    body = deployment.client().get_object(Bucket=BUCKET, Key=run.record_uri(task).split("/", 3)[3])["Body"].read()
-    record = json.loads(body)
-    run.outputs[task] = record
-    return record
-
-
-def run_step(deployment: Deployment, run: Run, task: str) -> dict:
-    """Start the task's pod, wait for it, and return the launcher's record of its outputs."""
-    started = time.monotonic()
-    return finish_step(deployment, run, task, start_step(deployment, run, task), started)

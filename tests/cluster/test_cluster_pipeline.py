@@ -11,14 +11,10 @@ from __future__ import annotations
 
 import json
 
-from tests.cluster.deploy import (
-    BUCKET,
-    LAUNCHER_CONFIGMAP,
-    NAMESPACE,
-    SERVICE_ACCOUNT,
-    run_arguments,
-)
-from tests.cluster.kfp_tasks import CompiledPipeline, Run
+import pytest
+
+from tests.cluster.deploy import NAMESPACE, SERVICE_ACCOUNT
+from tests.cluster.kfp_runs import executor_pods
 
 
 def test_the_chart_installs_under_restricted_pod_security_and_grants_exactly_the_launchers_calls(deployment):
@@ -39,6 +35,7 @@ def test_the_chart_installs_under_restricted_pod_security_and_grants_exactly_the
     allowed = {
         ("create", "trainjobs.trainer.kubeflow.org"),
         ("get", "trainjobs.trainer.kubeflow.org"),
+        ("delete", "trainjobs.trainer.kubeflow.org"),
         ("get", "trainingruntimes.trainer.kubeflow.org"),
         ("get", "clustertrainingruntimes.trainer.kubeflow.org"),
         ("list", "pods"),
@@ -47,7 +44,7 @@ def test_the_chart_installs_under_restricted_pod_security_and_grants_exactly_the
     refused = {
         ("get", "secrets"),
         ("create", "pods"),
-        ("delete", "trainjobs.trainer.kubeflow.org"),
+        ("patch", "trainjobs.trainer.kubeflow.org"),
         ("list", "trainjobs.trainer.kubeflow.org"),
     }
     answers = {pair: can(*pair) for pair in allowed | refused}
@@ -55,19 +52,36 @@ def test_the_chart_installs_under_restricted_pod_security_and_grants_exactly_the
     assert can("get", "configmaps/kubeflow-trainer-public", "kubeflow-system") == "yes"
 
 
-def test_the_namespace_enforces_restricted_so_kfps_executor_pod_needs_run_as_non_root(deployment):
-    """KFP 2.17's executor template sets runAsNonRoot on its init container only; under "restricted" its pod is
-    refused, so the run's pods here (and on a restricted KFP namespace) set it at pod level."""
-    pipeline = CompiledPipeline.load()
-    run = Run(pipeline, run_arguments(BUCKET), "r0", f"{pipeline.name}-r0", f"s3://{BUCKET}/pipeline-root")
-    common = {"namespace": NAMESPACE, "service_account": SERVICE_ACCOUNT, "images": {}}
-    as_compiled = run.pod("prepare-data", launcher_configmap=LAUNCHER_CONFIGMAP, **common)
-    refused = deployment.cluster.kubectl(
-        "apply", "--dry-run=server", "-f", "-", input=json.dumps(as_compiled), check=False
-    )
-    assert refused.returncode != 0 and "runAsNonRoot != true" in refused.stderr, refused.stdout + refused.stderr
-    fixed = run.pod(
-        "prepare-data", launcher_configmap=LAUNCHER_CONFIGMAP, pod_security={"runAsNonRoot": True}, **common
-    )
-    admitted = deployment.cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(fixed), check=False)
-    assert admitted.returncode == 0, admitted.stderr
+def _as_new_pod(pod: dict, namespace: str) -> dict:
+    """A pod read from the cluster as a new object of ``namespace``: its spec (less the node it ran on), no status."""
+    spec = {k: v for k, v in pod["spec"].items() if k != "nodeName"}
+    metadata = {"name": f"{pod['metadata']['name'][:40]}-copy", "namespace": namespace}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def test_kfps_executor_pod_is_refused_by_a_restricted_namespace_for_its_run_as_non_root(deployment, capsys):
+    """KFP 2.17's executor template sets runAsNonRoot on its init container only: the real executor pod of the KFP
+    test's first run (``prepare-data``, as Argo made it in ``kubeflow``) is refused by ``team-a``'s Pod Security
+    "restricted" for that, among what else the level names; with runAsNonRoot at pod level that reason is gone."""
+    first = deployment.runs.get("first")
+    if first is None:
+        pytest.fail("the first run of test_cluster_kfp.py is this test's input: run the tier, not this test alone")
+    executors = executor_pods(deployment, first, "prepare-data")
+    assert executors, f"no prepare-data executor pod of run {first} left to read"
+    pod = _as_new_pod(executors[0], NAMESPACE)
+    pod["spec"]["serviceAccountName"] = SERVICE_ACCOUNT
+
+    def refusal(candidate: dict) -> str:
+        done = deployment.cluster.kubectl(
+            "apply", "--dry-run=server", "-f", "-", input=json.dumps(candidate), check=False
+        )
+        return "" if done.returncode == 0 else done.stderr
+
+    as_made = refusal(pod)
+    assert "runAsNonRoot != true" in as_made, as_made or "admitted"
+    pod["spec"].setdefault("securityContext", {})["runAsNonRoot"] = True
+    with_pod_level = refusal(pod)
+    assert "runAsNonRoot" not in with_pod_level, with_pod_level
+    with capsys.disabled():
+        print(f"\nrestricted namespace, KFP's executor pod as made: {as_made.strip()[-600:]}")
+        print(f"with runAsNonRoot at pod level: {with_pod_level.strip()[-600:] or 'admitted'}")

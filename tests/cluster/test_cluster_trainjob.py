@@ -1,23 +1,28 @@
-"""Training through the real Kubeflow Trainer on two nodes, a training pod deleted mid-run, and Prometheus on the pods.
+"""Training through the real Kubeflow Trainer on two nodes, run by Kubeflow Pipelines: a training pod deleted
+mid-run, a run cancelled while its TrainJob trains, and Prometheus on the training pods.
 
-On the tier's deployment (:mod:`tests.cluster.deploy`), the pipeline's own train task runs with ``nodes: 2``: its pod
-(KFP's executor pod, service account ``g2rpo``) creates the TrainJob through the in-cluster API with the Kubeflow
-SDK, exactly as in production (``g2rpo.launch.trainjob``). The real Trainer v2.3.0 controller and its webhooks
-(``cluster trainer-up``) admit it and write the JobSet; the real JobSet v0.12.0 controller
-(:mod:`tests.cluster.jobset`, started beside the cluster as the tools' README describes) turns it into an indexed
-Job of two pods, which rendezvous through the headless Service's names (:mod:`tests.cluster.dns` answers them:
-the cluster has no CoreDNS) and train together: torchrun, one rank per pod, DeepSpeed ZeRO-2 on gloo, CPU. The
-component image serves as the trainer image here (tagged under its name in the node; the trainer image's
-``nvidia/cuda`` base cannot be had). ``output.dir`` is the chart's shared volume (a ReadWriteMany claim; here a
-host folder, the node being one), checkpoints are mirrored to S3, the export is published to S3.
+The pipeline is submitted with ``nodes: 2`` to the tier's KFP API server (:mod:`tests.cluster.kfp_runs`, as a user
+submits it) and executed by Argo and KFP's driver and launcher in KFP's namespace: its train task's pod (KFP's
+executor pod, service account ``g2rpo``) creates the TrainJob through the in-cluster API with the Kubeflow SDK,
+exactly as in production (``g2rpo.launch.trainjob``). The real Trainer v2.3.0 controller and its webhooks (``cluster
+trainer-up``) admit it and write the JobSet; the real JobSet v0.12.0 controller (:mod:`tests.cluster.jobset`,
+started beside the cluster as the tools' README describes) turns it into an indexed Job of two pods, which
+rendezvous through the headless Service's names (:mod:`tests.cluster.dns` answers them: the cluster has no CoreDNS)
+and train together: torchrun, one rank per pod, DeepSpeed ZeRO-2 on gloo, CPU. The component image serves as the
+trainer image here (tagged under its name in the node; the trainer image's ``nvidia/cuda`` base cannot be had).
+``output.dir`` is the chart's shared volume (a ReadWriteMany claim in KFP's namespace; here a host folder, the node
+being one), checkpoints are mirrored to S3, the export is published to S3; the run goes on to evaluate, decide,
+promote and report-status.
 
-Two runs of the same config (shapes model, T = 4, G = 4, 2 prompts per iteration, :data:`ITERATIONS` iterations):
-one left alone, one whose node-0 pod is deleted (``kubectl delete pod``: SIGTERM, then the pod's grace period)
-after its first checkpoint is mirrored. So that the signal lands mid-run whatever the machine's speed, that run's
-pods get the fail point ``hold:2`` (through the runtime's env): rank 0 waits in iteration 2 until it is signalled
-(without it, a fast run was sometimes past its last iteration when the pod went). The deleted pod must finish its
-iteration, write and mirror a checkpoint (iteration 3) and say so in one line; its Job fails, the JobSet's failure policy restarts both pods, they resume from that
-checkpoint, and the export's weights equal the uninterrupted run's, digest for digest.
+Three runs of the same arguments (shapes model, T = 4, G = 4, 2 prompts per iteration, :data:`ITERATIONS`
+iterations): one left alone; one whose node-0 pod is deleted (``kubectl delete pod``: SIGTERM, then the pod's grace
+period) after its first checkpoint is mirrored — so that the signal lands mid-run whatever the machine's speed,
+that run's training pods get the fail point ``hold:2`` (through the runtime's env): rank 0 waits in iteration 2
+until it is signalled. The deleted pod must finish its iteration, write and mirror a checkpoint (iteration 3) and
+say so in one line; its Job fails, the JobSet's failure policy restarts both pods, they resume from that checkpoint,
+and the export's weights equal the uninterrupted run's, digest for digest. The third is terminated through the API
+while its TrainJob trains: the train task's pod deletes its TrainJob on the way out, so nothing of the run is left
+running.
 
 Prometheus (Debian's, :mod:`tests.cluster.prom`) runs in the pod network and scrapes what the chart's PodMonitor
 selects; the Grafana dashboard's training queries must return data for the run.
@@ -27,34 +32,28 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from contextlib import contextmanager
 
+import kfp
 import pytest
 
+from g2rpo.artifacts.cache import CACHE_ENV
+from g2rpo.errors import USAGE_EXIT_STATUS
 from g2rpo.faults import fault_env
+from g2rpo.launch.trainjob import FAIL_JOBSET_REASON, NODE_RUN_DIR, USAGE_FAILURE_RULE, job_name
 from g2rpo.observability.dashboard import DEFAULT_PATH
 from g2rpo.steps.train_task import checkpoint_uri_for
 from tests.cluster import jobset
-from tests.cluster.deploy import (
-    BUCKET,
-    NAMESPACE,
-    REPO,
-    _render_chart,
-    chart_values,
-    finish_step,
-    run_step,
-    start_step,
-)
+from tests.cluster.deploy import BUCKET, REPO, _render_chart, chart_values
 from tests.cluster.dns import ClusterDNS
-from tests.cluster.kfp_tasks import CompiledPipeline, Run
+from tests.cluster.kfp_backend import NAMESPACE
+from tests.cluster.kfp_runs import executor_pods, submit, tasks, trained_weights, wait_for_run
 from tests.cluster.prom import PodPrometheus
 from tests.cluster.trainjob_run import (
     ITERATIONS,
     TRAIN_TASK,
     LogFollower,
     describe,
-    export_weights,
     mirrored_iterations,
     pods_of,
     trainjob_arguments,
@@ -63,6 +62,7 @@ from tests.cluster.trainjob_run import (
 )
 from tests.observability.promservers import CUDA_ONLY, dashboard_queries, substitute
 
+STEPS = ("prepare-data", "train", "evaluate", "decide", "promote", "report-status")
 DASHBOARD = json.loads((REPO / DEFAULT_PATH).read_text())
 # Series the run cannot produce: validation is off in this run (the observability tier checks those panels).
 NOT_PRODUCED = CUDA_ONLY | {
@@ -84,7 +84,7 @@ RUNTIME_ENV = "/spec/template/spec/replicatedJobs/0/template/spec/template/spec/
 def _podmonitor() -> dict:
     values = chart_values("http://unused:1")
     values["monitoring"] = {"podMonitor": {"enabled": True}}
-    (monitor,) = [d for d in _render_chart(values) if d["kind"] == "PodMonitor"]
+    (monitor,) = [d for d in _render_chart(values, NAMESPACE) if d["kind"] == "PodMonitor"]
     return monitor
 
 
@@ -110,18 +110,8 @@ def controllers(deployment):
         controller.stop()
 
 
-def _new_run(prepared: dict | None = None) -> Run:
-    pipeline = CompiledPipeline.load()
-    run_id = str(uuid.uuid4())
-    run = Run(pipeline, trainjob_arguments(), run_id, f"{pipeline.name}-{run_id[:5]}", f"s3://{BUCKET}/pipeline-root")
-    if prepared is not None:  # the same prepared data (as KFP's cache would give a second run)
-        run.outputs["prepare-data"] = prepared
-    return run
-
-
-def _checkpoint_prefix(run: Run) -> str:
-    uri = checkpoint_uri_for(f"s3://{BUCKET}/store", run.run_id, TRAIN_TASK)
-    return uri.split("/", 3)[3]
+def _checkpoint_prefix(arguments: dict, run_id: str) -> str:
+    return checkpoint_uri_for(arguments["store_uri"], run_id, TRAIN_TASK).split("/", 3)[3]
 
 
 @contextmanager
@@ -140,37 +130,40 @@ def runtime_env(cluster, variables: dict[str, str]):
         cluster.kubectl("patch", "clustertrainingruntime", RUNTIME, "--type=json", "-p", json.dumps(restore))
 
 
-def _train(deployment, run: Run, what: str) -> dict:
-    job = trainjob_of(run.run_id)
-    try:
-        record = run_step(deployment, run, TRAIN_TASK)
-    except AssertionError as exc:
-        raise AssertionError(f"{what}: {exc}\n--- TrainJob {job}:\n{describe(deployment.cluster, job)}") from None
-    return record
+def _explain(deployment, run_id: str) -> str:
+    """What a failure message needs: the run's tasks as the API server reports them, and its TrainJob."""
+    run = kfp.Client(host=deployment.kfp.host).get_run(run_id)
+    return f"run {run_id} {run.state}, tasks {tasks(run)}\n{describe(deployment.cluster, trainjob_of(run_id))}"
 
 
 @pytest.fixture(scope="module")
 def uninterrupted(deployment, controllers):
-    """The run left alone: prepare, then train on two nodes; its record, pods and export weights."""
-    run = _new_run()
-    run_step(deployment, run, "prepare-data")
+    """The run left alone, submitted to KFP: its id, TrainJob, pods, train record and export weights."""
+    arguments = {**trainjob_arguments(), "model_name": "g2rpo-two-nodes"}
     started = time.monotonic()
-    record = _train(deployment, run, "the uninterrupted two-node run")
-    deployment.timings["two-node train task (uninterrupted)"] = time.monotonic() - started
-    job = trainjob_of(run.run_id)
-    export_uri = record["artifacts"]["model"]["metadata"]["export_uri"]
+    run_id = submit(deployment.kfp.host, "cluster-tier-two-nodes", arguments)
+    try:
+        run = wait_for_run(deployment, run_id)
+    except AssertionError as exc:
+        raise AssertionError(f"the uninterrupted two-node run: {exc}\n{_explain(deployment, run_id)}") from None
+    deployment.timings["kfp two-node run (submit to SUCCEEDED)"] = time.monotonic() - started
+    job = trainjob_of(run_id)
+    record, weights, _ = trained_weights(deployment, run_id)
     return {
+        "run_id": run_id,
         "run": run,
+        "arguments": arguments,
         "job": job,
         "record": record,
         "pods": pods_of(deployment.cluster, job),
-        "weights": export_weights(deployment, export_uri),
-        "export_uri": export_uri,
+        "weights": weights,
     }
 
 
 def test_the_train_task_trains_on_two_pods_through_the_real_trainer_and_jobset(deployment, uninterrupted):
-    cluster, run, job = deployment.cluster, uninterrupted["run"], uninterrupted["job"]
+    cluster, run_id, job = deployment.cluster, uninterrupted["run_id"], uninterrupted["job"]
+    states = tasks(uninterrupted["run"])
+    assert {step: states.get(step) for step in STEPS} == dict.fromkeys(STEPS, "SUCCEEDED"), states
     trainjob = cluster.get("trainjob", job, NAMESPACE)
     complete = [c for c in trainjob["status"]["conditions"] if c["type"] == "Complete" and c["status"] == "True"]
     assert complete, trainjob["status"]
@@ -183,16 +176,31 @@ def test_the_train_task_trains_on_two_pods_through_the_real_trainer_and_jobset(d
         assert env["PET_NNODES"] == "2" and env["PET_MASTER_ADDR"] == f"{job}-node-0-0.{job}", env
         assert "--nproc-per-node=1" in pod["spec"]["containers"][0]["command"][2]
     # The run's identity (issue 29 §2): on the TrainJob, and through the runtime patch on the JobSet and the pods.
-    identity = {"g2rpo.io/kfp-run": run.run_id, "app.kubernetes.io/part-of": "g2rpo"}
+    identity = {"g2rpo.io/kfp-run": run_id, "app.kubernetes.io/part-of": "g2rpo"}
     jobset_labels = cluster.get("jobset", job, NAMESPACE)["metadata"]["labels"]
     for where, labels in [("trainjob", trainjob["metadata"]["labels"]), ("jobset", jobset_labels)] + [
         (p["metadata"]["name"], p["metadata"]["labels"]) for p in pods
     ]:
         assert identity.items() <= labels.items(), (where, labels)
+    # No shared volume: each pod kept its part of every checkpoint in an emptyDir of its own, S3 holding the whole.
+    for pod in pods:
+        volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+        (node,) = [c for c in pod["spec"]["containers"] if c["name"] == "node"]
+        mounted = {m["mountPath"]: volumes[m["name"]] for m in node["volumeMounts"]}
+        assert "emptyDir" in mounted.get(NODE_RUN_DIR, {}), (NODE_RUN_DIR, mounted)
+        assert "output.node_local=true" in node["command"], node["command"]
+    # The TrainJob was made by KFP's train executor pod (service account g2rpo, the run's small train pod).
+    (task_pod,) = executor_pods(deployment, run_id, TRAIN_TASK)
+    (main,) = [c for c in task_pod["spec"]["containers"] if c["name"] == "main"]
+    assert task_pod["spec"]["serviceAccountName"] == "g2rpo"
+    assert main["resources"]["limits"].get("cpu") in ("500m", "0.5"), main["resources"]
+    assert main["resources"]["limits"].get("nvidia.com/gpu", "0") == "0", main["resources"]
     # The export, published by rank 0 under the run's store, and the task's record of it.
-    assert uninterrupted["export_uri"].startswith(f"s3://{BUCKET}/store/exports/g2rpo-shapes/{job}/model-")
-    assert uninterrupted["weights"], uninterrupted["export_uri"]
-    assert mirrored_iterations(deployment, _checkpoint_prefix(run))[-1] == ITERATIONS
+    export_uri = uninterrupted["record"]["export_uri"]
+    assert export_uri.startswith(f"s3://{BUCKET}/store/exports/g2rpo-two-nodes/{job}/model-"), export_uri
+    assert uninterrupted["weights"], export_uri
+    prefix = _checkpoint_prefix(uninterrupted["arguments"], run_id)
+    assert mirrored_iterations(deployment, prefix)[-1] == ITERATIONS
 
 
 def test_prometheus_scrapes_the_training_pods_and_the_dashboards_training_queries_return_data(
@@ -223,38 +231,42 @@ def test_prometheus_scrapes_the_training_pods_and_the_dashboards_training_querie
 
 
 def test_a_training_pod_deleted_mid_run_checkpoints_and_the_run_resumes_to_the_same_weights(
-    deployment, controllers, uninterrupted
+    deployment, controllers, uninterrupted, capsys
 ):
     cluster = deployment.cluster
-    run = _new_run(uninterrupted["run"].outputs["prepare-data"])
-    job, prefix = trainjob_of(run.run_id), _checkpoint_prefix(run)
+    arguments = {**uninterrupted["arguments"], "model_name": "g2rpo-two-nodes-deleted"}
     started = time.monotonic()
     with runtime_env(cluster, fault_env(f"hold:{HOLD_IN}")):
-        task_pod = start_step(deployment, run, TRAIN_TASK)
-
-        def explain() -> str:
-            return f"train task pod {task_pod}:\n{cluster.logs(task_pod, NAMESPACE)[-3000:]}\n{describe(cluster, job)}"
-
+        run_id = submit(deployment.kfp.host, "cluster-tier-two-nodes-deleted", arguments)
+        job, prefix = trainjob_of(run_id), _checkpoint_prefix(arguments, run_id)
         wait_for(
             f"checkpoint {DELETE_AFTER} of TrainJob {job} in S3",
             lambda: DELETE_AFTER in mirrored_iterations(deployment, prefix),
             TRAINJOB_TIMEOUT_S,
-            explain,
+            lambda: _explain(deployment, run_id),
         )
     (node0,) = [
         p for p in pods_of(cluster, job) if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "0"
     ]
     name = node0["metadata"]["name"]
-    follower = LogFollower(cluster, name).start()
-    wait_for(f"rank 0 holding in iteration {HOLD_IN}", lambda: "holding in iteration" in follower.text(), 600, explain)
+    follower = LogFollower(cluster, name, namespace=NAMESPACE).start()
+    wait_for(
+        f"rank 0 holding in iteration {HOLD_IN}",
+        lambda: "holding in iteration" in follower.text(),
+        600,
+        lambda: _explain(deployment, run_id),
+    )
     mirrored_before = mirrored_iterations(deployment, prefix)
     cluster.kubectl("delete", "pod", name, "-n", NAMESPACE, "--wait=false")
     deleted_log = follower.stop(timeout_s=180)
     # Read now: the mirror keeps the last two checkpoints, so the resumed run's later ones will prune this one.
     mirrored_after = mirrored_iterations(deployment, prefix)
 
-    record = finish_step(deployment, run, TRAIN_TASK, task_pod, started)
-    deployment.timings["two-node train task (a pod deleted)"] = time.monotonic() - started
+    try:
+        wait_for_run(deployment, run_id)
+    except AssertionError as exc:
+        raise AssertionError(f"the two-node run with a pod deleted: {exc}\n{_explain(deployment, run_id)}") from None
+    deployment.timings["kfp two-node run, a pod deleted (submit to SUCCEEDED)"] = time.monotonic() - started
 
     # The deleted pod: SIGTERM noted, its iteration finished, a checkpoint written and mirrored, one line saying so.
     assert "SIGTERM received: finishing this iteration" in deleted_log, deleted_log[-4000:]
@@ -273,5 +285,116 @@ def test_a_training_pod_deleted_mid_run_checkpoints_and_the_run_resumes_to_the_s
     resumed_log = cluster.logs(new0["metadata"]["name"], NAMESPACE)
     assert f'"resumed_at": {stopped_at},' in resumed_log, resumed_log[-4000:]  # the run's summary (rank 0)
     # Same final weights as the run left alone.
-    weights = export_weights(deployment, record["artifacts"]["model"]["metadata"]["export_uri"])
+    _, weights, _ = trained_weights(deployment, run_id)
     assert weights == uninterrupted["weights"], (weights, uninterrupted["weights"])
+    with capsys.disabled():
+        print(
+            f"\nKFP: two-node run {run_id}: node 0's pod deleted holding in iteration {HOLD_IN + 1}; it stopped after "
+            f"iteration {stopped_at} with that checkpoint mirrored; the JobSet restarted both pods, which resumed "
+            f"there; weights equal to run {uninterrupted['run_id']}'s"
+        )
+
+
+def test_a_two_node_run_terminated_through_the_api_while_training_leaves_no_trainjob_or_pod(
+    deployment, controllers, capsys
+):
+    """``kfp.Client().terminate_run`` while the TrainJob trains: Argo signals the train task's container, which
+    deletes its TrainJob (foreground: the JobSet's pods first); nothing of the run is left running."""
+    client = kfp.Client(host=deployment.kfp.host)
+    arguments = {**trainjob_arguments(iterations=200), "model_name": "g2rpo-two-nodes-cancelled"}
+    run_id = submit(deployment.kfp.host, "cluster-tier-two-nodes-cancelled", arguments)
+    job = trainjob_of(run_id)
+    wait_for(
+        f"both pods of TrainJob {job} running",
+        lambda: len([p for p in pods_of(deployment.cluster, job) if p["status"].get("phase") == "Running"]) == 2,
+        TRAINJOB_TIMEOUT_S,
+        lambda: _explain(deployment, run_id),
+    )
+    started = time.monotonic()
+    client.terminate_run(run_id)
+
+    def gone() -> bool:
+        exists = deployment.cluster.kubectl("get", "trainjob", job, "-n", NAMESPACE, check=False).returncode == 0
+        return not exists and not pods_of(deployment.cluster, job)
+
+    wait_for(f"TrainJob {job} and its pods gone", gone, 300, lambda: _explain(deployment, run_id))
+    seconds = time.monotonic() - started
+    # Deleted by the train task on the SIGTERM Argo sent it: nothing else deletes a TrainJob here. Its line saying so
+    # may miss the pod's log (KFP's launcher relays the task's output, and the pod ends at once): reported, not held.
+    (task_pod,) = executor_pods(deployment, run_id, TRAIN_TASK)
+    log = deployment.cluster.logs(task_pod["metadata"]["name"], NAMESPACE, "main")
+    said = f"SIGTERM received while TrainJob {NAMESPACE}/{job} trains: deleting it" in log
+    state = wait_for(
+        f"run {run_id} no longer running",
+        lambda: (state := client.get_run(run_id).state) not in ("RUNNING", "PENDING") and state,
+        300,
+        lambda: _explain(deployment, run_id),
+    )
+    assert state in ("CANCELING", "CANCELED", "FAILED"), state
+    with capsys.disabled():
+        print(
+            f"\nKFP: two-node run {run_id} terminated while training: TrainJob {job} and its pods gone {seconds:.0f} s "
+            f"after terminate_run; the run is {state}; the task's line saying it deleted the job "
+            f"{'is' if said else 'is not'} in its pod's log"
+        )
+
+
+def test_a_usage_error_fails_the_trainjob_at_once_and_kfps_retry_starts_the_next_attempt(
+    deployment, controllers, uninterrupted, capsys
+):
+    """The training pods' cache folder cannot be written (``G2RPO_CACHE_DIR`` through the runtime's env, for this
+    run's first job only): ``g2rpo train`` exits 2 on every rank, the node's command keeps that status, the runtime's
+    Job ``podFailurePolicy`` fails the Job and its JobSet rule ``TrainerUsageError`` fails the JobSet at once — no
+    restart, as the real Job and JobSet controllers apply them. The train task fails naming why; KFP's retry of the
+    task (the pipeline's ``set_retry``, through Argo) finds that job ``Failed`` and starts the next attempt's job
+    (``…-a2``), which trains, with the folder fixed, to the uninterrupted run's weights."""
+    cluster = deployment.cluster
+    arguments = {**uninterrupted["arguments"], "model_name": "g2rpo-two-nodes-retried"}
+    started = time.monotonic()
+    with runtime_env(cluster, {CACHE_ENV: "/proc/g2rpo-cache"}):
+        run_id = submit(deployment.kfp.host, "cluster-tier-two-nodes-usage-error", arguments)
+        first = trainjob_of(run_id)
+
+        def failed() -> dict | None:
+            done = cluster.kubectl("get", "trainjob", first, "-n", NAMESPACE, "-o", "json", check=False)
+            if done.returncode != 0:
+                return None
+            conditions = json.loads(done.stdout).get("status", {}).get("conditions", [])
+            return next((c for c in conditions if c["type"] == "Failed" and c["status"] == "True"), None)
+
+        condition = wait_for(
+            f"TrainJob {first} Failed", failed, TRAINJOB_TIMEOUT_S, lambda: _explain(deployment, run_id)
+        )
+        exits = [
+            state["terminated"].get("exitCode")
+            for pod in pods_of(cluster, first)
+            for status in pod["status"].get("containerStatuses", [])
+            if (state := status.get("state") or {}).get("terminated")
+        ]
+        restarts = cluster.get("jobset", first, NAMESPACE).get("status", {}).get("restarts", 0)
+    assert restarts == 0, f"the JobSet restarted {restarts} time(s) on a usage error"
+    assert exits and set(exits) == {USAGE_EXIT_STATUS}, exits
+    assert condition.get("reason") == FAIL_JOBSET_REASON or USAGE_FAILURE_RULE in condition.get("message", ""), (
+        condition
+    )
+    try:
+        run = wait_for_run(deployment, run_id)
+    except AssertionError as exc:
+        raise AssertionError(f"the retried two-node run: {exc}\n{_explain(deployment, run_id)}") from None
+    deployment.timings["kfp two-node run, a usage error then a retry (submit to SUCCEEDED)"] = (
+        time.monotonic() - started
+    )
+    assert tasks(run).get("train") == "SUCCEEDED", tasks(run)
+    second = job_name(run_id, TRAIN_TASK, attempt=2)
+    trainjob = cluster.get("trainjob", second, NAMESPACE)
+    assert any(c["type"] == "Complete" and c["status"] == "True" for c in trainjob["status"]["conditions"]), trainjob
+    assert failed() is not None  # the failed attempt stays, for its logs
+    record, weights, _ = trained_weights(deployment, run_id)
+    assert f"/{second}/" in record["export_uri"] or f"/{first}/" in record["export_uri"], record["export_uri"]
+    assert weights == uninterrupted["weights"], (weights, uninterrupted["weights"])
+    with capsys.disabled():
+        print(
+            f"\nKFP: two-node run {run_id}: TrainJob {first} Failed at once on exit {USAGE_EXIT_STATUS} "
+            f"({condition.get('reason')}; JobSet restarts {restarts}); KFP's retry started {second}, which completed "
+            "with the uninterrupted run's weights"
+        )

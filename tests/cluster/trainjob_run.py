@@ -1,4 +1,4 @@
-"""Driving a two-node run of the pipeline's train task on the tier's cluster: arguments, the TrainJob's objects, logs.
+"""A two-node run of the pipeline on the tier's cluster: its arguments, its TrainJob's objects and pods, logs, S3.
 
 Shared by the TrainJob tests and usable by hand against a cluster left up (``G2RPO_CLUSTER_WORKDIR``).
 """
@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from g2rpo.launch.trainjob import job_name
-from tests.cluster.deploy import BUCKET, NAMESPACE, Deployment, run_arguments
+from tests.cluster.deploy import BUCKET, Deployment, run_arguments
+from tests.cluster.kfp_backend import NAMESPACE
 from tests.cluster.kube import CLUSTER, Cluster
 
 TRAIN_TASK = "train"
@@ -21,9 +22,12 @@ ITERATIONS = 6
 
 
 def trainjob_arguments(bucket: str = BUCKET, iterations: int = ITERATIONS) -> dict:
-    """The tier's smallest shapes run (T = 4, G = 4, 2 prompts per iteration, one per rank) on two nodes: the
-    train task's own pod holds no GPU and little CPU; each TrainJob pod gets one of the node's two advertised GPUs."""
+    """The tier's smallest shapes run (T = 4, G = 4, 2 prompts per iteration, one per rank) on two nodes, as
+    ``g2rpo pipeline submit`` takes it: the train task's own pod holds no GPU and little CPU; each TrainJob pod gets
+    one of the node's two advertised GPUs. ``node_selector`` is merged over the profile's labels, so the H200 label
+    (no such node here) is removed with null."""
     args = run_arguments(bucket)
+    args["node_selector"] = {"nvidia.com/gpu.product": None}
     args.update(
         {
             "nodes": 2,

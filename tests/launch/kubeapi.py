@@ -191,6 +191,10 @@ class KubeAPI:
             if status is not None:
                 job["status"] = status
             return 200, job
+        if method == "DELETE" and name is not None:
+            if self.jobs.pop(name, None) is None:
+                return _not_found("trainjobs", name)
+            return 200, _status(200, "", f'trainjobs.trainer.kubeflow.org "{name}" deleted') | {"status": "Success"}
         return 405, _status(405, "MethodNotAllowed", f"{method} on trainjobs")
 
     def _pods(self, namespace: str, selector: str) -> dict[str, Any]:

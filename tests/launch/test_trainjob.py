@@ -7,6 +7,8 @@ import copy
 import json
 import os
 import re
+import signal
+import threading
 from pathlib import Path
 
 import jsonschema
@@ -32,6 +34,8 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 # The CRD schemas of ../shared/crds (beside the checkout, here and in CI; not vendored).
 CRD = CRD_DIR / "trainer.kubeflow.org_trainjobs.yaml"
 API_CALLS = FIXTURES / "trainjob_api_calls.json"
+# The calls of a task stopped by SIGTERM while it waits (the delete of its job); the chart's Role grants these too.
+API_CALLS_TERMINATED = FIXTURES / "trainjob_api_calls_terminated.json"
 NAMESPACE = "team-a"
 TRAINJOBS = "/apis/trainer.kubeflow.org/v1alpha1/namespaces/team-a/trainjobs"
 
@@ -177,6 +181,63 @@ def test_the_trainjob_matches_the_crd(trainjob_schema):
     renamed["spec"]["podTemplateOverrides"] = renamed["spec"].pop("runtimePatches")  # the field's earlier name
     with pytest.raises(jsonschema.ValidationError, match="podTemplateOverrides"):
         jsonschema.validate(renamed, trainjob_schema)
+
+
+def test_sigterm_while_the_task_waits_deletes_its_job_and_says_so():
+    # A run terminated through KFP: Argo signals the train task's container while the TrainJob trains. The job
+    # (and with it the JobSet's pods) must not outlive the run.
+    with KubeAPI(TRAINING_RUNTIME) as api:  # never finishes on its own
+        echoed = []
+
+        def signal_once_created(line: str) -> None:
+            echoed.append(line)
+            if line.startswith("started TrainJob"):
+                threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+        handler = signal.getsignal(signal.SIGTERM)
+        with pytest.raises(G2RPOError) as info:
+            launch_trainjob(_launch(api), [], config_yaml="{}", nodes=2, echo=signal_once_created)
+        assert signal.getsignal(signal.SIGTERM) is handler  # the task's own handling is back
+    name = job_name("3f1c2a9e-0d4b-4c1e-9a55-7e2b8f1d6c0a", "train")
+    deletes = [c for c in api.calls if c["method"] == "DELETE"]
+    assert [c["path"] for c in deletes] == [f"{TRAINJOBS}/{name}"] and api.jobs == {}
+    assert deletes[0]["query"]["propagationPolicy"] == ["Foreground"]  # its JobSet and pods go before it does
+    assert any(f"SIGTERM received while TrainJob team-a/{name} trains: deleting it" in line for line in echoed)
+    message = str(info.value)
+    assert "stopped by SIGTERM" in message and f"TrainJob team-a/{name} was deleted with its pods" in message
+    assert "a retry of this task starts the job again and resumes from there" in message
+
+    recorded = json.dumps(rbac_calls(api.calls, NAMESPACE), indent=1) + "\n"
+    if os.environ.get("G2RPO_UPDATE_FIXTURES") == "1":
+        API_CALLS_TERMINATED.write_text(recorded)
+    assert API_CALLS_TERMINATED.read_text() == recorded, (
+        f"the stopped launcher's Kubernetes API calls changed; review them (and the Helm chart's Role), then "
+        f"regenerate {API_CALLS_TERMINATED} with G2RPO_UPDATE_FIXTURES=1"
+    )
+
+
+class _NoDelete(KubeAPI):
+    """An API whose Role lacks delete on trainjobs (a chart older than this launcher)."""
+
+    def _trainjobs(self, method, namespace, name, body):
+        if method == "DELETE":
+            return 403, {"kind": "Status", "status": "Failure", "reason": "Forbidden", "code": 403, "message": "no"}
+        return super()._trainjobs(method, namespace, name, body)
+
+
+def test_sigterm_when_the_job_cannot_be_deleted_names_the_grant_and_the_command():
+    with _NoDelete(TRAINING_RUNTIME) as api:
+
+        def signal_once_created(line: str) -> None:
+            if line.startswith("started TrainJob"):
+                threading.Timer(1.5, os.kill, (os.getpid(), signal.SIGTERM)).start()
+
+        with pytest.raises(G2RPOError) as info:
+            launch_trainjob(_launch(api), [], config_yaml="{}", nodes=2, echo=signal_once_created)
+    name = job_name("3f1c2a9e-0d4b-4c1e-9a55-7e2b8f1d6c0a", "train")
+    message = str(info.value)
+    assert "could not be deleted (HTTP 403 Forbidden" in message and "needs delete on trainjobs" in message
+    assert f"`kubectl delete trainjob -n team-a {name}` stops it" in message
 
 
 def test_a_failed_job_fails_with_its_condition_message():
