@@ -34,14 +34,17 @@ def kfp_arguments() -> dict:
     return arguments
 
 
-def submit(host: str, run_name: str, arguments: dict) -> str:
-    """``g2rpo pipeline submit --host`` in a subprocess, as a user runs it; returns the run id it prints."""
+def pipeline_cli(host: str, verb: str, arguments: dict, *flags: str) -> subprocess.CompletedProcess:
+    """``g2rpo pipeline VERB --host HOST --experiment … FLAGS NAME=VALUE …`` in a subprocess, as a user runs it."""
     items = [f"{k}={v}" if isinstance(v, str) else f"{k}={json.dumps(v)}" for k, v in arguments.items()]
-    command = [sys.executable, "-m", "g2rpo.cli", "pipeline", "submit", "--host", host]
-    command += ["--experiment", EXPERIMENT, "--run-name", run_name, *items]
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
-    )
+    command = [sys.executable, "-m", "g2rpo.cli", "pipeline", verb, "--host", host, "--experiment", EXPERIMENT]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([*command, *flags, *items], capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+
+
+def submit(host: str, run_name: str, arguments: dict) -> str:
+    """``g2rpo pipeline submit --host``; returns the run id it prints."""
+    done = pipeline_cli(host, "submit", arguments, "--run-name", run_name)
     found = re.search(r"submitted run (\S+) ", done.stdout)
     assert done.returncode == 0 and found, (
         f"g2rpo pipeline submit exited {done.returncode}:\n{done.stdout}{done.stderr}"

@@ -11,10 +11,8 @@ part of KFP: the run is sent with ``g2rpo pipeline submit --host`` as a user sen
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
-import sys
 import time
 from datetime import UTC, datetime
 
@@ -23,16 +21,16 @@ import pytest
 
 from g2rpo.faults import fault_env
 from g2rpo.steps.train_task import METRICS_FILE, checkpoint_uri_for
-from tests.cluster.deploy import BUCKET, PIPELINE_ROOT, REPO
+from tests.cluster.deploy import BUCKET, PIPELINE_ROOT
 from tests.cluster.kfp_backend import NAMESPACE as KFP_NAMESPACE
 from tests.cluster.kfp_runs import (
-    EXPERIMENT,
     PIPELINE,
     RUN_TIMEOUT_S,
     failed_pod_logs,
     kfp_arguments,
     objects,
     output_key,
+    pipeline_cli,
     read_json,
     read_text,
     run_pods,
@@ -54,13 +52,8 @@ STEPS = ("prepare-data", "train", "evaluate", "decide", "promote", "report-statu
 
 
 def schedule(host: str, name: str, cron: str, arguments: dict) -> str:
-    """``g2rpo pipeline schedule --host --cron`` in a subprocess; returns the recurring run id it prints."""
-    items = [f"{k}={v}" if isinstance(v, str) else f"{k}={json.dumps(v)}" for k, v in arguments.items()]
-    command = [sys.executable, "-m", "g2rpo.cli", "pipeline", "schedule", "--host", host]
-    command += ["--experiment", EXPERIMENT, "--cron", cron, "--name", name, *items]
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}
-    )
+    """``g2rpo pipeline schedule --host --cron``; returns the recurring run id it prints."""
+    done = pipeline_cli(host, "schedule", arguments, "--cron", cron, "--name", name)
     found = re.search(r"scheduled recurring run (\S+) ", done.stdout)
     assert done.returncode == 0 and found, (
         f"g2rpo pipeline schedule exited {done.returncode}:\n{done.stdout}{done.stderr}"
@@ -363,11 +356,7 @@ def test_a_schedule_is_kept_refused_or_replaced_by_name_through_the_api(deployme
     first = schedule(deployment.kfp.host, name, "0 0 0 1 1 *", arguments)
 
     def cli(cron: str, *flags: str) -> subprocess.CompletedProcess:
-        items = [f"{k}={v}" if isinstance(v, str) else f"{k}={json.dumps(v)}" for k, v in arguments.items()]
-        command = [sys.executable, "-m", "g2rpo.cli", "pipeline", "schedule", "--host", deployment.kfp.host]
-        command += ["--experiment", EXPERIMENT, "--cron", cron, "--name", name, *flags, *items]
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
-        return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO, env=env)
+        return pipeline_cli(deployment.kfp.host, "schedule", arguments, "--cron", cron, "--name", name, *flags)
 
     again = cli("0 0 0 1 1 *")
     assert again.returncode == 0 and f"already scheduled with these settings: recurring run {first}" in again.stdout, (
