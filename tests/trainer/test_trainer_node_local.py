@@ -8,9 +8,10 @@ mirror's newest complete checkpoint stays 2. Both nodes start again in fresh, em
 checkpoint 2 from S3, and the exported weights equal, bit for bit, those of an undisturbed one-node
 run of two ranks with the same global batch. That S3 checkpoint 4 (written by two nodes) then
 resumes on one process — another world size — and ends bit-identical to the undisturbed run resumed
-on one process from its own checkpoint 4.
+on one process from its own checkpoint 4; and that one process's checkpoint 6 resumes on two nodes again
+(more nodes than wrote it), bit-identical to the undisturbed run resumed on two ranks from its own.
 
-Six DeepSpeed starts on two shared CPU cores (each ~25-60 s): one test, integration tier. The
+Nine DeepSpeed starts on two shared CPU cores (each ~25-60 s): one test, integration tier. The
 refusals (no mirror, the best validated export, two nodes in one folder) follow, without DeepSpeed.
 """
 
@@ -75,7 +76,9 @@ def _base(where: Path) -> Path:
     return base
 
 
-def _two_nodes(tiny_model: Path, outs: list[Path], uri: str, work: Path, fault_on_node1: str | None = None):
+def _two_nodes(
+    tiny_model: Path, outs: list[Path], uri: str, work: Path, fault_on_node1: str | None = None, iterations: int = 4
+):
     """Both nodes' torchrun, each with its own output.dir; returns their exit codes and logs."""
     port = _free_port()
     procs = []
@@ -85,7 +88,7 @@ def _two_nodes(tiny_model: Path, outs: list[Path], uri: str, work: Path, fault_o
             env.update(fault_env(fault_on_node1))
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node)]
         command += ["--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port)]
-        command += ["-m", "g2rpo", "train", "--config", str(_base(work)), *as_cli(_config(tiny_model, out))]
+        command += ["-m", "g2rpo", "train", "--config", str(_base(work)), *as_cli(_config(tiny_model, out, iterations))]
         command += ["--checkpoint-uri", uri]
         log = (work / f"{out.name}.log").open("w")
         procs.append(subprocess.Popen(command, env=env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT))
@@ -178,6 +181,28 @@ def test_two_nodes_without_a_shared_folder_checkpoint_to_s3_lose_a_node_and_resu
     longer = _one_process(_config(tiny_model, reference, iterations=6, node_local=False), tmp_path / "ref")
     assert longer.returncode == 0, longer.stderr[-4000:]
     _assert_same_weights(export_weights(one), load_beside(reference, 6))
+
+    # More nodes than wrote it: that one-process checkpoint 6 resumes on two nodes, each in a fresh folder, and
+    # trains on to 8, as the undisturbed run's own checkpoint 6 does on two ranks of one node.
+    third = [tmp_path / "third" / "node0", tmp_path / "third" / "node1"]
+    codes, logs = _two_nodes(tiny_model, third, uri, tmp_path / "third", iterations=8)
+    assert codes == [0, 0], "\n".join(log[-3000:] for log in logs)
+    assert "saved by 1 rank(s), on 2" in logs[0] + logs[1]
+    assert [e["iteration"] for e in _events(third[0]) if e.get("event") == "resumed"] == [6]
+    assert mirror.complete() == [6, 8]
+    assert read_manifest(store, "iter-000008").metadata["world_size"] == 2
+    grown = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        + ["-m", "g2rpo", "train", "--config", str(_base(tmp_path / "ref"))]
+        + as_cli(_config(tiny_model, reference, iterations=8, node_local=False)),
+        env=subprocess_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=RUN_S,
+    )
+    assert grown.returncode == 0, grown.stderr[-4000:]
+    _assert_same_weights(export_weights(third[0]), load_beside(reference, 8))
 
 
 def load_beside(out: Path, iteration: int) -> dict[str, torch.Tensor]:
