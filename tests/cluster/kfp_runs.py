@@ -14,6 +14,7 @@ import re
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import kfp
 
@@ -24,6 +25,7 @@ from tests.cluster.trainjob_run import export_weights
 EXPERIMENT = "cluster-tier"
 PIPELINE = "g2rpo-alignment"
 RUN_TIMEOUT_S = 2400
+MLMD_PORT = 8080  # ../shared/tools/kfp: mlmd-server on `cluster ip`
 
 
 def kfp_arguments() -> dict:
@@ -105,6 +107,20 @@ def objects(client, prefix: str) -> list[str]:
 
 def read_json(client, key: str) -> dict:
     return json.loads(read_text(client, key))
+
+
+def mlmd_outputs(deployment, run_id: str) -> dict:
+    """What ML Metadata holds of the run's tasks, where the KFP UI reads it (:mod:`tests.cluster.mlmd_outputs`, run
+    with the KFP tool's Python, which has ``ml-metadata``): task -> ``{"executions": [{type, state}], "outputs":
+    {output name: {type, uri, properties}}}``."""
+    python = deployment.kfp.root / "venv" / "bin" / "python"
+    script = Path(__file__).with_name("mlmd_outputs.py")
+    done = subprocess.run(
+        [str(python), str(script), deployment.cluster.ip(), str(MLMD_PORT), run_id],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, f"mlmd_outputs.py exited {done.returncode}:\n{done.stderr[-3000:]}"
+    return json.loads(done.stdout)
 
 
 def read_text(client, key: str) -> str:
