@@ -1,7 +1,7 @@
 """The alignment pipeline: prepare → train → evaluate → decide → promote (only when the gates pass),
 inside an exit handler that records how the run ended.
 
-:func:`build_pipeline` makes the pipeline for one placement profile (:mod:`pipelines.placement`): the
+:func:`build_pipeline` makes the pipeline for one placement profile (:mod:`g2rpo.steps.placement`): the
 profile's node selector, tolerations and GPUs per node become parameter defaults (an operator changes the
 pool and the GPU count per run), the rest (CPU and memory, /dev/shm, the S3 secret's name, pod labels,
 timeouts) is fixed at compile time.
@@ -45,7 +45,7 @@ from components.train import train
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.launch.trainjob import DEADLINE_GRACE_S
 from g2rpo.steps import parameters
-from pipelines.placement import PlacementProfile, load_profile
+from g2rpo.steps.placement import PlacementProfile, load_profile
 
 __all__ = ["PIPELINE_NAME", "TASK_MARGIN_S", "build_pipeline", "compile_pipeline", "trainjob_deadline"]
 

@@ -42,9 +42,10 @@ from g2rpo.evaluation.shapes import HELD_OUT  # the task's 64 held-out prompts: 
 from g2rpo.models.shapes import UNSEEN_PRETRAINING, ShapesPretraining, ensure_shapes_model
 from g2rpo.rewards.shapes import IN_DOMAIN, IN_DOMAIN_CHECKS, OUT_OF_DOMAIN
 from g2rpo.rewards.shapes_learned import SHIPPED_SHAPES_CLIP, SHIPPED_SHAPES_PREF
-from g2rpo.steps.check import evaluation_for
+from g2rpo.steps.check import check_arguments, evaluation_for
 from g2rpo.steps.evaluate import EvaluateResult, evaluate_once
 from g2rpo.steps.parameters import pipeline_defaults
+from g2rpo.steps.placement import load_profile
 from g2rpo.steps.prepare import prepare_data
 from g2rpo.steps.promote import floor_gates_file
 from g2rpo.steps.train_task import train_config
@@ -52,8 +53,6 @@ from g2rpo.tasks.shapes import write_prompts
 from g2rpo.textfile import read_json_file
 from g2rpo.training.metrics import read_metrics_records
 from pipelines.alignment import build_pipeline
-from pipelines.check import check_arguments
-from pipelines.placement import load_profile
 
 __all__ = ["LOG_FILE", "LocalRun", "local_arguments", "run_local", "verdict"]
 

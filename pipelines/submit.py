@@ -2,7 +2,7 @@
 
 Everything a user types is checked before the first request: parameter names (the valid ones are
 listed) and value types against the pipeline's inputs, every value as the tasks will build it
-(:func:`pipelines.check.check_arguments`: the run config, the evaluation config, the gates), the
+(:func:`g2rpo.steps.check.check_arguments`: the run config, the evaluation config, the gates), the
 cron expression (six fields, seconds first, evaluated in UTC by KFP), the names, and that the host answers at all — an unreachable host is reported within
 :data:`CONNECT_TIMEOUT_S` seconds instead of ``kfp.Client``'s retry loop.
 
@@ -38,10 +38,10 @@ import yaml
 from g2rpo.config import safe_yaml
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.launch.trainjob import gpus_per_node_from
+from g2rpo.steps.check import check_arguments
+from g2rpo.steps.placement import PlacementProfile, load_profile
 from pipelines.alignment import PIPELINE_NAME, build_pipeline, compile_pipeline
-from pipelines.check import check_arguments
 from pipelines.cron import next_fire_times
-from pipelines.placement import PlacementProfile, load_profile
 from pipelines.reachability import CONNECT_TIMEOUT_S as REACHABLE_TIMEOUT_S
 from pipelines.reachability import HEALTHZ, check_reachable
 from pipelines.train_pod import size_train_pod

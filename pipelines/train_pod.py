@@ -17,7 +17,7 @@ from typing import Any
 
 from g2rpo.errors import G2RPOError
 from g2rpo.launch.trainjob import train_pod_problems as pod_problems
-from pipelines.placement import PlacementProfile
+from g2rpo.steps.placement import PlacementProfile
 
 __all__ = ["TRAIN_POD_PARAMETERS", "WAITING", "size_train_pod", "train_pod_problems"]
 

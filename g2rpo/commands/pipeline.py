@@ -147,7 +147,7 @@ def _profile_arg(parser: argparse.ArgumentParser) -> None:
         "--profile",
         default=None,
         metavar="FILE",
-        help="placement profile (default pipelines/profiles/h200.yaml): GPUs, node pool, /dev/shm, S3 secret name",
+        help="placement profile (default g2rpo/steps/profiles/h200.yaml): GPUs, node pool, /dev/shm, S3 secret name",
     )
 
 
@@ -194,7 +194,7 @@ def _submit(args: argparse.Namespace) -> int:
     from pipelines.reachability import check_reachable
 
     check_reachable(args.host)  # before the pipeline's imports and checks, which take seconds
-    from pipelines.placement import load_profile
+    from g2rpo.steps.placement import load_profile
     from pipelines.submit import parse_arguments, submit
 
     arguments = parse_arguments(args.parameters, load_profile(args.profile))
@@ -216,7 +216,7 @@ def _schedule(args: argparse.Namespace) -> int:
     from pipelines.reachability import check_reachable
 
     check_reachable(args.host)  # before the pipeline's imports and checks, which take seconds
-    from pipelines.placement import load_profile
+    from g2rpo.steps.placement import load_profile
     from pipelines.submit import check_cron, next_fire_times, parse_arguments, schedule
 
     cron = check_cron(args.cron)

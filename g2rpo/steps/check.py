@@ -1,8 +1,8 @@
 """Every value of a pipeline run, checked before anything is sent, downloaded or trained.
 
-``g2rpo pipeline submit``, ``schedule`` and ``run-local`` call :func:`check_run` (through
-``pipelines/check.py``, which adds the placement profile's defaults) after the parameter names and types
-and before their first request or expensive step. It resolves the run's values into what the tasks
+``g2rpo pipeline submit``, ``schedule`` and ``run-local`` call :func:`check_arguments` (the placement
+profile's defaults added, then :func:`check_run`) after the parameter names and types and before their
+first request or expensive step. It resolves the run's values into what the tasks
 themselves will build, with the tasks' own functions:
 
 - train: the :class:`~g2rpo.training.run_config.RunConfig` of :func:`~g2rpo.steps.train_task.train_config`
@@ -36,12 +36,13 @@ from g2rpo.launch.quantity import quantity_problem
 from g2rpo.rewards.specs import get_spec
 from g2rpo.steps.gate import gates_from
 from g2rpo.steps.parameters import pipeline_defaults, source_of, train_choices
+from g2rpo.steps.placement import PlacementProfile, load_profile
 from g2rpo.steps.train import matching_evaluation
 from g2rpo.steps.train_task import train_config, trainjob_for
 from g2rpo.training.preflight import run_problems
 from g2rpo.training.run_config import RunConfig
 
-__all__ = ["check_run", "evaluation_for", "parameter_problems", "run_values"]
+__all__ = ["check_arguments", "check_run", "evaluation_for", "parameter_problems", "run_values"]
 
 # Where the checked config pretends the task's files are: only their names are checked here.
 _PLACEHOLDER_DIR = "/pipeline-check"
@@ -228,3 +229,15 @@ def _gate_problems(values: dict[str, Any], config: RunConfig | None) -> list[str
             )
         ]
     return []
+
+
+def check_arguments(arguments: Mapping[str, Any], profile: PlacementProfile | None = None) -> dict[str, Any]:
+    """The run's arguments with the placement profile's defaults added (default profile: :func:`load_profile`),
+    checked by :func:`check_run`: one G2RPOError listing every problem, or the values when there is none."""
+    profile = profile or load_profile()
+    placement = {
+        "gpus_per_node": profile.gpus_per_node,
+        "node_selector": dict(profile.node_selector),
+        "tolerations": list(profile.tolerations),
+    }
+    return check_run(run_values(arguments, placement))

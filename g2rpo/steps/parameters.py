@@ -4,7 +4,7 @@
 default, the run-config field it sets, help, what its "unset" value means); :data:`RUN_PARAMETERS` the run's
 other parameters (where it reads and writes, the split, the evaluation, the gates, the node count). The
 profile's placement parameters (GPUs per node, node selector, tolerations, the train pod's size) take their
-defaults from the placement profile, ``pipelines/placement.py``.
+defaults from the placement profile, :mod:`g2rpo.steps.placement`.
 
 Everything that reads a parameter reads it here, at call time: the pipeline's signature, defaults and
 input descriptions (``pipelines/alignment.py``), the train component's choices (:func:`train_choices`), the

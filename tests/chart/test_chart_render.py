@@ -19,7 +19,7 @@ import yaml
 import g2rpo
 from g2rpo.errors import USAGE_EXIT_STATUS
 from g2rpo.launch.trainjob import NODE_JOB, TRAINING_RUNTIME, USAGE_FAILURE_RULE, Placement
-from pipelines.placement import load_profile
+from g2rpo.steps.placement import load_profile
 from tests.chart.chart_render import (
     CHART,
     CRD_DIR,

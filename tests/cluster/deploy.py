@@ -45,7 +45,7 @@ IMAGE_MODELS = "/opt/venv/lib/python3.11/site-packages/g2rpo/models"  # where th
 BASE_MODEL_KEY = "models/shapes_flux"
 NAMESPACE = "team-a"
 RELEASE = "g2rpo"
-SERVICE_ACCOUNT = "g2rpo"  # the profile's service_account (pipelines/profiles/h200.yaml), created by the chart
+SERVICE_ACCOUNT = "g2rpo"  # the profile's service_account (g2rpo/steps/profiles/h200.yaml), created by the chart
 BUCKET = "g2rpo"
 PIPELINE_ROOT = f"s3://{BUCKET}/pipeline-root"  # the chart's kfp-launcher ConfigMap: where KFP puts the runs' artifacts
 

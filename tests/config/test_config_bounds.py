@@ -38,7 +38,7 @@ def _sections() -> list[type[Section]]:
     for module in pkgutil.walk_packages(g2rpo.__path__, "g2rpo."):
         if module.name.rpartition(".")[2] not in ("__main__", "cli"):
             importlib.import_module(module.name)
-    importlib.import_module("pipelines.placement")
+    importlib.import_module("g2rpo.steps.placement")
     found, todo = set(), [Section]
     while todo:
         for sub in todo.pop().__subclasses__():
@@ -88,7 +88,7 @@ def test_the_walk_finds_the_sections_and_fields_it_should():
         "g2rpo.training.run_config.TrainSection.adam_betas",  # tuple[float, float]
         "g2rpo.evaluation.config.EvaluationConfig.seeds",  # list[int]
         "g2rpo.artifacts.promotion.Gates.bootstrap_seed",
-        "pipelines.placement.Timeouts.train",
+        "g2rpo.steps.placement.Timeouts.train",
     ):
         assert expected in names
     assert len(FIELDS) > 60

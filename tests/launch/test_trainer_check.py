@@ -29,7 +29,7 @@ from g2rpo.launch.trainjob import (
     TrainJobLaunch,
     launch_trainjob,
 )
-from pipelines.placement import load_profile
+from g2rpo.steps.placement import load_profile
 from tests.chart.chart_render import CRD_DIR, VALUE_SETS, closed, training_runtime
 from tests.shared_checkout import require_shared, shared_path
 
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.skipif(
 
 PROFILE = load_profile()
 PLACEMENTS = {
-    # The pipeline's default profile, as the train component passes it (pipelines/profiles/h200.yaml).
+    # The pipeline's default profile, as the train component passes it (g2rpo/steps/profiles/h200.yaml).
     "h200-profile": Placement(
         gpus_per_node=PROFILE.gpus_per_node,
         node_selector=PROFILE.node_selector,

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from components.images import G2RPO_IMAGE, TRAINER_IMAGE
-from pipelines.placement import load_profile
+from g2rpo.steps.placement import load_profile
 from pipelines.train_pod import size_train_pod
 from tests.shared_checkout import shared_path
 

@@ -10,8 +10,8 @@ import yaml
 from components.images import TRAINER_IMAGE
 from g2rpo.errors import ConfigError
 from g2rpo.steps.parameters import pipeline_defaults
+from g2rpo.steps.placement import DEFAULT_PROFILE, load_profile
 from pipelines.alignment import TASK_MARGIN_S, compile_pipeline
-from pipelines.placement import DEFAULT_PROFILE, load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPILED = ROOT / "pipelines" / "compiled" / "alignment.yaml"

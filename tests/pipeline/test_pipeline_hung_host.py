@@ -47,12 +47,12 @@ def test_a_live_kfp_server_passes():
 
 
 def test_a_hung_host_is_refused_before_the_pipeline_is_imported_or_checked(monkeypatch, capsys):
-    import pipelines.check
+    import g2rpo.steps.check
 
     def checked(*args, **kwargs):
         raise AssertionError("the parameters were checked before the host answered")
 
-    monkeypatch.setattr(pipelines.check, "check_arguments", checked)
+    monkeypatch.setattr(g2rpo.steps.check, "check_arguments", checked)
     monkeypatch.delitem(sys.modules, "pipelines.submit", raising=False)  # re-imported only if reached
     with hung_host() as host:
         for verb in (["submit"], ["schedule", "--cron", "0 0 3 * * *"]):

@@ -18,6 +18,7 @@ import g2rpo.steps.parameters as run_parameters
 from components.train import train
 from g2rpo.cli import main
 from g2rpo.errors import G2RPOError
+from g2rpo.steps.check import check_arguments
 from g2rpo.steps.parameters import (
     RUN_PARAMETERS,
     TRAIN_PARAMETERS,
@@ -26,10 +27,9 @@ from g2rpo.steps.parameters import (
     train_choices,
     train_parameter_defaults,
 )
+from g2rpo.steps.placement import load_profile
 from g2rpo.steps.train_task import run_config_for
 from pipelines.alignment import build_pipeline, compile_pipeline
-from pipelines.check import check_arguments
-from pipelines.placement import load_profile
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPILED = ROOT / "pipelines" / "compiled" / "alignment.yaml"

@@ -12,8 +12,8 @@ import yaml
 from g2rpo.cli import main
 from g2rpo.errors import G2RPOError
 from g2rpo.launch.quantity import quantity_problem, quantity_value
+from g2rpo.steps.placement import DEFAULT_PROFILE, load_profile
 from g2rpo.steps.train_task import trainjob_for
-from pipelines.placement import DEFAULT_PROFILE, load_profile
 from tests.pipeline.kfp_server import KfpServer
 
 

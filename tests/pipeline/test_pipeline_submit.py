@@ -10,8 +10,8 @@ import yaml
 
 from g2rpo.cli import main
 from g2rpo.errors import G2RPOError
-from pipelines.check import check_arguments
-from pipelines.placement import load_profile
+from g2rpo.steps.check import check_arguments
+from g2rpo.steps.placement import load_profile
 from pipelines.submit import check_cron
 from tests.pipeline.kfp_server import KfpServer
 
@@ -195,12 +195,12 @@ def test_an_unreachable_host_is_refused_before_the_pipeline_is_imported_or_check
     the refusal comes before the pipeline's checks run and before kfp is imported by the command."""
     import sys
 
-    import pipelines.check
+    import g2rpo.steps.check
 
     def checked(*args, **kwargs):
         raise AssertionError("the parameters were checked before the host")
 
-    monkeypatch.setattr(pipelines.check, "check_arguments", checked)
+    monkeypatch.setattr(g2rpo.steps.check, "check_arguments", checked)
     monkeypatch.delitem(sys.modules, "pipelines.submit", raising=False)  # re-imported only if reached
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

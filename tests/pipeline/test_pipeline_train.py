@@ -24,9 +24,9 @@ from g2rpo.artifacts.storage import open_store
 from g2rpo.errors import G2RPOError
 from g2rpo.faults import fault_env
 from g2rpo.launch.trainjob import CONFIG_ENV, TRAINING_RUNTIME, job_name
+from g2rpo.steps.placement import load_profile
 from g2rpo.steps.train_task import checkpoint_uri_for, train_task, trainjob_for
 from g2rpo.training.mirror import CheckpointMirror
-from pipelines.placement import load_profile
 from tests.chart.chart_render import training_runtime
 from tests.launch.kubeapi import KubeAPI, condition
 from tests.trainer.trainer_testlib import subprocess_env

@@ -7,7 +7,7 @@ import yaml
 
 from g2rpo.cli import main
 from g2rpo.errors import G2RPOError
-from pipelines.placement import load_profile
+from g2rpo.steps.placement import load_profile
 from pipelines.train_pod import WAITING, size_train_pod
 from tests.pipeline.kfp_server import KfpServer
 

@@ -1,6 +1,6 @@
 """The placement profile: where the pipeline's tasks run on a cluster, as validated data.
 
-One YAML file per cluster (``pipelines/profiles/h200.yaml`` is the default) holds every placement
+One YAML file per cluster (``g2rpo/steps/profiles/h200.yaml`` is the default) holds every placement
 setting; :func:`load_profile` validates it (unknown keys refused, every problem reported at once).
 Only names of Kubernetes objects appear in it, never a secret's value.
 """
