@@ -73,7 +73,7 @@ def add_commands(subparsers: argparse._SubParsersAction) -> None:
 def _train(args: argparse.Namespace) -> int:
     import os
 
-    from g2rpo.steps.train import train
+    from g2rpo.steps.train import train_and_publish
     from g2rpo.training.preemption import Preempted
     from g2rpo.training.run_config import load_run_config
 
@@ -81,7 +81,7 @@ def _train(args: argparse.Namespace) -> int:
     if args.summary_json:  # found now, not after the whole run
         check_writable(args.summary_json, "--summary-json", kind="file")
     try:
-        result = train(
+        result = train_and_publish(
             config, publish_uri=args.publish, settings=settings_from_args(args), checkpoint_uri=args.checkpoint_uri
         )
     except Preempted as stopped:  # SIGTERM/SIGINT: checkpointed; 128 + signal tells the pod's owner

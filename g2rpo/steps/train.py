@@ -1,9 +1,9 @@
 """Step **train**: a validated run config in, the trained export (optionally published as an artifact) out.
 
-:func:`train` runs the whole job (:func:`g2rpo.training.trainer.train_from_config`: resume, iterations,
+:func:`train_and_publish` runs the whole job (:func:`g2rpo.training.trainer.train_from_config`: resume, iterations,
 checkpoints, export; rank 0 serves Prometheus ``/metrics`` when ``observability.metrics_port``
 is set, :func:`training_exporter`) and, with ``publish_uri``, publishes the export folder under a fresh prefix of
-that URI (:func:`publish_export`). Under torchrun every rank calls :func:`train`; rank 0 publishes.
+that URI (:func:`publish_export`). Under torchrun every rank calls :func:`train_and_publish`; rank 0 publishes.
 
 With ``checkpoint_uri`` (one per run identity) every complete checkpoint is mirrored there, and a
 start in a fresh working directory first restores the newest complete mirrored checkpoint, so a
@@ -49,7 +49,7 @@ __all__ = [
     "TrainResult",
     "matching_evaluation",
     "publish_export",
-    "train",
+    "train_and_publish",
     "training_exporter",
 ]
 
@@ -64,7 +64,7 @@ class PublishedExport:
 
 @dataclass(frozen=True)
 class TrainResult:
-    """What :func:`train` produced. ``summary`` is the trainer's (iterations, first/last reward, backend, ...);
+    """What :func:`train_and_publish` produced. ``summary`` is the trainer's (iterations, first/last reward, backend, ...);
     None when a TrainJob trained (its summary stays in the job's pods)."""
 
     summary: RunSummary | None
@@ -81,7 +81,7 @@ class TrainResult:
         return None if self.published is None else self.published.uri
 
 
-def train(
+def train_and_publish(
     config: RunConfig,
     *,
     publish_uri: str | None = None,

@@ -13,7 +13,7 @@ With ``checkpoint_uri`` (:func:`checkpoint_uri_for`: the run's store, the KFP ru
 every complete checkpoint is mirrored to S3, and a task started again with the same run identity (a
 retry after a lost pod, a re-run of the same run) resumes from the newest complete one there.
 
-With ``nodes > 1`` the task trains nothing itself: :func:`g2rpo.steps.train.train` launches (or, on a
+With ``nodes > 1`` the task trains nothing itself: :func:`g2rpo.steps.train.train_and_publish` launches (or, on a
 retry, follows) the run's Kubeflow Trainer ``TrainJob`` (:func:`trainjob_for`: the trainer image, the run
 and task, the placement), which trains, mirrors and publishes; the record is read from what it published.
 """
@@ -41,7 +41,7 @@ from g2rpo.launch.quantity import quantity_problem
 from g2rpo.launch.trainjob import DEFAULT_DEADLINE_S, Placement, TrainJobLaunch
 from g2rpo.steps.parameters import choice_tree, train_choices
 from g2rpo.steps.records import TrainRecord, write_record
-from g2rpo.steps.train import publish_export, train
+from g2rpo.steps.train import publish_export, train_and_publish
 from g2rpo.textfile import JSON_MAX_BYTES, decode_record
 from g2rpo.training.run_config import RunConfig, resume_hash
 from g2rpo.training.run_dir import RunDir
@@ -224,7 +224,7 @@ def train_task(
     if nodes > 1:
         if trainjob is not None and trainjob.placement.gpus_per_node != gpus_per_node:
             trainjob = replace(trainjob, placement=replace(trainjob.placement, gpus_per_node=gpus_per_node))
-        result = train(
+        result = train_and_publish(
             config,
             publish_uri=publish_uri,
             producer=PRODUCER,
@@ -242,7 +242,9 @@ def train_task(
             summary = _torchrun(record_dir / RUN_CONFIG_FILE, Path(work_dir), gpus_per_node, checkpoint_uri)
             export_uri = publish_export(summary.export, publish_uri, config_hash, producer=PRODUCER).uri
         else:
-            result = train(config, publish_uri=publish_uri, producer=PRODUCER, checkpoint_uri=checkpoint_uri)
+            result = train_and_publish(
+                config, publish_uri=publish_uri, producer=PRODUCER, checkpoint_uri=checkpoint_uri
+            )
             summary, export_uri = result.summary, result.export_uri
         iterations = summary.iterations
         # Read as is: this task's trainer (in this process, or the torchrun it just ran) wrote it.

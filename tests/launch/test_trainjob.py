@@ -302,7 +302,7 @@ def test_bad_launch_settings_are_listed_before_any_request():
 
 def test_the_train_step_with_several_nodes_launches_the_trainjob(tmp_path):
     from g2rpo.config import load_config, to_yaml
-    from g2rpo.steps.train import train
+    from g2rpo.steps.train import train_and_publish
     from g2rpo.training.run_config import RunConfig
 
     repo = Path(__file__).resolve().parents[2]
@@ -312,11 +312,11 @@ def test_the_train_step_with_several_nodes_launches_the_trainjob(tmp_path):
         RunConfig, repo / "configs" / "tiny-cpu.yaml", {"output": {"dir": str(tmp_path / "run")}, **fits}
     )
     with pytest.raises(G2RPOError, match="nodes=2: more than one node trains as a Kubeflow TrainJob"):
-        train(config, nodes=2, checkpoint_uri="s3://b/runs/r1/checkpoints")
+        train_and_publish(config, nodes=2, checkpoint_uri="s3://b/runs/r1/checkpoints")
     with KubeAPI(TRAINING_RUNTIME, script=_complete_after(1)) as api:
         launch = _launch(api)
         with pytest.raises(G2RPOError, match="checkpoint_uri=None: a multi-node run mirrors its checkpoints"):
-            train(config, nodes=2, trainjob=launch)
+            train_and_publish(config, nodes=2, trainjob=launch)
         # What the job's world size asks (3 nodes × 8 GPUs = 24 ranks) is checked before any job exists: in the
         # pods it would fail once per JobSet restart (seen on the cluster tier, DeepSpeed left off).
         single = load_config(
@@ -325,11 +325,11 @@ def test_the_train_step_with_several_nodes_launches_the_trainjob(tmp_path):
             {"output": {"dir": str(tmp_path / "run")}, "deepspeed": {"enabled": False}},
         )
         with pytest.raises(ConfigError) as refused:
-            train(single, nodes=3, trainjob=launch, checkpoint_uri="s3://b/runs/r1/checkpoints")
+            train_and_publish(single, nodes=3, trainjob=launch, checkpoint_uri="s3://b/runs/r1/checkpoints")
         assert "run config for 3 nodes (24 ranks)" in str(refused.value)
         assert "24 ranks need DeepSpeed" in str(refused.value) and "multiple of the world size 24" in str(refused.value)
         assert not _posted(api)
-        result = train(config, nodes=3, trainjob=launch, checkpoint_uri="s3://b/runs/r1/checkpoints")
+        result = train_and_publish(config, nodes=3, trainjob=launch, checkpoint_uri="s3://b/runs/r1/checkpoints")
     assert result.trainjob == job_name(launch.run_id, launch.task) and result.published is None
     (job,) = _posted(api)
     trainer = job["spec"]["trainer"]

@@ -19,7 +19,7 @@ from g2rpo.steps.evaluate import evaluate
 from g2rpo.steps.promote import decide_and_promote
 from g2rpo.steps.register import register
 from g2rpo.steps.report_status import report_status
-from g2rpo.steps.train import matching_evaluation, train
+from g2rpo.steps.train import matching_evaluation, train_and_publish
 from tests.observability.promservers import (
     CUDA_ONLY,
     REPO,
@@ -62,7 +62,7 @@ def produced(prom, tiny_flux_dir, tmp_path_factory):
             "run_id": RUN_ID,
         },
     )
-    trained = train(config, publish_uri=(tmp / "exports").as_uri())
+    trained = train_and_publish(config, publish_uri=(tmp / "exports").as_uri())
     target = PushTarget(prom.gateway_url, pipeline=PIPELINE)
     evaluation = matching_evaluation(config, str(PROMPTS), num_prompts=2, seeds=(0,))
     evaluated = evaluate(

@@ -98,7 +98,7 @@ def test_a_trainjobs_export_without_a_sound_base_model_json_is_named(tmp_path, m
         work = tmp_path / "work"
         return TrainResult({}, work, work / "metrics.jsonl", work / "checkpoints", None, "h", published, "job-1")
 
-    monkeypatch.setattr("g2rpo.steps.train_task.train", trainjob)
+    monkeypatch.setattr("g2rpo.steps.train_task.train_and_publish", trainjob)
     with pytest.raises(G2RPOError, match=rf"model-1/base_model\.json:? {problem}.*run the pipeline again"):
         train_task(
             str(REPO / "configs" / "tiny-cpu.yaml"),

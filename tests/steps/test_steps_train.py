@@ -10,7 +10,7 @@ from g2rpo.artifacts.manifest import verify
 from g2rpo.artifacts.storage import open_store
 from g2rpo.cli import main
 from g2rpo.errors import G2RPOError
-from g2rpo.steps.train import train
+from g2rpo.steps.train import train_and_publish
 from g2rpo.training.metrics import read_iteration_records
 from g2rpo.training.run_config import resume_hash
 
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.integration
 
 def test_train_publishes_the_export_it_wrote(tiny_flux_dir, tmp_path):
     config = tiny_run_config(tiny_flux_dir, tmp_path / "run")
-    result = train(config, publish_uri=(tmp_path / "store" / "exports").as_uri())
+    result = train_and_publish(config, publish_uri=(tmp_path / "store" / "exports").as_uri())
     assert result.summary.iterations == 2 and result.summary.backend == "torch"
     assert result.output_dir == tmp_path / "run" and result.config_hash == resume_hash(config)
     assert result.export_dir == tmp_path / "run" / "export"
@@ -37,14 +37,14 @@ def test_train_publishes_the_export_it_wrote(tiny_flux_dir, tmp_path):
 
 
 def test_train_without_publish_publishes_nothing(tiny_flux_dir, tmp_path):
-    result = train(tiny_run_config(tiny_flux_dir, tmp_path / "run", train={"iterations": 1}))
+    result = train_and_publish(tiny_run_config(tiny_flux_dir, tmp_path / "run", train={"iterations": 1}))
     assert result.published is None and result.export_uri is None and result.export_dir.is_dir()
 
 
 def test_train_refuses_to_publish_without_an_export_before_training(tiny_flux_dir, tmp_path):
     config = tiny_run_config(tiny_flux_dir, tmp_path / "run", output={"export": False})
     with pytest.raises(G2RPOError, match="output.export=False: publishing needs the export"):
-        train(config, publish_uri=(tmp_path / "store").as_uri())
+        train_and_publish(config, publish_uri=(tmp_path / "store").as_uri())
     assert not (tmp_path / "run").exists() and not (tmp_path / "store").exists()
 
 

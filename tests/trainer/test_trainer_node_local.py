@@ -33,7 +33,7 @@ from g2rpo.artifacts.publish import claim_prefix
 from g2rpo.artifacts.storage import open_store
 from g2rpo.errors import ConfigError, G2RPOError
 from g2rpo.faults import fault_env
-from g2rpo.steps.train import train
+from g2rpo.steps.train import train_and_publish
 from g2rpo.training.checkpoint import PART_KIND
 from g2rpo.training.mirror import CheckpointMirror, _Part
 from g2rpo.training.run_config import load_run_config
@@ -222,7 +222,7 @@ def test_node_local_folders_need_a_checkpoint_mirror_and_cannot_export_the_best_
         "output.node_local=true",
     ]
     with pytest.raises(G2RPOError) as info:
-        train(load_run_config(None, overrides))
+        train_and_publish(load_run_config(None, overrides))
     message = str(info.value)
     assert "output.node_local=True" in message and "--checkpoint-uri s3://" in message
     assert "output.node_local=false" in message and not (tmp_path / "run").exists()
