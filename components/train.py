@@ -68,7 +68,7 @@ def train(
     from g2rpo.steps.train_task import checkpoint_uri_for, train_task, trainjob_for
 
     gpus = gpus_per_node_from(gpus_per_node)  # a string parameter: the driver reads accelerator counts as strings
-    # This pod's own size (the train_pod_* parameters, pipelines/train_pod.py): no idle GPUs while a TrainJob trains.
+    # This pod's own size (the train_pod_* parameters, g2rpo/steps/train_pod.py): no idle GPUs while a TrainJob trains.
     problems = train_pod_problems(nodes, gpus_per_node, train_pod_gpus)
     if problems:
         raise G2RPOError(f"train pod ({train_pod_cpu} CPU, {train_pod_memory}): " + "; ".join(problems))

@@ -149,7 +149,7 @@ def build_pipeline(profile: PlacementProfile):
         node_selector: dict = node_selector_default,
         tolerations: list = tolerations_default,
         pushgateway_url: str = d["pushgateway_url"],
-        # The train task's own pod (pipelines/train_pod.py): the one-node size by default; with nodes > 1
+        # The train task's own pod (g2rpo/steps/train_pod.py): the one-node size by default; with nodes > 1
         # give 0 GPUs and a small CPU/memory (`g2rpo pipeline submit` does), the TrainJob's pods hold the GPUs.
         train_pod_gpus: str = gpus_default,
         train_pod_cpu: str = profile.cpu_limit,

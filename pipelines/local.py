@@ -112,7 +112,7 @@ def local_arguments(shared: Path, iterations: int, model: Path) -> dict[str, Any
         "eval_seeds": [0, 1, 2, 3],
         "gates_uri": str(CHECKOUT / "configs" / "shapes-gates.yaml"),
         "gpus_per_node": "1",
-        "train_pod_gpus": "1",  # the train pod's own GPUs follow (pipelines/train_pod.py; kfp.local ignores limits)
+        "train_pod_gpus": "1",  # the train pod's own GPUs follow (g2rpo/steps/train_pod.py; kfp.local ignores limits)
     }
 
 

@@ -40,11 +40,11 @@ from g2rpo.errors import G2RPOError, problem
 from g2rpo.launch.trainjob import gpus_per_node_from
 from g2rpo.steps.check import check_arguments
 from g2rpo.steps.placement import PlacementProfile, load_profile
+from g2rpo.steps.train_pod import size_train_pod
 from pipelines.alignment import PIPELINE_NAME, build_pipeline, compile_pipeline
 from pipelines.cron import next_fire_times
 from pipelines.reachability import CONNECT_TIMEOUT_S as REACHABLE_TIMEOUT_S
 from pipelines.reachability import HEALTHZ, check_reachable
-from pipelines.train_pod import size_train_pod
 
 __all__ = [
     "CONNECT_TIMEOUT_S",

@@ -26,7 +26,7 @@ import yaml
 
 from components.images import G2RPO_IMAGE, TRAINER_IMAGE
 from g2rpo.steps.placement import load_profile
-from pipelines.train_pod import size_train_pod
+from g2rpo.steps.train_pod import size_train_pod
 from tests.shared_checkout import shared_path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,7 +49,7 @@ EXTRA_TOLERATIONS = [
     {"key": "dedicated", "operator": "Equal", "value": "alignment", "effect": "NoSchedule"},
 ]
 # Run-time parameters as a run request carries them (`g2rpo pipeline submit` turns gpus_per_node=4 into "4"
-# and sizes the train pod from nodes: pipelines/train_pod.py).
+# and sizes the train pod from nodes: g2rpo/steps/train_pod.py).
 RUNS = {
     name: size_train_pod(parameters, PROFILE)
     for name, parameters in {

@@ -64,7 +64,7 @@ def test_train_placement_lands_in_the_platform_spec():
     assert inputs["gpus_per_node"] == {"defaultValue": "8", "isOptional": True, "parameterType": "STRING"}
     resources = spec["deploymentSpec"]["executors"]["exec-train"]["container"]["resources"]
     assert resources["accelerator"]["resourceType"] == "nvidia.com/gpu"
-    # The pod's size: parameters whose defaults are the profile's (pipelines/train_pod.py).
+    # The pod's size: parameters whose defaults are the profile's (g2rpo/steps/train_pod.py).
     assert resources["accelerator"]["resourceCount"] == "{{$.inputs.parameters['pipelinechannel--train_pod_gpus']}}"
     assert inputs["train_pod_memory"]["defaultValue"] == profile.memory_limit
 

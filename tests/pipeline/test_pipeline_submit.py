@@ -64,7 +64,7 @@ def test_submit_sends_experiment_pipeline_platform_spec_and_parameters(capsys):
         # Merged over the profile's labels: the pool changes, the GPU product stays.
         "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H200", "pool": "h200-spot"},
         "gpus_per_node": "4",  # a string: the only form KFP's driver turns into a GPU limit (pipelines/alignment.py)
-        "train_pod_gpus": "4",  # one node: the train pod trains on them (pipelines/train_pod.py)
+        "train_pod_gpus": "4",  # one node: the train pod trains on them (g2rpo/steps/train_pod.py)
     }
     assert run["service_account"] == load_profile().service_account
     _check_pipeline_spec(run)

@@ -1,4 +1,4 @@
-"""The train task's own pod: the one-node size, or sized for waiting when a TrainJob trains (pipelines/train_pod.py)."""
+"""The train task's own pod: the one-node size, or sized for waiting when a TrainJob trains (g2rpo/steps/train_pod.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import yaml
 from g2rpo.cli import main
 from g2rpo.errors import G2RPOError
 from g2rpo.steps.placement import load_profile
-from pipelines.train_pod import WAITING, size_train_pod
+from g2rpo.steps.train_pod import WAITING, size_train_pod
 from tests.pipeline.kfp_server import KfpServer
 
 PROFILE = load_profile()
