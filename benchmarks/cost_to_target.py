@@ -22,9 +22,10 @@ are only C(2n − 1, n) distinct resamples (10 for 3 seeds): read such intervals
 Denser readings (``--readings OTHER/ablation.json``): a run's trajectory is a function of its method, rewards, seed
 and rate, not of its budget or its reading points (no schedule reads the budget; evaluation draws its own noise), so
 a shorter re-run of the same seeds with more reading points is a prefix of the long run. Its readings join the long
-run's, after a check: at every iteration both read, every metric and the FLOPs must agree (else the prefix claim is
-false and the merge is refused). Seconds are re-derived from the long run's probe (iterations × its seconds per
-iteration), so the re-run's own probe, timed whenever it ran, never enters.
+run's, after a check: at every iteration both read, every metric and the FLOPs must agree to within
+:data:`PREFIX_TOLERANCE` (else the prefix claim is false and the merge is refused). Seconds and FLOPs are
+re-derived from the long run's probe (iterations × its cost per iteration), so the re-run's own probe, timed
+whenever it ran, never enters.
 
 Writes ``cost_to_target.md`` and ``cost_to_target.json`` beside the input. Usage:
 ``python -m benchmarks.cost_to_target benchmarks/results/ablation-t16-plateau/ablation.json --reference g2rpo``.
@@ -47,9 +48,10 @@ from benchmarks.ablation import IN_DOMAIN, interpolate
 AXES = ("flops", "quiet_seconds")
 RESAMPLES = 2000
 # How far two readings of one iteration may differ (relative to the value, or absolute below 1) and still be the
-# same run: rewards are float32 means over the held-out set, so a re-run may differ in the last bits; a different
-# trajectory differs by far more (one iteration moves the means by ~1e-3). FLOPs are counted, so they match.
-PREFIX_TOLERANCE = 1e-5
+# same run. Re-runs are not bit-identical: a MixGRPO re-run of the T = 16 plateau's seed 0 read the same means at
+# iteration 33 and drifted by 1.3e-5 at 45 and 7e-5 at 67 (floating-point order); another seed, rate or code moves
+# the means by 1e-2 and more. FLOPs are counted from the method's probe, so they match exactly.
+PREFIX_TOLERANCE = 1e-3
 
 
 class PrefixError(ValueError):

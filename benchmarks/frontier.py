@@ -211,9 +211,12 @@ def plot(table: dict[str, Any], path: Path) -> None:
             for i, m in enumerate(methods):
                 pts = block["curves"][m][score]
                 xs = [p[0] * scale for p in pts]
-                ax.plot(xs, [p[1] for p in pts], color=colours(i), label=m, lw=1.6)
+                # tab10 has ten colours: the eleventh method on reuses them dashed, so no two curves look alike
+                ax.plot(
+                    xs, [p[1] for p in pts], color=colours(i % 10), ls=("-", "--", "-.")[i // 10 % 3], label=m, lw=1.6
+                )
                 ax.fill_between(
-                    xs, [p[1] - p[2] for p in pts], [p[1] + p[2] for p in pts], color=colours(i), alpha=0.12
+                    xs, [p[1] - p[2] for p in pts], [p[1] + p[2] for p in pts], color=colours(i % 10), alpha=0.12
                 )
             ax.axhline(table["base"][score], color="grey", ls="--", lw=1, label="base model")
             for b in block["budgets"]:
