@@ -24,7 +24,9 @@ from pathlib import Path
 
 import pytest
 import websocket
+import yaml
 
+from tests.cluster.kfp_backend import NAMESPACE as KFP_NAMESPACE
 from tests.cluster.kfp_runs import MLMD_PORT, mlmd_outputs
 from tests.cluster.test_cluster_kfp import STEPS
 
@@ -43,6 +45,38 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ui_kubeconfig(cluster, path: Path) -> Path:
+    """The UI server's own view of Kubernetes: KFP's ``ml-pipeline-ui`` service account in ``kubeflow``, allowed to
+    read Secrets there and nothing else here. The launcher records each artifact's store as the Secret that holds its
+    keys (``g2rpo-s3``, ``fromEnv: false``), and the UI's server reads that Secret before it fetches the file; a
+    server that cannot reach Kubernetes shows "Error in retrieving HTML visualization information"."""
+    account = "ml-pipeline-ui"
+    meta = {"name": account, "namespace": KFP_NAMESPACE}
+    rules = [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]
+    subject = {"kind": "ServiceAccount", **meta}
+    manifests = [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta, "rules": rules},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": meta, "subjects": [subject],
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": account}},
+    ]  # fmt: skip
+    cluster.apply(yaml.safe_dump_all(manifests))
+    token = cluster.kubectl("-n", KFP_NAMESPACE, "create", "token", account, "--duration=2h").stdout.strip()
+    server = yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [server],
+        "users": [{"name": account, "user": {"token": token}}],
+        "contexts": [
+            {"name": account, "context": {"cluster": server["name"], "user": account, "namespace": KFP_NAMESPACE}}
+        ],
+        "current-context": account,
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 def _wait_for(url: str, what: str, proc: subprocess.Popen, log: Path, timeout_s: float = 60) -> None:
@@ -111,6 +145,12 @@ class Browser:
     def text(self) -> str:
         return self.evaluate("document.body ? document.body.innerText : ''") or ""
 
+    def fit_graph(self) -> None:
+        """Press the graph's fit-view control, as a user does when a layer opens with its nodes out of view."""
+        if self.evaluate("!!document.querySelector('.react-flow__controls-fitview')"):
+            self.evaluate("document.querySelector('.react-flow__controls-fitview').click()")
+            time.sleep(1.0)
+
     def screenshot(self, path: Path) -> None:
         path.write_bytes(base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"]))
 
@@ -160,6 +200,9 @@ def kfp_ui(deployment, tmp_path):
         "AWS_S3_ENDPOINT": s3_host,
         "AWS_SSL": "false",
         "MINIO_ENDPOINT_REWRITE": f"{s3_host}=http://{s3_host}:{s3_port}",
+        # Kubernetes, for the Secret an artifact's store names (the server's namespace: where the Secret is).
+        "KUBECONFIG": str(_ui_kubeconfig(deployment.cluster, logs / "kubeconfig")),
+        "FRONTEND_SERVER_NAMESPACE": KFP_NAMESPACE,
         "DISABLE_GKE_METADATA": "true",
         "ENABLE_AUTHZ": "false",
     }
@@ -199,9 +242,36 @@ def test_the_kfp_ui_shows_the_promoted_run_its_tasks_and_its_metrics(deployment,
         assert "cluster-tier-first" in shown and "report status" in shown, shown
         browser.screenshot(shots / "kfp-ui-run-root.png")
         browser.evaluate("document.querySelector('[data-testid=expand-button]').click()")
-        labels = [step.replace("-", " ") for step in STEPS if step != "report-status"]
+        # The exit handler's layer holds the four tasks before the gate and the gate's condition group ("gates-passed");
+        # promote sits one layer further in, behind that group's own expand button.
+        inside_gate = {"promote"}
+        labels = [step.replace("-", " ") for step in STEPS if step != "report-status" and step not in inside_gate]
+        labels.append("gates-passed")
         browser.wait_for(f"{labels!r}.every(l => document.body.innerText.includes(l))", f"the tasks {labels}")
+        browser.fit_graph()
         browser.screenshot(shots / "kfp-ui-run.png")
+
+        # decide's decision report (a system.HTML artifact) as the UI shows it: its node clicked, the side panel's
+        # Visualization tab, which fetches the file from S3 through the UI's server and renders it in an iframe.
+        browser.evaluate("document.querySelector('.react-flow__node[data-id=\"artifact.decide.report\"]').click()")
+        browser.wait_for(
+            "[...document.querySelectorAll('button')].some(b => b.innerText.trim() === 'Visualization')",
+            "the report artifact's side panel",
+        )
+        browser.evaluate(
+            "[...document.querySelectorAll('button')].find(b => b.innerText.trim() === 'Visualization').click()"
+        )
+        browser.wait_for(
+            "[...document.querySelectorAll('iframe')].some(f => (f.srcdoc || '').includes('promotion decision'))",
+            "the decision report rendered from S3",
+            timeout_s=60,
+        )
+        browser.screenshot(shots / "kfp-ui-report.png")
+
+        browser.evaluate("document.querySelector('[data-testid=expand-button]').click()")
+        browser.wait_for("document.body.innerText.includes('promote')", "the gate's promote task")
+        browser.fit_graph()
+        browser.screenshot(shots / "kfp-ui-run-gate.png")
 
         # The evaluate task's metrics artifact as the UI's artifact page lists it: the values ML Metadata holds.
         metrics = mlmd_outputs(deployment, first)["evaluate"]["outputs"]["metrics"]
