@@ -192,6 +192,10 @@ class RunSpec:
     # the budget, on top of the every-eval_every ones. 0 (the default) leaves the schedule and the run key as before.
     early_evals: int = 0
     early_fraction: float = 0.2
+    # Validation during training (issue 41 §1, early stopping; benchmarks/early_stopping.py): at every reading also
+    # score this many training prompts, evenly spaced as ``train.validation`` picks them, × its default seeds (0, 1)
+    # on the trained rewards. 0 (the default): none, and the run keys of earlier invocations are kept.
+    train_validation: int = 0
 
 
 def early_points(spec: RunSpec) -> list[float]:
@@ -249,19 +253,34 @@ def run_config(spec: RunSpec, out: Path) -> Any:
     return load_config(RunConfig, None, raw)
 
 
+# train.validation's default seeds (g2rpo.training.run_config.ValidationSection)
+TRAIN_VALIDATION_SEEDS = (0, 1)
+
+
 class Evaluator:
     """Deterministic held-out evaluation of a live trainer on every metric (exact and learned)."""
 
-    def __init__(self, spec: RunSpec, trainer: Any) -> None:
+    def __init__(
+        self,
+        spec: RunSpec,
+        trainer: Any,
+        prompts: tuple[str, ...] | None = None,
+        seeds: tuple[int, ...] | None = None,
+        metrics: tuple[str, ...] | None = None,
+    ) -> None:
+        """The held-out set and every metric by default; ``prompts``, ``seeds`` and ``metrics`` for another set
+        (the validation during training of :func:`train_one`)."""
         from g2rpo.models.loading import load_text_encoder
         from g2rpo.rewards.registry import build_reward
         from g2rpo.strategies._shared import make_grid
 
+        self.prompts = list(spec.heldout if prompts is None else prompts)
+        self.seeds = list(spec.eval_seeds if seeds is None else seeds)
         encoder = load_text_encoder(spec.model, dtype="float32")
-        self.cond = encoder.encode(list(spec.heldout))
+        self.cond = encoder.encode(self.prompts)
         from g2rpo.rewards.config import RewardModelConfig
 
-        self.metrics = metrics_for(spec.rewards)
+        self.metrics = metrics_for(spec.rewards) if metrics is None else metrics
         self.rewards = {name: build_reward(RewardModelConfig(**reward_model(name))) for name in self.metrics}
         self.sigmas = make_grid(trainer.config.algorithm, trainer.policy.latent_shape[0])
         self.spec = spec
@@ -285,8 +304,8 @@ class Evaluator:
             trainer.policy.velocity,
             trainer.policy.vae,
             self.cond,
-            list(self.spec.heldout),
-            list(self.spec.eval_seeds),
+            self.prompts,
+            self.seeds,
             self.rewards,
             self.sigmas,
             micro_batch=256,
@@ -322,7 +341,32 @@ def train_one(spec: RunSpec) -> dict[str, Any]:
     torch.set_num_threads(1)
     out = Path(spec.work) / f"{spec.method}-{spec.rewards}-s{spec.seed}-lr{spec.lr:g}-{spec.stage}"
     trainer = Trainer(run_config(spec, out)).setup()
-    evaluate = Evaluator(spec, trainer)
+    heldout = Evaluator(spec, trainer)
+    validation_flops = None
+    if spec.train_validation:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        from g2rpo.training.validation import validation_prompt_indices
+
+        train = Path(spec.train_prompts).read_text().splitlines()
+        chosen = tuple(train[i] for i in validation_prompt_indices(spec.train_validation, len(train)))
+        trained = tuple(REWARD_SETTINGS[spec.rewards])
+        validator = Evaluator(spec, trainer, prompts=chosen, seeds=TRAIN_VALIDATION_SEEDS, metrics=trained)
+        counter = FlopCounterMode(display=False)
+        with counter:  # what one validation pass costs (sampling, decodes, scoring): early stopping pays it
+            validator(trainer)
+        validation_flops = int(counter.get_total_flops())
+
+    validation_seconds: list[float] = []
+
+    def evaluate(trainer: Any) -> dict[str, Any]:
+        values = heldout(trainer)
+        if spec.train_validation:
+            started = time.perf_counter()
+            values["validation"] = validator(trainer)
+            validation_seconds.append(time.perf_counter() - started)
+        return values
+
     points = [{"iteration": 0, "compute": 0, "seconds": 0.0, "decoded_images": 0, **evaluate(trainer)}]
     compute, seconds, decoded, next_eval = 0, 0.0, 0, spec.eval_every
     early = early_points(spec) if spec.stage == "main" else []
@@ -368,6 +412,14 @@ def train_one(spec: RunSpec) -> dict[str, Any]:
         "decoded_images": decoded,
         "per_iteration": iterations,
         "evals": points,
+        **(
+            {
+                "validation_flops_per_pass": validation_flops,
+                "validation_seconds_per_pass": statistics.median(validation_seconds),  # under the runs' own load
+            }
+            if validation_flops is not None
+            else {}
+        ),
     }
 
 
@@ -666,6 +718,7 @@ def run_key(spec: RunSpec) -> str:
                 spec.eval_every,
                 spec.model_sha256,
                 *([spec.early_evals, spec.early_fraction] if spec.early_evals else []),  # old keys unchanged
+                *(["train_validation", spec.train_validation] if spec.train_validation else []),
             ],
             default=str,
         ).encode()
@@ -771,6 +824,14 @@ def main(argv: list[str] | None = None) -> int:
         "default 0: none, and the run keys of earlier invocations are kept)",
     )
     parser.add_argument("--early-fraction", type=float, default=0.2, help="the early part of the budget (default 0.2)")
+    parser.add_argument(
+        "--train-validation",
+        type=int,
+        default=0,
+        metavar="N",
+        help="at every reading of a main run also score N training prompts (evenly spaced) × seeds 0, 1 on the "
+        "trained rewards, as train.validation does: the record benchmarks.early_stopping reads (default 0: none)",
+    )
     parser.add_argument("--jobs", type=int, default=2, help="runs in parallel (one thread each)")
     parser.add_argument("--num-steps", type=int, default=SHARED_ALGORITHM["num_steps"], help="T (paper 16)")
     parser.add_argument("--group-size", type=int, default=SHARED_ALGORITHM["group_size"], help="G (paper 12)")
@@ -834,6 +895,7 @@ def main(argv: list[str] | None = None) -> int:
             eval_every=budget / max(args.evals, 1),
             early_evals=args.early_evals,
             early_fraction=args.early_fraction,
+            train_validation=args.train_validation if stage == "main" else 0,
             lr=lr,
             prompts_per_iteration=args.prompts_per_iteration,
             model=str(model),

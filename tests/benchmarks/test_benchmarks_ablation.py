@@ -205,6 +205,21 @@ def test_quick_ablation_trains_real_strategies_to_one_budget(tmp_path):
     again = json.loads((out / "ablation.json").read_text())
     assert again["summary"] == result["summary"] and again["runs"] == result["runs"]
 
+    # validation during training (--train-validation): new run keys, and at every reading the trained rewards on
+    # training prompts beside the held-out scores; benchmarks.early_stopping replays train.validation on them
+    from benchmarks.early_stopping import replay
+
+    argv = ["--quick", "--jobs", "1", "--model", str(model), "--out", str(out), "--train-validation", "2"]
+    assert ablation.main(argv) == 0
+    assert len(list((out / "per_run").glob("*.json"))) == 4  # the earlier two kept, two more
+    validated = {r["method"]: r for r in json.loads((out / "ablation.json").read_text())["runs"]}
+    for run in validated.values():
+        trained = ablation.REWARD_SETTINGS["multi"]
+        assert all(set(trained) <= set(p["validation"]) for p in run["evals"])
+        assert run["validation_flops_per_pass"] > 0 and run["validation_seconds_per_pass"] > 0
+        stopped = replay(run, trained, patience=None)
+        assert stopped["flops"] == run["flops"] + len(run["evals"]) * run["validation_flops_per_pass"]
+
 
 def test_probe_table_names_the_probes_taken_on_a_busy_machine():
     quiet = {"seconds": 2.5, "phases": {"sampling": 1.0, "training": 1.5}, "load_average": 0.4}
