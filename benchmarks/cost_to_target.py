@@ -19,13 +19,14 @@ every mean curve, cost and ratio; the 95 % interval is the 2.5 and 97.5 percenti
 just outside them, not interpolated), with "never" counted as infinite (an upper end of "never" means more than 2.5 % of resamples never reach the target). With n seeds there
 are only C(2n − 1, n) distinct resamples (10 for 3 seeds): read such intervals as rough.
 
-Denser readings (``--readings OTHER/ablation.json``): a run's trajectory is a function of its method, rewards, seed
-and rate, not of its budget or its reading points (no schedule reads the budget; evaluation draws its own noise), so
-a shorter re-run of the same seeds with more reading points is a prefix of the long run. Its readings join the long
-run's, after a check: at every iteration both read, every metric and the FLOPs must agree to within
-:data:`PREFIX_TOLERANCE` (else the prefix claim is false and the merge is refused). Seconds and FLOPs are
-re-derived from the long run's probe (iterations × its cost per iteration), so the re-run's own probe, timed
-whenever it ran, never enters.
+The reference from another file (``--reference-from OTHER/ablation.json``): the reference's runs are taken from
+there, the other methods' from the input — e.g. a method re-run over the first part of the reference's budget with
+denser readings, against the reference's long runs. The two files must have trained and evaluated alike (the same
+model weights, algorithm, prompts per iteration, held-out prompts, evaluation seeds and reward settings:
+``benchmarks.join.ALIKE``), so that a seed means the same in both; the pairing is by seed. Readings are never merged
+across runs: a re-run is bit-identical at the same commit on this machine (MixGRPO, T = 16, seed 2: every reading
+equal), but the same seeds re-trained at a later commit drifted from the long runs by up to 9e-3 by iteration 67
+(the code changed in between), so a re-run is its own measurement.
 
 Writes ``cost_to_target.md`` and ``cost_to_target.json`` beside the input. Usage:
 ``python -m benchmarks.cost_to_target benchmarks/results/ablation-t16-plateau/ablation.json --reference g2rpo``.
@@ -44,62 +45,10 @@ from typing import Any
 import numpy as np
 
 from benchmarks.ablation import IN_DOMAIN, interpolate
+from benchmarks.join import ALIKE, JoinError, check_comparable
 
 AXES = ("flops", "quiet_seconds")
 RESAMPLES = 2000
-# How far two readings of one iteration may differ (relative to the value, or absolute below 1) and still be the
-# same run. Re-runs are not bit-identical: a MixGRPO re-run of the T = 16 plateau's seed 0 read the same means at
-# iteration 33 and drifted by 1.3e-5 at 45 and 7e-5 at 67 (floating-point order); another seed, rate or code moves
-# the means by 1e-2 and more. FLOPs are counted from the method's probe, so they match exactly.
-PREFIX_TOLERANCE = 1e-3
-
-
-class PrefixError(ValueError):
-    """A re-run offered as denser readings is not a prefix of the run it would join."""
-
-
-def merge_readings(result: dict[str, Any], readings: dict[str, Any], metrics: list[str]) -> list[str]:
-    """Add the eval points of ``readings``' runs to ``result``'s runs of the same method, rewards, seed and rate
-    (in place), after checking each shared iteration agrees; returns one line per run merged, for the report."""
-    index = {(r["method"], r["rewards"], r["seed"], r["lr"]): r for r in result["runs"]}
-    merged = []
-    for extra in readings["runs"]:
-        key = (extra["method"], extra["rewards"], extra["seed"], extra["lr"])
-        run = index.get(key)
-        if run is None:
-            continue  # a run the long file does not have: nothing to join
-        have = {p["iteration"]: p for p in run["evals"]}
-        shared = sorted(set(have) & {p["iteration"] for p in extra["evals"]} - {0})
-        if not shared:
-            raise PrefixError(
-                f"readings for {key}: no iteration past 0 read in both runs, so nothing shows the re-run is a prefix "
-                f"of the long one; re-run with --iterations set to an iteration the long run read at "
-                f"({sorted(have)})"
-            )
-        for p in extra["evals"]:
-            if p["iteration"] not in shared:
-                continue
-            for name in (*metrics, "flops"):
-                a, b = have[p["iteration"]].get(name), p.get(name)
-                if a is None or b is None or abs(a - b) > PREFIX_TOLERANCE * max(abs(a), 1.0):
-                    raise PrefixError(
-                        f"readings for {key} at iteration {p['iteration']}: {name} is {b} in the re-run and {a} in "
-                        "the long run, so the re-run did not retrace it (a different model, prompts, code or "
-                        "machine?); its readings cannot join. Re-run with the long run's arguments and code."
-                    )
-        added = 0
-        for p in extra["evals"]:
-            if p["iteration"] in have:
-                continue
-            point = dict(p)
-            for axis in AXES:  # the long run's probe prices every iteration: iterations × its per-iteration cost
-                if axis in run:
-                    point[axis] = p["iteration"] * run[axis] / run["iterations"]
-            run["evals"].append(point)
-            added += 1
-        run["evals"].sort(key=lambda q: q["iteration"])
-        merged.append(f"{key[0]} seed {key[2]}: {added} readings added, iterations {shared} agree")
-    return merged
 
 
 def mean_curve(runs: list[dict[str, Any]], axis: str, metric: str) -> list[tuple[float, float]]:
@@ -206,9 +155,8 @@ def markdown(table: dict[str, Any], command: str) -> str:
         "reaches it; ratio = that cost / the reference's cost at its end; [95 % paired bootstrap over seeds, "
         f"{table['resamples']} resamples; 'never' = not reached within the runs].\n",
     ]
-    if table.get("readings_joined"):
-        lines.append("Denser readings joined (re-runs checked to retrace these runs):\n")
-        lines += [f"- {line}" for line in table["readings_joined"]] + [""]
+    if table.get("reference_from"):
+        lines.append(f"The reference's runs are those of `{table['reference_from']}`.\n")
     for axis, block in table["axes"].items():
         unit, scale, digits = units[axis]
         for metric, entry in block.items():
@@ -249,26 +197,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resamples", type=int, default=RESAMPLES)
     parser.add_argument("--name", default="cost_to_target", help="output file stem beside the input")
     parser.add_argument(
-        "--readings",
+        "--reference-from",
         type=Path,
-        action="append",
-        default=[],
-        help="another ablation.json that re-ran some of the same seeds over a prefix with more reading points "
-        "(checked to retrace the long runs, then merged; see the module doc)",
+        default=None,
+        help="take the reference's runs from this ablation.json (trained and evaluated alike; see the module doc)",
     )
     args = parser.parse_args(argv)
     result = json.loads(args.ablation_json.read_text())
     setting = args.setting or next(iter(result["summary"]))
     metrics = args.metrics.split(",")
-    joined = []
-    for path in args.readings:
+    if args.reference_from is not None:
+        other = json.loads(args.reference_from.read_text())
         try:
-            joined += merge_readings(result, json.loads(path.read_text()), metrics)
-        except PrefixError as error:
-            print(f"error: --readings {path}: {error}", file=sys.stderr)
+            check_comparable([result, other], [str(args.ablation_json), str(args.reference_from)], ALIKE)
+        except JoinError as error:
+            print(f"error: --reference-from: {error}", file=sys.stderr)
             return 2
+        ours = [r for r in result["runs"] if r["method"] != args.reference]
+        theirs = [r for r in other["runs"] if r["method"] == args.reference]
+        if not theirs:
+            print(f"error: --reference-from {args.reference_from}: no {args.reference} runs there", file=sys.stderr)
+            return 2
+        result = {**result, "runs": ours + theirs}
     table = cost_to_target(result, setting, args.reference, metrics, args.resamples)
-    table["readings_joined"] = joined
+    if args.reference_from is not None:
+        table["reference_from"] = str(args.reference_from)
     command = " ".join(["python -m benchmarks.cost_to_target", *(argv if argv is not None else sys.argv[1:])])
     folder = args.ablation_json.parent
     (folder / f"{args.name}.json").write_text(json.dumps(_json_safe(table), indent=1) + "\n")

@@ -26,17 +26,22 @@ from typing import Any
 
 from benchmarks.ablation import markdown, power, probe_markdown, summarise
 
-# What makes two runs comparable seed for seed: (name, where it is in an ablation.json).
-SAME: tuple[tuple[str, Callable[[dict[str, Any]], Any]], ...] = (
+Field = tuple[str, Callable[[dict[str, Any]], Any]]  # (name, where it is in an ablation.json)
+# Trained and evaluated alike, seed for seed: the same seed sees the same prompts, noise and held-out set.
+ALIKE: tuple[Field, ...] = (
     ("model weights (sha256)", lambda r: r["model"]["sha256_of_weights"]),
-    ("compute budget", lambda r: r["budget_compute"]),
-    ("equal-iteration point (--iterations)", lambda r: r["settings"]["iterations"]),
     ("shared algorithm settings", lambda r: r["settings"]["algorithm"]),
     ("prompts per iteration", lambda r: r["settings"]["prompts_per_iteration"]),
-    ("reading points (--evals)", lambda r: r["settings"]["evals"]),
     ("held-out prompts", lambda r: r["settings"]["heldout_prompts"]),
     ("evaluation seeds (--eval-seeds)", lambda r: r["settings"].get("eval_seeds")),
     ("reward settings", lambda r: r["settings"]["reward_settings"]),
+)
+# ... and read at the same points, so one summary's equal-cost views hold for all of them.
+SAME: tuple[Field, ...] = (
+    *ALIKE,
+    ("compute budget", lambda r: r["budget_compute"]),
+    ("equal-iteration point (--iterations)", lambda r: r["settings"]["iterations"]),
+    ("reading points (--evals)", lambda r: r["settings"]["evals"]),
 )
 
 
@@ -44,19 +49,25 @@ class JoinError(ValueError):
     """The inputs cannot be read as one ablation."""
 
 
-def join(results: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
-    """The runs of every input in one ablation result (see the module docstring); ``names`` say which is which."""
-    if len(results) < 2:
-        raise JoinError("give two or more ablation.json files to join")
+def check_comparable(results: list[dict[str, Any]], names: list[str], fields: tuple[Field, ...]) -> None:
+    """Refuse, naming the field and both values, unless every result agrees with the first on ``fields``."""
     first = results[0]
     for result, name in zip(results[1:], names[1:]):
-        for field, read in SAME:
+        for field, read in fields:
             if read(result) != read(first):
                 raise JoinError(
                     f"{name}: its {field} differ from {names[0]}'s ({str(read(result))[:120]} against "
                     f"{str(read(first))[:120]}), so its runs are not comparable seed for seed; rerun it with "
                     f"{names[0]}'s arguments (its `command`: {first['command']})"
                 )
+
+
+def join(results: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """The runs of every input in one ablation result (see the module docstring); ``names`` say which is which."""
+    if len(results) < 2:
+        raise JoinError("give two or more ablation.json files to join")
+    check_comparable(results, names, SAME)
+    first = results[0]
     owner: dict[str, str] = {}
     for result, name in zip(results, names):
         for method in dict.fromkeys(r["method"] for r in result["runs"]):

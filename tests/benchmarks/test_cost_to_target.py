@@ -69,65 +69,29 @@ def test_main_writes_json_with_never_as_null(tmp_path):
     assert (tmp_path / "cost_to_target.md").is_file()
 
 
-def _long_and_dense():
-    # "cheap" is read only at iterations 0, 10 and 20 in the long file; a re-run of its seeds to iteration 10 read
-    # every 2 iterations shows it crosses the target at iteration 4, not somewhere on the straight line to 10.
-    def run(method, seed, points, per_iteration_flops):
-        evals = [{"iteration": i, "flops": i * per_iteration_flops, "shapes_colour": y} for i, y in points]
-        last = points[-1][0]
-        return {
-            "method": method, "rewards": "learned", "seed": seed, "lr": 1e-3, "iterations": last,
-            "flops": last * per_iteration_flops, "quiet_seconds": last * 0.5, "evals": evals,
-        }  # fmt: skip
-
-    long_runs = [run("dear", s, [(0, 0.5), (10, 0.8)], 10.0) for s in (0, 1)] + [
-        run("cheap", s, [(0, 0.5), (10, 0.82), (20, 0.85)], 1.0) for s in (0, 1)
-    ]
-    for r in long_runs:
-        for p in r["evals"]:
-            p["quiet_seconds"] = p["iteration"] * 0.5
-    dense = [run("cheap", s, [(0, 0.5), (2, 0.7), (4, 0.8), (6, 0.81), (8, 0.815), (10, 0.82)], 1.0) for s in (0, 1)]
-    for r in dense:
-        r["quiet_seconds"] = r["iterations"] * 3.0  # its own probe, timed under load: must not be used
-    return {"runs": long_runs, "summary": {"learned": {}}}, {"runs": dense}
-
-
-def test_denser_readings_join_a_long_run_they_retrace():
-    from benchmarks.cost_to_target import merge_readings
-
-    result, readings = _long_and_dense()
-    before = cost_to_target(result, "learned", "dear", ["shapes_colour"], resamples=20)
-    lines = merge_readings(result, readings, ["shapes_colour"])
-    after = cost_to_target(result, "learned", "dear", ["shapes_colour"], resamples=20)
-    assert len(lines) == 2 and "iterations [10] agree" in lines[0]
-    # on the long readings alone "cheap" crosses 0.8 at 0.3 / 0.32 of the way to iteration 10 (9.375 FLOPs);
-    # with the dense ones, exactly at iteration 4
-    assert before["axes"]["flops"]["shapes_colour"]["methods"]["cheap"]["cost"] == pytest.approx(10 * 0.3 / 0.32)
-    assert after["axes"]["flops"]["shapes_colour"]["methods"]["cheap"]["cost"] == pytest.approx(4.0)
-    # seconds come from the long run's probe (0.5 s an iteration), not the re-run's
-    assert after["axes"]["quiet_seconds"]["shapes_colour"]["methods"]["cheap"]["cost"] == pytest.approx(2.0)
-
-
-def test_readings_that_do_not_retrace_the_long_run_are_refused(tmp_path):
+def test_the_reference_can_come_from_another_file_trained_alike(tmp_path, capsys):
     import json
 
-    from benchmarks.cost_to_target import PrefixError, merge_readings
+    def ablation(runs):
+        settings = {
+            "algorithm": {"num_steps": 6}, "prompts_per_iteration": 4, "heldout_prompts": ["a"], "eval_seeds": 4,
+            "reward_settings": {"learned": {}},
+        }  # fmt: skip
+        return {"command": "x", "settings": settings, "model": {"sha256_of_weights": "abc"}, "runs": runs,
+                "summary": {"learned": {}}}  # fmt: skip
 
-    result, readings = _long_and_dense()
-    readings["runs"][1]["evals"][-1]["shapes_colour"] = 0.83  # seed 1 went elsewhere by iteration 10
-    with pytest.raises(PrefixError, match=r"iteration 10: shapes_colour is 0.83 in the re-run and 0.82"):
-        merge_readings(result, readings, ["shapes_colour"])
-
-    result, readings = _long_and_dense()
-    for r in readings["runs"]:
-        r["evals"] = r["evals"][:-1]  # no shared iteration past 0: nothing shows it is a prefix
-    with pytest.raises(PrefixError, match="re-run with --iterations set to an iteration the long run read at"):
-        merge_readings(result, readings, ["shapes_colour"])
-
-    result, readings = _long_and_dense()
-    readings["runs"][0]["evals"][-1]["shapes_colour"] = 0.9
-    (tmp_path / "ablation.json").write_text(json.dumps(result))
-    (tmp_path / "dense.json").write_text(json.dumps(readings))
-    argv = [str(tmp_path / "ablation.json"), "--reference", "dear", "--metrics", "shapes_colour", "--resamples", "10"]
-    assert main([*argv, "--readings", str(tmp_path / "dense.json")]) == 2
-    assert not (tmp_path / "cost_to_target.md").exists()  # nothing written from a refused merge
+    # "fast" re-run alone to 20 with dense readings; "slow", the reference, in its own long file
+    short = ablation([r for r in _result()["runs"] if r["method"] == "fast"])
+    long = ablation([r for r in _result()["runs"] if r["method"] == "slow"])
+    (tmp_path / "short.json").write_text(json.dumps(short))
+    (tmp_path / "long.json").write_text(json.dumps(long))
+    argv = [str(tmp_path / "short.json"), "--metrics", "shapes_colour", "--resamples", "20", "--reference", "slow"]
+    assert main([*argv, "--reference-from", str(tmp_path / "long.json")]) == 0
+    written = json.loads((tmp_path / "cost_to_target.json").read_text())
+    assert written["axes"]["flops"]["shapes_colour"]["methods"]["fast"]["ratio"] == pytest.approx(0.15)
+    assert "The reference's runs are those of" in (tmp_path / "cost_to_target.md").read_text()
+    # trained otherwise: refused, naming the field
+    long["settings"]["heldout_prompts"] = ["b"]
+    (tmp_path / "long.json").write_text(json.dumps(long))
+    assert main([*argv, "--reference-from", str(tmp_path / "long.json")]) == 2
+    assert "its held-out prompts differ" in capsys.readouterr().err
