@@ -11,7 +11,7 @@ A scheduled run has ``max_concurrency=1`` (a retraining never overlaps the previ
 server does not check that a recurring run's name is unused, so :func:`schedule` does: it is idempotent
 by name within the experiment (a digest of the settings rides in the description), refuses other
 settings under a used name unless ``replace``, and checks names against the server's column
-(:data:`NAME_MAX`) first. A cron that never fires is refused (:mod:`pipelines.cron`). Every error the
+(:data:`NAME_MAX`) first. A cron that never fires is refused (:mod:`g2rpo.steps.cron`). Every error the
 server answers becomes a G2RPOError with its status, its reason and what to do (:func:`server_errors`).
 
 ``node_selector`` given as a parameter is merged over the profile's labels (:func:`merge_node_selector`):
@@ -35,16 +35,16 @@ from typing import Any
 
 import yaml
 
+from g2rpo.commands.reachability import CONNECT_TIMEOUT_S as REACHABLE_TIMEOUT_S
+from g2rpo.commands.reachability import HEALTHZ, check_reachable
 from g2rpo.config import safe_yaml
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.launch.trainjob import gpus_per_node_from
 from g2rpo.steps.check import check_arguments
+from g2rpo.steps.cron import next_fire_times
 from g2rpo.steps.placement import PlacementProfile, load_profile
 from g2rpo.steps.train_pod import size_train_pod
 from pipelines.alignment import PIPELINE_NAME, build_pipeline, compile_pipeline
-from pipelines.cron import next_fire_times
-from pipelines.reachability import CONNECT_TIMEOUT_S as REACHABLE_TIMEOUT_S
-from pipelines.reachability import HEALTHZ, check_reachable
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -173,7 +173,7 @@ def _number(text: str) -> float | str:
 
 def check_cron(expression: str) -> str:
     """A six-field cron expression (seconds minutes hours day-of-month month day-of-week), as KFP's
-    scheduler reads it (in UTC), that fires at least once (:mod:`pipelines.cron`); returns it
+    scheduler reads it (in UTC), that fires at least once (:mod:`g2rpo.steps.cron`); returns it
     normalised to single spaces."""
     next_fire_times(expression, datetime.now(UTC), count=1)
     return " ".join(expression.split())

@@ -191,7 +191,7 @@ def _compile(args: argparse.Namespace) -> int:
 
 def _submit(args: argparse.Namespace) -> int:
     _use_source_tree()
-    from pipelines.reachability import check_reachable
+    from g2rpo.commands.reachability import check_reachable
 
     check_reachable(args.host)  # before the pipeline's imports and checks, which take seconds
     from g2rpo.steps.placement import load_profile
@@ -213,7 +213,7 @@ def _submit(args: argparse.Namespace) -> int:
 
 def _schedule(args: argparse.Namespace) -> int:
     _use_source_tree()
-    from pipelines.reachability import check_reachable
+    from g2rpo.commands.reachability import check_reachable
 
     check_reachable(args.host)  # before the pipeline's imports and checks, which take seconds
     from g2rpo.steps.placement import load_profile

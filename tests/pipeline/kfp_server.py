@@ -15,7 +15,7 @@ import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from pipelines.reachability import HEALTHZ
+from g2rpo.commands.reachability import HEALTHZ
 
 REPLIES = {
     ("GET", HEALTHZ): {"multi_user": False},
@@ -32,7 +32,7 @@ DISPLAY_NAME_COLUMN = 255
 class KfpServer:
     def __init__(self):
         # Every request but the health probes: a GET of healthz changes nothing, and submit/schedule send
-        # one before any check (pipelines/reachability.py: a hung host is refused before the pipeline's
+        # one before any check (g2rpo/commands/reachability.py: a hung host is refused before the pipeline's
         # imports), so "nothing was sent" means nothing here.
         self.requests: list[tuple[str, str, bytes]] = []
         self.probes: list[str] = []  # the paths of the healthz GETs

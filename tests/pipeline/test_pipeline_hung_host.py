@@ -14,8 +14,8 @@ from contextlib import contextmanager
 import pytest
 
 from g2rpo.cli import main
+from g2rpo.commands.reachability import check_reachable
 from g2rpo.errors import G2RPOError
-from pipelines.reachability import check_reachable
 from tests.pipeline.kfp_server import KfpServer
 from tests.trainer.trainer_testlib import REPO, subprocess_env
 

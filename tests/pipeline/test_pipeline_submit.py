@@ -293,7 +293,7 @@ def test_a_long_name_would_fail_on_the_observed_server():
 def test_next_fire_times_follow_the_scheduler():
     from datetime import UTC, datetime
 
-    from pipelines.cron import next_fire_times
+    from g2rpo.steps.cron import next_fire_times
 
     start = datetime(2026, 12, 1, 15, 0, tzinfo=UTC)
     assert [t.isoformat() for t in next_fire_times("0 30 2 * * MON", start)] == [
