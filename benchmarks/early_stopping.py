@@ -35,6 +35,7 @@ import numpy as np
 
 from benchmarks.ablation import IN_DOMAIN, REWARD_SETTINGS, mean_ci
 from benchmarks.cost_to_target import mean_curve
+from benchmarks.join import ALIKE, JoinError, check_comparable
 from g2rpo.training.validation import MetricSummary, ValidationRecord, early_stop_reason, objective, select_best
 
 RESAMPLES = 2000
@@ -200,6 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result = json.loads(args.ablation_json.read_text())
     target = json.loads(args.target.read_text()) if args.target else result
+    if args.target:
+        try:  # a seed must mean the same runs' prompts, noise and held-out set in both files
+            check_comparable([result, target], [str(args.ablation_json), str(args.target)], ALIKE)
+        except JoinError as error:
+            print(f"error: --target: {error}", file=sys.stderr)
+            return 2
     setting = args.setting or next(iter(result["summary"]))
     try:
         patiences = [None if p == "never" else int(p) for p in args.patience.split(",")]

@@ -72,3 +72,21 @@ def test_runs_without_validation_readings_are_refused_with_the_fix(tmp_path, cap
     assert "--train-validation N" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main([str(path), "--patience", "0"])
+
+
+def test_a_target_file_trained_otherwise_is_refused(tmp_path, capsys):
+    settings = {"algorithm": {"num_steps": 16}, "prompts_per_iteration": 8, "heldout_prompts": ["a"], "eval_seeds": 4,
+                "reward_settings": {"learned": {}}}  # fmt: skip
+    ours = {"command": "x", "settings": settings, "model": {"sha256_of_weights": "abc"}, "summary": {"learned": {}},
+            "runs": [_run("mix", 0, PEAKED)]}  # fmt: skip
+    theirs = {**ours, "settings": {**settings, "algorithm": {"num_steps": 6}},
+              "runs": [_run("ref", 0, [(0, 0.0, 0.5), (100, 1.0, 0.85)])]}  # fmt: skip
+    (tmp_path / "ours.json").write_text(json.dumps(ours))
+    (tmp_path / "theirs.json").write_text(json.dumps(theirs))
+    argv = [str(tmp_path / "ours.json"), "--method", "mix", "--reference", "ref", "--resamples", "10"]
+    assert main([*argv, "--target", str(tmp_path / "theirs.json")]) == 2
+    assert "its shared algorithm settings differ" in capsys.readouterr().err
+    theirs["settings"] = settings  # trained alike: read
+    (tmp_path / "theirs.json").write_text(json.dumps(theirs))
+    assert main([*argv, "--target", str(tmp_path / "theirs.json")]) == 0
+    assert (tmp_path / "early_stopping.md").is_file()
