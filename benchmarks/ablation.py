@@ -342,26 +342,28 @@ def train_one(spec: RunSpec) -> dict[str, Any]:
     out = Path(spec.work) / f"{spec.method}-{spec.rewards}-s{spec.seed}-lr{spec.lr:g}-{spec.stage}"
     trainer = Trainer(run_config(spec, out)).setup()
     heldout = Evaluator(spec, trainer)
-    validation_flops = None
+    validation_flops: int | None = None
     if spec.train_validation:
-        from torch.utils.flop_counter import FlopCounterMode
-
         from g2rpo.training.validation import validation_prompt_indices
 
         train = Path(spec.train_prompts).read_text().splitlines()
         chosen = tuple(train[i] for i in validation_prompt_indices(spec.train_validation, len(train)))
         trained = tuple(REWARD_SETTINGS[spec.rewards])
         validator = Evaluator(spec, trainer, prompts=chosen, seeds=TRAIN_VALIDATION_SEEDS, metrics=trained)
-        counter = FlopCounterMode(display=False)
-        with counter:  # what one validation pass costs (sampling, decodes, scoring): early stopping pays it
-            validator(trainer)
-        validation_flops = int(counter.get_total_flops())
 
     validation_seconds: list[float] = []
 
     def evaluate(trainer: Any) -> dict[str, Any]:
+        nonlocal validation_flops
         values = heldout(trainer)
-        if spec.train_validation:
+        if spec.train_validation and validation_flops is None:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            counter = FlopCounterMode(display=False)
+            with counter:  # the first pass counted (sampling, decodes, scoring): early stopping pays each one
+                values["validation"] = validator(trainer)
+            validation_flops = int(counter.get_total_flops())
+        elif spec.train_validation:  # the others timed (the counter's own overhead would skew the first)
             started = time.perf_counter()
             values["validation"] = validator(trainer)
             validation_seconds.append(time.perf_counter() - started)
