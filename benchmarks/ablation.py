@@ -151,18 +151,30 @@ METHODS: dict[str, dict[str, Any]] = {
     # with its KL (1e-4) to the LoRA base and an EMA of the adapters, evaluated on the EMA weights (METHOD_TRAIN).
     "branchgrpo_published": {"strategy": "branchgrpo", "branchgrpo": {"split_noise_scale": 4.0}},
     "diffusionnft_published": {"strategy": "diffusionnft", "diffusionnft": {"kl_beta": 1e-4}},
+    # The two settings those arms lacked: BranchGRPO's optimiser step every 12 shuffled edges, one forward per edge
+    # (gradient_accumulation_steps 12 of its script; branchgrpo.edges_per_step), and DiffusionNFT's EMA as its script
+    # keeps it, every step with the warm-up min((1 + s)/(10 + s), 0.9) (train.ema.warmup; METHOD_TRAIN).
+    "branchgrpo_published_stepping": {
+        "strategy": "branchgrpo",
+        "branchgrpo": {"split_noise_scale": 4.0, "edges_per_step": 12},
+    },
+    "diffusionnft_published_warmup": {"strategy": "diffusionnft", "diffusionnft": {"kl_beta": 1e-4}},
 }
 # LoRA on the shapes transformer (inner width 64 = 4 heads × 16): rank 8, an eighth of the width, so the adapters
 # are a real low-rank restriction on this small model; alpha = 2 × rank; the attention projections (the default).
 LORA_SHAPES = {"enabled": True, "rank": 8, "alpha": 16.0}
 # Each method's overrides of the train section (on top of run_config's).
-# EMA of the trained weights as the Flow-GRPO family's scripts keep it (EMAModuleWrapper, decay 0.9; their update
-# every 8 optimiser steps is not built: here every step). A run with train.ema is evaluated on the EMA weights.
+# EMA of the trained weights, decay 0.9 after every optimiser step (the decay of the Flow-GRPO family's
+# EMAModuleWrapper). DiffusionNFT's script updates it every step with the wrapper's warm-up (d_s = min((1 + s)/
+# (10 + s), 0.9)): EMA_NFT; Flow-GRPO's updates every 8 steps, not built. A run with train.ema is evaluated on the
+# EMA weights.
 EMA_PUBLISHED = {"enabled": True, "decay": 0.9}
+EMA_NFT = {**EMA_PUBLISHED, "warmup": True}
 METHOD_TRAIN: dict[str, dict[str, Any]] = {
     "flowgrpo_lora": {"lora": LORA_SHAPES},
     "flowgrpo_lora_kl": {"lora": LORA_SHAPES},
     "diffusionnft_published": {"lora": LORA_SHAPES, "ema": EMA_PUBLISHED},
+    "diffusionnft_published_warmup": {"lora": LORA_SHAPES, "ema": EMA_NFT},
 }
 # The paper's sampler (docs/algorithm.md §6) is T = 16, G = 12 (G²RPO's M = the noisiest half, Λ = {1, 2, 3}); the
 # default here is the demo's reduced sampler (configs/shapes-cpu.yaml), which fits 5 seeds × 6 methods

@@ -33,9 +33,16 @@ iteration, or after each trained step with ``optimizer_step: per_step``. Trainin
 backwards) per prompt: Σ_{trained i} n_i. Learning rate 1e-5 (the script's) unless
 ``train.learning_rate`` is set.
 
+Published stepping (``edges_per_step`` k, the script's ``gradient_accumulation_steps`` 12): the
+iteration's trained edges, over all kept prompts, are shuffled (:class:`~g2rpo.seeding.Draws` key
+``edge-order``) and every k of them form one optimiser step, the last one whatever is left. Each edge
+is its own forward row (a window's rows are one call), so from the second step on the ratios move
+off 1 and the clip acts. Each edge's surrogate is divided by k·E, E = Σ_{trained i} n_{i+1} the edges
+of one tree (the script's loss / (gradient_accumulation_steps · transitions per tree)). Training
+forwards per prompt: E; optimiser steps ⌈P·E / k⌉.
+
 Not built: width pruning, the depth-pruning sliding window, the mixed ODE/SDE tree and the
-probability-weighted node values (all off in the published script), and the published optimiser
-stepping every 12 shuffled edges.
+probability-weighted node values (all off in the published script).
 
 Rollout ``states`` (:class:`~g2rpo.strategies.base.TreeStates`): ``widths`` ``[T+1]``, ``latents``
 T+1 tensors ``[P, n_i, L, C]``, ``log_prob_old`` T tensors ``[P, n_{i+1}]``, ``trained_steps``.
@@ -176,6 +183,9 @@ class BranchGRPO:
         offsets = [0]  # where depth d's nodes start in the advantage's last axis (depths 1..T)
         for n in widths[1:]:
             offsets.append(offsets[-1] + n)
+        if self.settings.edges_per_step is not None:
+            yield from self._shuffled_edge_terms(model, rollout, advantages, valid_p, offsets)
+            return
         total = valid_p.numel() * sum(widths[i + 1] for i in st.trained_steps)  # edges trained this iteration
         work = []  # (step i, parent rows (p, j) of this forward)
         for i in st.trained_steps:
@@ -210,3 +220,45 @@ class BranchGRPO:
                 step_optimizer=step,
                 step_index=i,
             )
+
+    def _shuffled_edge_terms(
+        self,
+        model: VelocityModel,
+        rollout: Rollout,
+        advantages: Advantages,
+        valid_p: torch.Tensor,
+        offsets: list[int],
+    ) -> Iterator[LossTerm]:
+        """The published stepping: every ``edges_per_step`` shuffled edges one optimiser step, one row per edge."""
+        cfg, st = self.config, rollout.states
+        widths, sigmas = st.widths, rollout.sigmas
+        per_step = self.settings.edges_per_step
+        per_tree = sum(widths[i + 1] for i in st.trained_steps)  # E, the trained edges of one tree
+        edges = [(p, i, c) for p in valid_p.tolist() for i in st.trained_steps for c in range(widths[i + 1])]
+        order = rollout.draws.permutation(len(edges), "edge-order", 0).tolist()
+        chunk = cfg.train_micro_batch or per_step
+        for first in range(0, len(edges), per_step):
+            window = [edges[e] for e in order[first : first + per_step]]  # (prompt p, step i, child c at depth i+1)
+            for start in range(0, len(window), chunk):
+                rows = window[start : start + chunk]
+                p = torch.tensor([q for q, _, _ in rows])
+                i = torch.tensor([k for _, k, _ in rows])
+                parent = [c // (widths[k + 1] // widths[k]) for _, k, c in rows]  # its node j at depth i
+                x = torch.stack([st.latents[k][q, j] for (q, k, _), j in zip(rows, parent)])  # [w, L, C]
+                child = torch.stack([st.latents[k + 1][q, c] for q, k, c in rows])  # [w, L, C]
+                lp_old = torch.stack([st.log_prob_old[k][q, c] for q, k, c in rows])  # [w]
+                adv = torch.stack([advantages.values[q, offsets[k] + c] for q, k, c in rows])  # [w]
+                sig, sig_next = sigmas[i.to(sigmas.device)], sigmas[(i + 1).to(sigmas.device)]  # [w]
+                v = model(x, model_sigma(cfg, sig), rollout.cond[p]).float()
+                mean, std = core.sde_mean_std(x, v, sig, sig_next, cfg.eta, sigmas[1], cfg.sde_noise)
+                lp_new = core.gaussian_log_prob(child, mean, std, cfg.log_prob_reduce)  # [w]
+                yield surrogate_term(
+                    cfg,
+                    lp_new,
+                    lp_old,
+                    adv,
+                    scale=len(rows) / (per_step * per_tree),
+                    forwards=len(rows),
+                    step_optimizer=start + chunk >= len(window),
+                    step_index=None,
+                )

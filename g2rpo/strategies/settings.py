@@ -550,6 +550,16 @@ class BranchGRPOSettings(StrategySettings):
         [],
         description="depth pruning: the edges into these depths (1..num_steps) are sampled and scored but not trained",
     )
+    edges_per_step: int | None = Field(
+        None,
+        ge=1,
+        le=COUNT_MAX,
+        description=(
+            "shuffle the iteration's trained edges and step the optimiser every this many, one forward per edge "
+            "(the published gradient_accumulation_steps, 12); null = one step per iteration, or per trained step "
+            "with optimizer_step: per_step"
+        ),
+    )
 
     @field_validator("branch_steps")
     @classmethod
@@ -578,9 +588,23 @@ class BranchGRPOSettings(StrategySettings):
         """The grid steps i whose edges train: all but those into a pruned depth i + 1."""
         return [i for i in range(num_steps) if i + 1 not in self.pruned_depths]
 
+    def multi_step_setting(self, config: AlgorithmConfig) -> tuple[str, object] | None:
+        if self.edges_per_step is not None:
+            return ("branchgrpo.edges_per_step", self.edges_per_step)
+        return super().multi_step_setting(config)
+
     def cross_checks(self, config: AlgorithmConfig) -> list[str]:
         problems = []
         t = config.num_steps
+        if self.edges_per_step is not None and config.optimizer_step == "per_step":
+            problems.append(
+                problem(
+                    "optimizer_step",
+                    config.optimizer_step,
+                    f"branchgrpo steps the optimiser every branchgrpo.edges_per_step = {self.edges_per_step} "
+                    "edges: use per_iteration, or set branchgrpo.edges_per_step: null",
+                )
+            )
         outside = [k for k in self.branch_steps or [] if k >= t]
         if outside:
             problems.append(

@@ -239,5 +239,9 @@ def build_learner(cfg: RunConfig, velocity: FluxVelocity, ctx: DistContext) -> L
     """The strategy of ``algorithm``, the driver over ``velocity``'s trainable parameters, and the EMA of them."""
     strategy = build_strategy(cfg.algorithm)
     driver = build_driver(cfg, velocity, ctx)
-    ema = EMA(trainable_tensors(driver.module), cfg.train.ema.decay) if cfg.train.ema.enabled else None
+    ema = (
+        EMA(trainable_tensors(driver.module), cfg.train.ema.decay, cfg.train.ema.warmup)
+        if cfg.train.ema.enabled
+        else None
+    )
     return Learner(strategy=strategy, driver=driver, ema=ema)

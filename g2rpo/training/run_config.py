@@ -175,6 +175,13 @@ class EmaSection(Section):
     decay: float = Field(
         0.999, gt=0.0, lt=1.0, description="θ_ema ← decay·θ_ema + (1 − decay)·θ after each optimiser step"
     )
+    warmup: bool = Field(
+        False,
+        description=(
+            "the s-th update uses min((1 + s)/(10 + s), decay) instead of decay, so the average follows the first "
+            "steps (DiffusionNFT's published EMA: decay 0.9 with this warm-up)"
+        ),
+    )
 
 
 class ValidationSection(Section):

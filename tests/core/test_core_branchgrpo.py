@@ -3,6 +3,7 @@ functions' outputs (fixture), the tree rollout and its loss on the real toy mode
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -141,6 +142,64 @@ def test_pruned_depths_are_sampled_but_not_trained_and_per_step_steps_after_each
     # step 0: 1 parent; step 2: 2 parents, one row per term → 3 terms, stepping after each trained step
     assert [(t.stats.step_index, t.step_optimizer) for t in terms] == [(0, True), (2, False), (2, True)]
     assert sum(t.stats.num_ratios for t in terms) == 2 + 4
+
+
+def _edge_config(edges_per_step, **extra):
+    return config(
+        strategy="branchgrpo",
+        num_steps=4,
+        branchgrpo={"branch_steps": [0, 2], "edges_per_step": edges_per_step},
+        **extra,
+    )
+
+
+def test_published_edge_stepping_in_one_window_is_the_one_step_gradient_scaled_by_p_over_k():
+    # widths [1, 2, 2, 4, 4]: E = 2 + 2 + 4 + 4 = 12 trained edges per tree, 2 prompts: 24 edges. The default sums to
+    # the mean surrogate ΣA·r/(P·E); the published one divides each edge by k·E, so one window of k = 24 edges gives
+    # P/k = 1/12 of the default's gradient — edge by edge, one forward row per edge instead of one per parent.
+    default = build_strategy(config(strategy="branchgrpo", num_steps=4, branchgrpo={"branch_steps": [0, 2]}))
+    model, rollout, rewards = _iteration(default, prompts=2)
+    advantages = default.advantages(rollout, rewards)
+    params = [p for p in model.parameters() if p.requires_grad]
+    grads_ref = torch.autograd.grad(sum(t.loss for t in default.loss_terms(model, rollout, advantages)), params)
+    terms = list(build_strategy(_edge_config(24)).loss_terms(model, rollout, advantages))
+    assert [(t.stats.forwards, t.stats.num_ratios, t.step_optimizer) for t in terms] == [(24, 24, True)]
+    grads = torch.autograd.grad(sum(t.loss for t in terms), params)
+    assert any(g.abs().sum() > 0 for g in grads_ref)
+    for g, ref in zip(grads, grads_ref):
+        torch.testing.assert_close(g * 12, ref, rtol=1e-4, atol=1e-8)
+
+
+def test_published_edge_stepping_steps_every_k_shuffled_edges_each_divided_by_k_times_the_tree():
+    strategy = build_strategy(_edge_config(5, train_micro_batch=1))
+    model, rollout, rewards = _iteration(strategy, prompts=2)
+    advantages = strategy.advantages(rollout, rewards)
+    terms = list(strategy.loss_terms(model, rollout, advantages))
+    # 24 edges, one row per term; the optimiser steps after every 5th and after the last (windows 5,5,5,5,4)
+    assert len(terms) == 24 and all(t.stats.forwards == 1 for t in terms)
+    assert [n for n, t in enumerate(terms, 1) if t.step_optimizer] == [5, 10, 15, 20, 24]
+    assert all(t.stats.step_index is None for t in terms)  # a window mixes steps
+    # the sampling policy: every ratio is 1, so a term is −A_edge / (k·E): each edge once, with its child's advantage
+    per_edge = sorted(float(-t.loss.detach() * 5 * 12) for t in terms)
+    assert per_edge == pytest.approx(sorted(advantages.values.flatten().tolist()), abs=1e-5)
+    # shuffled: the terms do not follow the depths; the order is the iteration's draw (same draws, same order)
+    in_order = [float(-a) / 60 for a in advantages.values.flatten()]
+    assert [float(t.loss.detach()) for t in terms] != pytest.approx(in_order, abs=1e-6)
+    again = [float(t.loss.detach()) for t in strategy.loss_terms(model, rollout, advantages)]
+    assert again == [float(t.loss.detach()) for t in terms]
+    other = dataclasses.replace(rollout, draws=Draws(0, 1, (0, 1)))
+    assert [float(t.loss.detach()) for t in strategy.loss_terms(model, other, advantages)] != again
+
+
+def test_published_edge_stepping_is_refused_with_per_step_and_counts_as_several_steps():
+    with pytest.raises(ConfigError) as err:
+        _edge_config(12, optimizer_step="per_step")
+    assert err.value.problems == [
+        "optimizer_step='per_step': branchgrpo steps the optimiser every branchgrpo.edges_per_step = 12 edges: "
+        "use per_iteration, or set branchgrpo.edges_per_step: null"
+    ]
+    cfg = _edge_config(12)
+    assert cfg.settings.multi_step_setting(cfg) == ("branchgrpo.edges_per_step", 12)  # refused with several ranks
 
 
 def test_a_prompt_with_a_nan_reward_is_dropped():

@@ -190,6 +190,30 @@ def test_ema_tracks_weights_and_is_exported(tiny_model, tmp_path):
     assert torch.equal(export_weights(out)["proj_out.weight"], expected)
 
 
+def test_ema_warmup_is_the_published_schedule_and_its_count_is_checkpointed():
+    from g2rpo.training.drivers import EMA
+
+    ema = EMA({"w": torch.zeros(1)}, decay=0.9, warmup=True)
+    ones = {"w": torch.ones(1)}
+    ema.update(ones)  # s = 1: d = 2/11, θ_ema = 9/11
+    assert ema.shadow["w"].item() == pytest.approx(9 / 11)
+    ema.update(ones)  # s = 2: d = 3/12 = 0.25
+    assert ema.shadow["w"].item() == pytest.approx(0.25 * 9 / 11 + 0.75)
+    assert [min((1 + s) / (10 + s), 0.9) for s in (8, 80, 81)] == [0.5, 81 / 90, 0.9]  # the cap from s = 81 on
+    state = ema.state_dict()
+    resumed = EMA({"w": torch.zeros(1)}, decay=0.9, warmup=True)
+    resumed.load_state_dict(state)
+    assert resumed.updates == 2 and resumed.current_decay() == pytest.approx(4 / 13)  # the third update's
+    plain = EMA({"w": torch.zeros(1)}, decay=0.9)
+    plain.update(ones)
+    assert plain.shadow["w"].item() == pytest.approx(0.1) and plain.current_decay() == 0.9
+    without_count = {"w": torch.zeros(1)}  # an EMA saved before the count was kept
+    with pytest.raises(G2RPOError, match="train.ema.warmup needs"):
+        EMA({"w": torch.zeros(1)}, decay=0.9, warmup=True).load_state_dict(without_count)
+    plain.load_state_dict(without_count)
+    assert plain.updates == 0
+
+
 def test_world_size_that_does_not_divide_the_work_is_refused():
     from g2rpo.training.distributed import prompts_per_rank, rank_prompt_indices
 
