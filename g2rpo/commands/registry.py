@@ -6,11 +6,10 @@ import argparse
 import os
 
 from g2rpo.commands.storage import _add_s3_options, settings_from_args
+from g2rpo.errors import G2RPOError
 
 
 def _registry_uri(args) -> str:
-    from g2rpo.errors import G2RPOError
-
     uri = args.registry or os.environ.get("G2RPO_REGISTRY_URI")
     if not uri:
         raise G2RPOError(

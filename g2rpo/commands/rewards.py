@@ -8,6 +8,9 @@ import os
 import stat
 from pathlib import Path
 
+from g2rpo.errors import ConfigError, G2RPOError, problem
+from g2rpo.textfile import describe_kind
+
 
 def add_commands(subparsers: argparse._SubParsersAction) -> None:
     rewards = subparsers.add_parser(
@@ -78,9 +81,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _score(args: argparse.Namespace) -> int:
-
     from g2rpo.config import parse_overrides
-    from g2rpo.errors import ConfigError, G2RPOError, problem
     from g2rpo.rewards.config import RewardModelConfig
 
     extra = parse_overrides(args.settings)
@@ -101,7 +102,6 @@ def _score(args: argparse.Namespace) -> int:
 
     from g2rpo.rewards.registry import build_reward
     from g2rpo.rewards.scoring import score_rewards
-    from g2rpo.textfile import describe_kind
 
     tensors = []
     for name in args.images:

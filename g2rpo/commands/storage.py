@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from g2rpo.errors import G2RPOError, problem
+
 _URI_HELP = "a local path, file:///abs/path or s3://bucket/prefix"
 
 
@@ -17,7 +19,6 @@ def settings_from_args(args):
     from pydantic import ValidationError
 
     from g2rpo.artifacts.storage import S3Settings
-    from g2rpo.errors import G2RPOError, problem
 
     endpoint = getattr(args, "endpoint_url", None)
     try:
@@ -27,10 +28,8 @@ def settings_from_args(args):
 
 
 def _put(args) -> int:
-
     from g2rpo.artifacts.publish import publish_dir
     from g2rpo.artifacts.storage import locate
-    from g2rpo.errors import G2RPOError, problem
 
     settings = settings_from_args(args)
     source = Path(args.source)
@@ -75,8 +74,6 @@ def _get(args) -> int:
         manifest = download_dir(args.source, args.dest, settings)
         print(f"downloaded and verified {len(manifest.files)} file(s), {manifest.total_size} bytes → {args.dest}")
         return 0
-
-    from g2rpo.errors import G2RPOError, problem
 
     store, key = locate(args.source, settings)
     if Path(args.dest).exists():

@@ -73,7 +73,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from g2rpo import __version__
-from g2rpo.artifacts.manifest import write_dir_manifest
+from g2rpo.artifacts.manifest import read_manifest, write_dir_manifest
+from g2rpo.artifacts.manifest import verify as verify_manifest
+from g2rpo.artifacts.ownership import check_replaceable
+from g2rpo.artifacts.storage import FileStore
 from g2rpo.config import CONFIG_MAX_BYTES
 from g2rpo.errors import G2RPOError, problem, write_failure
 from g2rpo.seeding import derive_seed
@@ -169,9 +172,6 @@ def seed_rng(seed: int) -> None:
 
 def manifest_metadata(directory: str | Path) -> dict[str, Any] | None:
     """The manifest's metadata, or None when there is no readable manifest."""
-    from g2rpo.artifacts.manifest import read_manifest
-    from g2rpo.artifacts.storage import FileStore
-
     try:
         return dict(read_manifest(FileStore(directory), "").metadata)
     except G2RPOError:
@@ -192,11 +192,8 @@ def is_part(directory: str | Path) -> bool:
 def incomplete_reason(directory: str | Path) -> str | None:
     """Why ``directory``'s manifest is unreadable or does not match its files' sizes, or None when it
     does (a directory without a manifest gives the missing manifest as its reason)."""
-    from g2rpo.artifacts.manifest import verify as _verify
-    from g2rpo.artifacts.storage import FileStore
-
     try:
-        _verify(FileStore(directory), "", deep=False)
+        verify_manifest(FileStore(directory), "", deep=False)
     except G2RPOError as exc:
         return " ".join(str(exc).split())
     return None
@@ -204,10 +201,7 @@ def incomplete_reason(directory: str | Path) -> str | None:
 
 def verify(directory: str | Path) -> None:
     """Check every file's sha256 against the manifest (reads every byte); raises listing mismatches."""
-    from g2rpo.artifacts.manifest import verify as _verify
-    from g2rpo.artifacts.storage import FileStore
-
-    _verify(FileStore(directory), "", deep=True)
+    verify_manifest(FileStore(directory), "", deep=True)
 
 
 def _digest_refusal(directory: Path, damage: str) -> str:
@@ -628,8 +622,6 @@ def export_model(
     if directory.exists() and any(directory.iterdir()):
         if is_complete(directory):
             raise G2RPOError(f"export directory {directory} already holds a complete export: refusing to overwrite it")
-        from g2rpo.artifacts.ownership import check_replaceable
-
         # An export killed before its manifest is redone; a folder holding anything an export does not is refused.
         check_replaceable(
             directory, field="export directory", kind="model export", own=("transformer", "lora", "base_model.json")
