@@ -79,6 +79,7 @@ DELETE_AFTER = 1  # node-0's pod is deleted once this iteration's checkpoint is 
 HOLD_IN = DELETE_AFTER + 1  # ... and its rank 0 holds in this iteration (the fail point hold:N)
 RUNTIME = "g2rpo-torch-distributed"  # the chart's ClusterTrainingRuntime (trainingRuntime.name)
 RUNTIME_ENV = "/spec/template/spec/replicatedJobs/0/template/spec/template/spec/containers/0/env"
+KILL_IN = 2  # every attempt of the job that uses up its restarts is SIGKILLed in this iteration (iteration:N)
 
 
 def _podmonitor() -> dict:
@@ -128,6 +129,15 @@ def runtime_env(cluster, variables: dict[str, str]):
         # The added entries follow the runtime's own: removing at its length len(variables) times takes them all.
         restore = [{"op": "remove", "path": f"{RUNTIME_ENV}/{len(env)}"} for _ in variables]
         cluster.kubectl("patch", "clustertrainingruntime", RUNTIME, "--type=json", "-p", json.dumps(restore))
+
+
+def failed_condition(cluster, job: str) -> dict | None:
+    """The TrainJob's ``Failed`` condition once it is true, else None."""
+    done = cluster.kubectl("get", "trainjob", job, "-n", NAMESPACE, "-o", "json", check=False)
+    if done.returncode != 0:
+        return None
+    conditions = json.loads(done.stdout).get("status", {}).get("conditions", [])
+    return next((c for c in conditions if c["type"] == "Failed" and c["status"] == "True"), None)
 
 
 def _explain(deployment, run_id: str) -> str:
@@ -354,16 +364,11 @@ def test_a_usage_error_fails_the_trainjob_at_once_and_kfps_retry_starts_the_next
     with runtime_env(cluster, {CACHE_ENV: "/proc/g2rpo-cache"}):
         run_id = submit(deployment.kfp.host, "cluster-tier-two-nodes-usage-error", arguments)
         first = trainjob_of(run_id)
-
-        def failed() -> dict | None:
-            done = cluster.kubectl("get", "trainjob", first, "-n", NAMESPACE, "-o", "json", check=False)
-            if done.returncode != 0:
-                return None
-            conditions = json.loads(done.stdout).get("status", {}).get("conditions", [])
-            return next((c for c in conditions if c["type"] == "Failed" and c["status"] == "True"), None)
-
         condition = wait_for(
-            f"TrainJob {first} Failed", failed, TRAINJOB_TIMEOUT_S, lambda: _explain(deployment, run_id)
+            f"TrainJob {first} Failed",
+            lambda: failed_condition(cluster, first),
+            TRAINJOB_TIMEOUT_S,
+            lambda: _explain(deployment, run_id),
         )
         exits = [
             state["terminated"].get("exitCode")
@@ -388,7 +393,7 @@ def test_a_usage_error_fails_the_trainjob_at_once_and_kfps_retry_starts_the_next
     second = job_name(run_id, TRAIN_TASK, attempt=2)
     trainjob = cluster.get("trainjob", second, NAMESPACE)
     assert any(c["type"] == "Complete" and c["status"] == "True" for c in trainjob["status"]["conditions"]), trainjob
-    assert failed() is not None  # the failed attempt stays, for its logs
+    assert failed_condition(cluster, first) is not None  # the failed attempt stays, for its logs
     record, weights, _ = trained_weights(deployment, run_id)
     assert f"/{second}/" in record["export_uri"] or f"/{first}/" in record["export_uri"], record["export_uri"]
     assert weights == uninterrupted["weights"], (weights, uninterrupted["weights"])
@@ -397,4 +402,74 @@ def test_a_usage_error_fails_the_trainjob_at_once_and_kfps_retry_starts_the_next
             f"\nKFP: two-node run {run_id}: TrainJob {first} Failed at once on exit {USAGE_EXIT_STATUS} "
             f"({condition.get('reason')}; JobSet restarts {restarts}); KFP's retry started {second}, which completed "
             "with the uninterrupted run's weights"
+        )
+
+
+def test_a_trainjob_that_used_up_its_restarts_fails_and_kfps_retry_resumes_from_its_s3_checkpoint(
+    deployment, controllers, uninterrupted, capsys
+):
+    """Every attempt of the first job is SIGKILLed in iteration :data:`KILL_IN` (fail point ``iteration:2``, through
+    the runtime's env, as a node that keeps crashing would be): the first attempt mirrors checkpoints 1 and 2 and
+    dies; its Job fails (not a usage error, so no rule fails the JobSet); the real JobSet controller restarts the
+    group, which resumes at 2 and dies again, until the chart's restarts (``trainingRuntime.maxRestarts``, 3: a
+    runtime's failure policy cannot be patched in place) are used up and the JobSet, so the TrainJob, is ``Failed``. KFP's retry of the train task finds that job failed and starts
+    the next attempt's (``…-a2``, the env restored), which resumes from the same S3 checkpoint (2) — not from
+    nothing — and ends with the uninterrupted run's weights."""
+    cluster = deployment.cluster
+    arguments = {**uninterrupted["arguments"], "model_name": "g2rpo-two-nodes-exhausted"}
+    started = time.monotonic()
+    max_restarts = cluster.get("clustertrainingruntime", RUNTIME)["spec"]["template"]["spec"]["failurePolicy"][
+        "maxRestarts"
+    ]
+    assert max_restarts >= 1, max_restarts
+    with runtime_env(cluster, fault_env(f"iteration:{KILL_IN}")):
+        run_id = submit(deployment.kfp.host, "cluster-tier-two-nodes-restarts-used-up", arguments)
+        first, prefix = trainjob_of(run_id), _checkpoint_prefix(arguments, run_id)
+        condition = wait_for(
+            f"TrainJob {first} Failed",
+            lambda: failed_condition(cluster, first),
+            TRAINJOB_TIMEOUT_S,
+            lambda: _explain(deployment, run_id),
+        )
+        jobset_status = cluster.get("jobset", first, NAMESPACE).get("status", {})
+        exits = [
+            state["terminated"].get("exitCode")
+            for pod in pods_of(cluster, first)
+            for status in pod["status"].get("containerStatuses", [])
+            if (state := status.get("state") or {}).get("terminated")
+        ]
+        mirrored = mirrored_iterations(deployment, prefix)
+    assert jobset_status.get("restarts", 0) == max_restarts, jobset_status
+    assert exits and USAGE_EXIT_STATUS not in exits and 0 not in exits, exits
+    assert "restart" in f"{condition.get('reason')} {condition.get('message')}".lower(), condition
+    assert max(mirrored) == KILL_IN, mirrored  # both attempts died in iteration 2, after checkpoint 2
+    try:
+        run = wait_for_run(deployment, run_id)
+    except AssertionError as exc:
+        raise AssertionError(
+            f"the run whose first job used up its restarts: {exc}\n{_explain(deployment, run_id)}"
+        ) from None
+    deployment.timings["kfp two-node run, restarts used up then a retry (submit to SUCCEEDED)"] = (
+        time.monotonic() - started
+    )
+    assert tasks(run).get("train") == "SUCCEEDED", tasks(run)
+    second = job_name(run_id, TRAIN_TASK, attempt=2)
+    trainjob = cluster.get("trainjob", second, NAMESPACE)
+    assert any(c["type"] == "Complete" and c["status"] == "True" for c in trainjob["status"]["conditions"]), trainjob
+    assert failed_condition(cluster, first) is not None  # the failed attempt stays, for its logs
+    (rank0,) = [
+        p
+        for p in pods_of(cluster, second)
+        if p["metadata"]["labels"]["batch.kubernetes.io/job-completion-index"] == "0"
+    ]
+    resumed_log = cluster.logs(rank0["metadata"]["name"], NAMESPACE)
+    assert f'"resumed_at": {KILL_IN},' in resumed_log, resumed_log[-4000:]  # from the S3 checkpoint, not from nothing
+    _, weights, _ = trained_weights(deployment, run_id)
+    assert weights == uninterrupted["weights"], (weights, uninterrupted["weights"])
+    with capsys.disabled():
+        print(
+            f"\nKFP: two-node run {run_id}: TrainJob {first} killed in iteration {KILL_IN} in every attempt, Failed "
+            f"after {jobset_status.get('restarts')} JobSet restart(s) (exits {sorted(set(exits))}; "
+            f"{condition.get('reason')}); KFP's retry started {second}, which resumed at iteration {KILL_IN} from "
+            "the S3 checkpoint and completed with the uninterrupted run's weights"
         )
