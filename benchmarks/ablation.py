@@ -159,6 +159,12 @@ METHODS: dict[str, dict[str, Any]] = {
         "branchgrpo": {"split_noise_scale": 4.0, "edges_per_step": 12},
     },
     "diffusionnft_published_warmup": {"strategy": "diffusionnft", "diffusionnft": {"kl_beta": 1e-4}},
+    # BranchGRPO with every published setting at once, for T ≥ 10: its script's split points 0, 3, 6, 9 (given at
+    # T = 20; at T = 16 the same grid indices), split noise × 4 and an optimiser step every 12 shuffled edges.
+    "branchgrpo_published_full": {
+        "strategy": "branchgrpo",
+        "branchgrpo": {"split_noise_scale": 4.0, "edges_per_step": 12, "branch_steps": [0, 3, 6, 9]},
+    },
 }
 # LoRA on the shapes transformer (inner width 64 = 4 heads × 16): rank 8, an eighth of the width, so the adapters
 # are a real low-rank restriction on this small model; alpha = 2 × rank; the attention projections (the default).

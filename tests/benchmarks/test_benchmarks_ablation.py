@@ -13,6 +13,7 @@ import math
 import pytest
 
 from benchmarks import ablation
+from g2rpo.errors import ConfigError
 
 
 def _run(method: str, seed: int, evals: list[tuple[int, int, float, float]]) -> dict:
@@ -146,12 +147,18 @@ def test_power_compares_the_widest_interval_with_the_best_gain():
 
 
 def test_every_method_is_a_valid_run_config(tmp_path):
+    def spec(method: str, num_steps: int) -> ablation.RunSpec:
+        model, prompts = str(tmp_path / "model"), str(tmp_path / "p.txt")
+        algorithm = tuple({**ablation.SHARED_ALGORITHM, "num_steps": num_steps}.items())
+        return ablation.RunSpec(method, "multi", 0, 1.0, 1, 1.0, 1e-4, 2, model, prompts, ("a",), (0,), "", algorithm)
+
+    # BranchGRPO's published split points 0, 3, 6, 9 need a grid of at least 10 steps; every other arm runs at T = 6.
+    needs_t16 = {"branchgrpo_published_full"}
     for method in ablation.METHODS:
-        spec = ablation.RunSpec(
-            method, "multi", 0, 1.0, 1, 1.0, 1e-4, 2, str(tmp_path / "model"), str(tmp_path / "p.txt"), ("a",), (0,), ""
-        )
-        config = ablation.run_config(spec, tmp_path / method)
+        config = ablation.run_config(spec(method, 16 if method in needs_t16 else 6), tmp_path / method)
         assert config.algorithm.strategy == ablation.METHODS[method]["strategy"].removesuffix("_no_mgai")
+    with pytest.raises(ConfigError, match=r"branch_steps=\[0, 3, 6, 9\].*num_steps is 6"):
+        ablation.run_config(spec("branchgrpo_published_full", 6), tmp_path / "t6")
 
 
 @pytest.mark.integration
