@@ -49,6 +49,7 @@ from g2rpo.artifacts.manifest import MANIFEST_NAME, Manifest, mismatches, read_m
 from g2rpo.artifacts.ownership import check_replaceable
 from g2rpo.artifacts.storage import FileStore, locate, sha256_file
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.models.flux import FluxConditioning
 from g2rpo.progress import progress_bar
 from g2rpo.seeding import split_key
 from g2rpo.textfile import decode_text, describe_kind, read_json_file
@@ -56,7 +57,7 @@ from g2rpo.textfile import decode_text, describe_kind, read_json_file
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from g2rpo.models.flux import FluxConditioning, FluxTextEncoder
+    from g2rpo.models.flux import FluxTextEncoder
 
 __all__ = [
     "CACHE_KIND",
@@ -392,8 +393,6 @@ def write_embedding_cache(
 
     def flush(rows: int) -> None:
         nonlocal pending, pending_rows
-        from g2rpo.models.flux import FluxConditioning
-
         cond = FluxConditioning.cat(pending)
         take, rest = cond[:rows], cond[rows:]
         number = len(shards)
@@ -578,8 +577,6 @@ class EmbeddingCache:
         """Conditioning of prompts ``indices`` (global indices, repeats allowed), in that order."""
         import torch
 
-        from g2rpo.models.flux import FluxConditioning
-
         idx = [int(i) for i in (indices.tolist() if isinstance(indices, torch.Tensor) else indices)]
         if not idx:
             raise G2RPOError(problem("indices", idx, "ask for at least one prompt"))
@@ -626,6 +623,4 @@ class PromptEmbeddingDataset:
 
     @staticmethod
     def collate(items: Sequence[PromptItem]) -> tuple[list[int], list[str], FluxConditioning]:
-        from g2rpo.models.flux import FluxConditioning
-
         return [it.index for it in items], [it.prompt for it in items], FluxConditioning.cat([it.cond for it in items])

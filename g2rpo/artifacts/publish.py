@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from g2rpo import __version__
+from g2rpo.artifacts.cache import verify_local
 from g2rpo.artifacts.manifest import (
     MANIFEST_NAME,
     MARKER_NAME,
@@ -104,8 +105,6 @@ def unique_uri(uri: str) -> str:
 
 def _listed_files(local_dir: str | Path) -> list[str] | None:
     """The files the folder's own manifest lists, after checking them against it; None without one."""
-    from g2rpo.artifacts.cache import verify_local  # the cache layer builds on this module
-
     manifest = verify_local(local_dir, what="folder to publish")
     return None if manifest is None else [entry.path for entry in manifest.files]
 

@@ -27,7 +27,9 @@ from typing import Any
 import torch
 
 from g2rpo import core
+from g2rpo.artifacts.scores import EvalScores, ScoreItem
 from g2rpo.errors import G2RPOError, problem
+from g2rpo.models.flux import decode_latents, initial_noise, vae_scale_factor_of
 from g2rpo.rewards.scoring import score_rewards
 
 __all__ = ["EvalResult", "ode_sample", "sample_rows", "sample_and_score", "save_before_after_grid", "save_reward_curve"]
@@ -53,8 +55,6 @@ class EvalResult:
     def eval_scores(self, prompt_set: str, prompt_set_sha256: str | None = None) -> Any:
         """The registry's per-prompt record (:class:`g2rpo.artifacts.scores.EvalScores`); prompt ids are
         ``p<i>``, the prompt's position in :attr:`prompts`."""
-        from g2rpo.artifacts.scores import EvalScores, ScoreItem
-
         items = [
             ScoreItem(
                 prompt_id=f"p{p}",
@@ -85,8 +85,6 @@ def ode_sample(
     ``cond`` its conditioning for P prompts, ``sigmas`` ``[T+1]`` from 1 down to 0. Each row's
     initial noise is FluxPipeline's for ``manual_seed(seed)``, the same for every prompt.
     """
-    from g2rpo.models.flux import initial_noise
-
     if not seeds:
         raise G2RPOError(problem("seeds", list(seeds), "give at least one sampling seed, e.g. [0, 1]"))
     if sigmas.ndim != 1 or float(sigmas[0]) != 1.0 or float(sigmas[-1]) != 0.0:
@@ -131,8 +129,6 @@ def sample_rows(
     A row's image depends only on its own inputs and on how the rows are batched, so the same chunk
     gives the same images on every run.
     """
-    from g2rpo.models.flux import decode_latents, initial_noise, vae_scale_factor_of
-
     if len(cond) != len(seeds) or not len(seeds):
         raise G2RPOError(problem("seeds", list(seeds), f"give one seed per conditioning row ({len(cond)})"))
     if sigmas.ndim != 1 or float(sigmas[0]) != 1.0 or float(sigmas[-1]) != 0.0:
@@ -177,8 +173,6 @@ def sample_and_score(
     :class:`g2rpo.rewards.base.RewardModel`. Returns images ``[P, S, 3, H, W]`` and, per reward,
     scores ``[P, S]``.
     """
-    from g2rpo.models.flux import decode_latents, vae_scale_factor_of
-
     if len(prompts) != len(cond):
         raise G2RPOError(problem("prompts", len(prompts), f"give one prompt per conditioning row ({len(cond)})"))
     if not rewards:

@@ -31,6 +31,7 @@ from typing import Any
 
 from g2rpo.artifacts.cache import fetch_to_cache, verify_local
 from g2rpo.errors import G2RPOError, did_you_mean, problem
+from g2rpo.models.tiny import TINY_MARKER
 from g2rpo.textfile import JSON_MAX_BYTES, RECORD_MAX_BYTES, decode_text, read_json_file
 
 __all__ = [
@@ -334,8 +335,6 @@ def base_model_record(location: str | Path, cache_dir: str | Path | None = None)
     ``g2rpo model init-tiny`` (its ``g2rpo_tiny.json``) is the project's own random weights;
     anything else is taken to be FLUX.1-dev (or a fine-tune of it), whose licence binds derivatives.
     """
-    from g2rpo.models.tiny import TINY_MARKER
-
     root = resolve_model_location(location, cache_dir)
     marker = root / TINY_MARKER
     if marker.is_file():

@@ -61,6 +61,7 @@ from g2rpo.artifacts.manifest import MANIFEST_NAME, has_manifest, mismatches, re
 from g2rpo.artifacts.storage import FileStore
 from g2rpo.errors import G2RPOError, problem
 from g2rpo.models.flux import FluxTextEncoder, FluxVelocity, decode_latents, pack_latents
+from g2rpo.models.loading import load_pipeline
 from g2rpo.models.tiny import TINY_MARKER, build_tiny_flux_pipeline, check_model_overwrite
 from g2rpo.progress import progress_bar
 from g2rpo.tasks.shapes import (
@@ -412,7 +413,5 @@ def sample_shapes(pipe: Any, prompts: Sequence[str], seed: int = 0, num_steps: i
 def shapes_sampler(model_dir: str | Path) -> Callable[[list[str], int, int], torch.Tensor]:
     """``sample(prompts, seed, num_steps) -> images [B, 3, S, S]``: :func:`sample_shapes` of the shapes
     model in ``model_dir``, loaded once (what :mod:`g2rpo.rewards.shapes_learned` ranks)."""
-    from g2rpo.models.loading import load_pipeline
-
     pipe = load_pipeline(model_dir, dtype="float32")
     return lambda prompts, seed, num_steps: sample_shapes(pipe, prompts, seed=seed, num_steps=num_steps)
