@@ -681,7 +681,7 @@ def plot(runs: list[dict[str, Any]], folder: Path) -> list[Path]:
             fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 5), fontsize=8, frameon=False)
             seeds = len({r["seed"] for r in subset})
             fig.suptitle(
-                f"shapes ablation, rewards: {setting} ({' + '.join(REWARD_SETTINGS[setting])}); {seeds} seeds; "
+                f"shapes ablation, rewards: {setting} ({' + '.join(REWARD_SETTINGS[setting])}); {seeds} seed{'s' * (seeds != 1)}; "
                 "markers: reading points; curves to each method's median end",
                 fontsize=10,
             )
